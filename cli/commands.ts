@@ -1,0 +1,6 @@
+/** The registry of top-level commands: one line per command file. */
+import type { Command } from "commander";
+
+export type RegisterCommand = (program: Command) => void;
+
+export const COMMANDS: RegisterCommand[] = [];

@@ -1,0 +1,254 @@
+/**
+ * Safe wrapper for an inference context (`llama_context`): decode, logits, memory and state.
+ *
+ * Native calls on one context are serialized here (a context is not re-entrant), and every
+ * compute call is nonblocking, so other work (sending state pages) proceeds meanwhile.
+ */
+import { ModelLoadError, RuntimeLibraryError, UsageError } from "../core/errors.ts";
+import type { LlamaBatch } from "./batch.ts";
+import {
+  GGML_TYPE,
+  type KvType,
+  LLAMA_CONTEXT_TYPE,
+  LLAMA_FLASH_ATTN_TYPE,
+  llama_context_params,
+} from "./llama.ts";
+import type { LlamaModel } from "./model.ts";
+
+/**
+ * Everything about a context that changes numerics is an explicit option with a fixed default
+ * (see `NUMERIC_DEFAULTS`): thread count, flash attention and K/V types.
+ */
+export interface ContextOptions {
+  /** Context size in tokens. */
+  nCtx: number;
+  /** Largest prompt chunk passed to one decode call. */
+  nBatch: number;
+  /** Physical micro-batch (default min(nBatch, 512)). */
+  nUbatch?: number;
+  threads: number;
+  flashAttention: boolean;
+  typeK: KvType;
+  typeV: KvType;
+  /** Sequences the context can hold (default 1). */
+  nSeqMax?: number;
+  /** One KV buffer shared by all sequences (default true). */
+  kvUnified?: boolean;
+  /** Recurrent-state snapshots per sequence for rollback (default 0). */
+  nRsSeq?: number;
+  /** Create an MTP draft context (the model must be loaded with `loadMtp`). */
+  mtp?: boolean;
+}
+
+/** The numerics defaults: fixed, never derived from the machine. */
+export const NUMERIC_DEFAULTS = {
+  threads: 2,
+  flashAttention: false,
+  typeK: "f16" as KvType,
+  typeV: "f16" as KvType,
+} as const;
+
+const DECODE_ERRORS: Record<number, string> = {
+  1: "no room left in the context (KV cache full)",
+  2: "decode was aborted",
+  [-1]: "invalid input batch",
+};
+
+export class LlamaContext implements Disposable {
+  #ptr: Deno.PointerValue;
+  #queue: Promise<unknown> = Promise.resolve();
+  readonly nCtx: number;
+  readonly nVocab: number;
+  readonly nEmbd: number;
+
+  private constructor(
+    readonly model: LlamaModel,
+    ptr: Deno.PointerObject,
+    readonly options: Readonly<ContextOptions>,
+  ) {
+    this.#ptr = ptr;
+    this.nCtx = model.lib.symbols.llama_n_ctx(ptr);
+    this.nVocab = model.vocab.nTokens;
+    this.nEmbd = model.lib.symbols.llama_model_n_embd(model.ptr);
+  }
+
+  static async create(model: LlamaModel, options: ContextOptions): Promise<LlamaContext> {
+    const lib = model.lib;
+    const nCtxTrain = lib.symbols.llama_model_n_ctx_train(model.ptr);
+    if (!Number.isInteger(options.nCtx) || options.nCtx < 1) {
+      throw new UsageError(`Context size ${options.nCtx} is not a positive integer`);
+    }
+    if (nCtxTrain > 0 && options.nCtx > nCtxTrain) {
+      throw new UsageError(
+        `Context of ${options.nCtx} tokens exceeds the model's training context of ${nCtxTrain}`,
+        { hint: `use --ctx ${nCtxTrain} or less` },
+      );
+    }
+    if (options.mtp && !model.loadMtp) {
+      // Creating an MTP context on a model loaded without MTP aborts the process in llama.cpp.
+      throw new UsageError("An MTP draft context needs the model loaded with MTP layers", {
+        hint: "load the model with loadMtp (CLI: --mtp)",
+      });
+    }
+    const p = lib.symbols.llama_context_default_params();
+    const set = llama_context_params.set.bind(llama_context_params, p);
+    set("n_ctx", options.nCtx);
+    set("n_batch", options.nBatch);
+    set("n_ubatch", options.nUbatch ?? Math.min(options.nBatch, 512));
+    set("n_seq_max", options.nSeqMax ?? 1);
+    set("n_rs_seq", options.nRsSeq ?? 0);
+    set("n_threads", options.threads);
+    set("n_threads_batch", options.threads);
+    set("ctx_type", options.mtp ? LLAMA_CONTEXT_TYPE.MTP : LLAMA_CONTEXT_TYPE.DEFAULT);
+    set(
+      "flash_attn_type",
+      options.flashAttention ? LLAMA_FLASH_ATTN_TYPE.ENABLED : LLAMA_FLASH_ATTN_TYPE.DISABLED,
+    );
+    set("type_k", GGML_TYPE[options.typeK]);
+    set("type_v", GGML_TYPE[options.typeV]);
+    set("kv_unified", options.kvUnified ?? true);
+    set("no_perf", false);
+    lib.log.clear();
+    const ptr = await lib.symbols.llama_init_from_model(model.ptr, p);
+    if (ptr === null) {
+      const reason = lib.log.recent().at(-1) ?? "no reason given";
+      throw new ModelLoadError(`llama.cpp could not create a context: ${reason}`, {
+        hint: "try a smaller --ctx, or other --kv-type / --flash-attn settings",
+      });
+    }
+    return new LlamaContext(model, ptr, { ...options });
+  }
+
+  get ptr(): Deno.PointerObject {
+    if (this.#ptr === null) throw new Error("Internal error: context used after free");
+    return this.#ptr;
+  }
+
+  /** Runs `fn` after every earlier native call on this context has finished. */
+  serialize<T>(fn: () => Promise<T> | T): Promise<T> {
+    const run = this.#queue.then(fn, fn);
+    this.#queue = run.catch(() => {});
+    return run;
+  }
+
+  /** Decodes a batch; throws RuntimeLibraryError with llama.cpp's reason on failure. */
+  decode(batch: LlamaBatch): Promise<void> {
+    return this.serialize(async () => {
+      const lib = this.model.lib;
+      lib.log.clear();
+      const rc = await lib.symbols.llama_decode(this.ptr, batch.struct());
+      if (rc !== 0) {
+        const what = DECODE_ERRORS[rc] ?? `error code ${rc}`;
+        const detail = lib.log.recent().at(-1);
+        throw new RuntimeLibraryError(
+          `llama_decode failed: ${what}${detail ? ` (llama.cpp: ${detail})` : ""}`,
+        );
+      }
+    });
+  }
+
+  /** A copy of the logits of output row `i` (-1 = last). */
+  logits(i = -1): Float32Array {
+    const ptr = this.model.lib.symbols.llama_get_logits_ith(this.ptr, i);
+    if (ptr === null) throw new RuntimeLibraryError(`No logits for output row ${i}`);
+    return copyFloats(ptr, this.nVocab);
+  }
+
+  /** Nextn (MTP) embedding row `i` after a decode with nextn embeddings enabled. */
+  nextnEmbedding(i: number): Float32Array {
+    const ptr = this.model.lib.symbols.llama_get_embeddings_nextn_ith(this.ptr, i);
+    if (ptr === null) throw new RuntimeLibraryError(`No nextn embedding for row ${i}`);
+    return copyFloats(ptr, this.nEmbd);
+  }
+
+  setEmbeddingsNextn(value: boolean, masked: boolean): void {
+    this.model.lib.symbols.llama_set_embeddings_nextn(this.ptr, value, masked);
+  }
+
+  get memory(): Deno.PointerObject {
+    return this.model.lib.symbols.llama_get_memory(this.ptr)!;
+  }
+
+  seqPosMax(seq = 0): number {
+    return this.model.lib.symbols.llama_memory_seq_pos_max(this.memory, seq);
+  }
+
+  seqPosMin(seq = 0): number {
+    return this.model.lib.symbols.llama_memory_seq_pos_min(this.memory, seq);
+  }
+
+  /** Removes positions [p0, p1) of `seq` (-1 = open end). */
+  seqRm(seq: number, p0 = -1, p1 = -1): boolean {
+    return this.model.lib.symbols.llama_memory_seq_rm(this.memory, seq, p0, p1);
+  }
+
+  clearMemory(): void {
+    this.model.lib.symbols.llama_memory_clear(this.memory, true);
+  }
+
+  synchronize(): void {
+    this.model.lib.symbols.llama_synchronize(this.ptr);
+  }
+
+  /** Bytes of the sequence state (`flags` 1 = partial only: recurrent / SWA part). */
+  stateSeqSize(seq = 0, flags = 0): number {
+    return Number(this.model.lib.symbols.llama_state_seq_get_size_ext(this.ptr, seq, flags));
+  }
+
+  /** Exports the sequence state; asserts the bytes written equal the size reported. */
+  stateSeqGet(seq = 0, flags = 0): Promise<Uint8Array<ArrayBuffer>> {
+    return this.serialize(async () => {
+      const size = this.stateSeqSize(seq, flags);
+      const buf = new Uint8Array(size);
+      const n = Number(
+        await this.model.lib.symbols.llama_state_seq_get_data_ext(
+          this.ptr,
+          buf,
+          BigInt(size),
+          seq,
+          flags,
+        ),
+      );
+      if (n !== size) {
+        throw new RuntimeLibraryError(`State export wrote ${n} bytes, expected ${size}`);
+      }
+      return buf;
+    });
+  }
+
+  /** Imports a sequence state blob; throws with llama.cpp's reason when it is refused. */
+  stateSeqSet(data: Uint8Array<ArrayBuffer>, seq = 0, flags = 0): Promise<void> {
+    return this.serialize(async () => {
+      const lib = this.model.lib;
+      lib.log.clear();
+      const n = Number(
+        await lib.symbols.llama_state_seq_set_data_ext(
+          this.ptr,
+          data,
+          BigInt(data.byteLength),
+          seq,
+          flags,
+        ),
+      );
+      if (n !== data.byteLength) {
+        const detail = lib.log.recent().at(-1) ?? "no reason given";
+        throw new RuntimeLibraryError(`llama.cpp refused the state import: ${detail}`);
+      }
+    });
+  }
+
+  free(): void {
+    if (this.#ptr !== null) {
+      this.model.lib.symbols.llama_free(this.#ptr);
+      this.#ptr = null;
+    }
+  }
+
+  [Symbol.dispose](): void {
+    this.free();
+  }
+}
+
+function copyFloats(ptr: Deno.PointerObject, n: number): Float32Array {
+  return new Float32Array(Deno.UnsafePointerView.getArrayBuffer(ptr, n * 4).slice(0));
+}

@@ -1,0 +1,17 @@
+/**
+ * The llama.cpp runtime: a checked one-to-one binding (`llama.ts`, `library.ts`) and the safe,
+ * disposable wrapper one layer up. Knows no network.
+ */
+export { cString, type LlamaLibrary, loadLlama, type LoadOptions, readCString } from "./library.ts";
+export {
+  GGML_TYPE,
+  type KvType,
+  LLAMA_CPP_RELEASE,
+  LLAMA_PACKAGE_VERSION,
+  LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY,
+} from "./llama.ts";
+export { LlamaModel, type ModelInfo, type ModelLoadOptions } from "./model.ts";
+export { type ContextOptions, LlamaContext, NUMERIC_DEFAULTS } from "./context.ts";
+export { LlamaBatch } from "./batch.ts";
+export { PieceDecoder, Vocab } from "./vocab.ts";
+export { fileDigest, tokenizerDigest } from "./digest.ts";

@@ -1,0 +1,172 @@
+/**
+ * Safe wrapper for a loaded model (`llama_model`). Disposable: `using model = await
+ * LlamaModel.load(...)` frees it at the end of the scope.
+ */
+import { InputFileError, ModelLoadError } from "../core/errors.ts";
+import { cString, type LlamaLibrary, readCString } from "./library.ts";
+import { LLAMA_LOAD_MODE, llama_model_params } from "./llama.ts";
+import { Vocab } from "./vocab.ts";
+
+export interface ModelLoadOptions {
+  /** Load the MTP (nextn) layers so an MTP draft context can be created. */
+  loadMtp?: boolean;
+  /** Memory-map the file (default true). */
+  mmap?: boolean;
+}
+
+/** Static facts about a loaded model, as llama.cpp reports them. */
+export interface ModelInfo {
+  architecture: string;
+  description: string;
+  nLayer: number;
+  nLayerNextn: number;
+  nEmbd: number;
+  nHead: number;
+  nHeadKv: number;
+  nSwa: number;
+  nCtxTrain: number;
+  nVocab: number;
+  nParams: number;
+  sizeBytes: number;
+  isRecurrent: boolean;
+  isHybrid: boolean;
+}
+
+const GGUF_MAGIC = "GGUF";
+
+export class LlamaModel implements Disposable {
+  #ptr: Deno.PointerValue;
+  readonly vocab: Vocab;
+  readonly path: string;
+  readonly loadMtp: boolean;
+
+  private constructor(
+    readonly lib: LlamaLibrary,
+    ptr: Deno.PointerObject,
+    path: string,
+    loadMtp: boolean,
+  ) {
+    this.#ptr = ptr;
+    this.path = path;
+    this.loadMtp = loadMtp;
+    this.vocab = new Vocab(lib, lib.symbols.llama_model_get_vocab(ptr)!);
+  }
+
+  /** Loads a GGUF model; throws InputFileError / ModelLoadError with what went wrong. */
+  static async load(
+    lib: LlamaLibrary,
+    path: string,
+    options: ModelLoadOptions = {},
+  ): Promise<LlamaModel> {
+    checkGgufFile(path);
+    const params = lib.symbols.llama_model_default_params();
+    llama_model_params.set(params, "n_gpu_layers", 0);
+    llama_model_params.set(
+      params,
+      "load_mode",
+      options.mmap === false ? LLAMA_LOAD_MODE.NONE : LLAMA_LOAD_MODE.MMAP,
+    );
+    llama_model_params.set(params, "load_mtp", options.loadMtp ?? false);
+    lib.log.clear();
+    const ptr = await lib.symbols.llama_model_load_from_file(cString(path), params);
+    if (ptr === null) throw loadFailure(lib, path);
+    return new LlamaModel(lib, ptr, path, options.loadMtp ?? false);
+  }
+
+  /** The native pointer; throws after dispose. */
+  get ptr(): Deno.PointerObject {
+    if (this.#ptr === null) throw new Error("Internal error: model used after free");
+    return this.#ptr;
+  }
+
+  /** A GGUF metadata value as a string, or null when absent. */
+  meta(key: string): string | null {
+    const buf = new Uint8Array(4096);
+    const n = this.lib.symbols.llama_model_meta_val_str(this.ptr, cString(key), buf, 4096n);
+    if (n < 0) return null;
+    return new TextDecoder().decode(buf.subarray(0, Math.min(n, 4095)));
+  }
+
+  info(): ModelInfo {
+    const s = this.lib.symbols;
+    const p = this.ptr;
+    const desc = new Uint8Array(256);
+    const n = s.llama_model_desc(p, desc, 256n);
+    return {
+      architecture: this.meta("general.architecture") ?? "unknown",
+      description: new TextDecoder().decode(desc.subarray(0, Math.max(0, Math.min(n, 255)))),
+      nLayer: s.llama_model_n_layer(p),
+      nLayerNextn: s.llama_model_n_layer_nextn(p),
+      nEmbd: s.llama_model_n_embd(p),
+      nHead: s.llama_model_n_head(p),
+      nHeadKv: s.llama_model_n_head_kv(p),
+      nSwa: s.llama_model_n_swa(p),
+      nCtxTrain: s.llama_model_n_ctx_train(p),
+      nVocab: this.vocab.nTokens,
+      nParams: Number(s.llama_model_n_params(p)),
+      sizeBytes: Number(s.llama_model_size(p)),
+      isRecurrent: s.llama_model_is_recurrent(p),
+      isHybrid: s.llama_model_is_hybrid(p),
+    };
+  }
+
+  free(): void {
+    if (this.#ptr !== null) {
+      this.lib.symbols.llama_model_free(this.#ptr);
+      this.#ptr = null;
+    }
+  }
+
+  [Symbol.dispose](): void {
+    this.free();
+  }
+}
+
+/** Cheap checks before handing a path to llama.cpp, so common mistakes get a clear message. */
+export function checkGgufFile(path: string): void {
+  let file: Deno.FsFile;
+  try {
+    file = Deno.openSync(path, { read: true });
+  } catch (cause) {
+    if (cause instanceof Deno.errors.NotFound) {
+      throw new InputFileError(`Model file "${path}" does not exist`, {
+        hint: "check the path, or make a test model with `skippy-disagg model make`",
+      });
+    }
+    throw new InputFileError(`Cannot open model file "${path}"`, { cause });
+  }
+  try {
+    if (file.statSync().isDirectory) {
+      throw new InputFileError(`Model path "${path}" is a directory, not a GGUF file`);
+    }
+    const head = new Uint8Array(8);
+    const n = file.readSync(head) ?? 0;
+    const magic = new TextDecoder().decode(head.subarray(0, 4));
+    if (n < 8 || magic !== GGUF_MAGIC) {
+      throw new InputFileError(`"${path}" is not a GGUF file (it does not start with "GGUF")`, {
+        hint: "pass a .gguf model file",
+      });
+    }
+  } finally {
+    file.close();
+  }
+}
+
+function loadFailure(lib: LlamaLibrary, path: string): ModelLoadError {
+  const lines = lib.log.recent();
+  const arch = lines.map((l) => /unknown model architecture: '([^']*)'/.exec(l)).find((m) => m);
+  if (arch) {
+    return new ModelLoadError(
+      `Model "${path}" has an architecture this llama.cpp does not support ("${arch[1]}")`,
+      { hint: "use a GGUF of an architecture supported by llama.cpp " + lib.release },
+    );
+  }
+  const reason = lines.filter((l) => !l.startsWith("llama_model_load_from_file")).at(-1) ??
+    "no reason given";
+  return new ModelLoadError(`llama.cpp could not load "${path}": ${reason}`, {
+    hint: "the file may be truncated or corrupt; re-create or re-download it",
+  });
+}
+
+/** Reads a C string owned by llama.cpp (re-exported for the wrapper's users). */
+export { readCString };
