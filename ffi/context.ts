@@ -7,6 +7,7 @@
 import { ModelLoadError, RuntimeLibraryError, UsageError } from "../core/errors.ts";
 import type { LlamaBatch } from "./batch.ts";
 import {
+  ggml_threadpool_params,
   GGML_TYPE,
   type KvType,
   LLAMA_CONTEXT_TYPE,
@@ -38,6 +39,11 @@ export interface ContextOptions {
   nRsSeq?: number;
   /** Create an MTP draft context (the model must be loaded with `loadMtp`). */
   mtp?: boolean;
+  /**
+   * Thread-pool polling level, 0 (sleep between graphs) to 100 (spin). Does not change
+   * numerics; default 0 so that co-located workers do not burn each other's cores.
+   */
+  pollLevel?: number;
 }
 
 /** The numerics defaults: fixed, never derived from the machine. */
@@ -56,6 +62,7 @@ const DECODE_ERRORS: Record<number, string> = {
 
 export class LlamaContext implements Disposable {
   #ptr: Deno.PointerValue;
+  #threadpool: Deno.PointerValue = null;
   #queue: Promise<unknown> = Promise.resolve();
   readonly nCtx: number;
   readonly nVocab: number;
@@ -116,7 +123,26 @@ export class LlamaContext implements Disposable {
         hint: "try a smaller --ctx, or other --kv-type / --flash-attn settings",
       });
     }
-    return new LlamaContext(model, ptr, { ...options });
+    const ctx = new LlamaContext(model, ptr, { ...options });
+    ctx.#attachThreadpool();
+    return ctx;
+  }
+
+  /**
+   * Without a persistent pool, ggml builds and tears down a thread pool on every graph, which
+   * costs milliseconds per decoded token (measured: 13 ms vs 0.2 ms per token on a tiny model
+   * with 2 threads). The pool has the same thread count, so numerics are unchanged.
+   */
+  #attachThreadpool(): void {
+    const lib = this.model.lib;
+    const params = new Uint8Array(ggml_threadpool_params.size);
+    const view = new DataView(params.buffer);
+    view.setInt32(ggml_threadpool_params.offsets.n_threads, this.options.threads, true);
+    view.setUint32(ggml_threadpool_params.offsets.poll, this.options.pollLevel ?? 0, true);
+    const pool = lib.ggmlCpu.ggml_threadpool_new(params);
+    if (pool === null) return; // decode still works with per-graph pools, only slower
+    lib.symbols.llama_attach_threadpool(this.ptr, pool, pool);
+    this.#threadpool = pool;
   }
 
   get ptr(): Deno.PointerObject {
@@ -239,8 +265,14 @@ export class LlamaContext implements Disposable {
 
   free(): void {
     if (this.#ptr !== null) {
-      this.model.lib.symbols.llama_free(this.#ptr);
+      const lib = this.model.lib;
+      if (this.#threadpool !== null) lib.symbols.llama_detach_threadpool(this.#ptr);
+      lib.symbols.llama_free(this.#ptr);
       this.#ptr = null;
+    }
+    if (this.#threadpool !== null) {
+      this.model.lib.ggmlCpu.ggml_threadpool_free(this.#threadpool);
+      this.#threadpool = null;
     }
   }
 

@@ -12,7 +12,9 @@ import { readBinaryId } from "./_binary_id.ts";
 import {
   EXPECTED_STRUCT_SIZES,
   GGML_BASE_SYMBOLS,
+  GGML_CPU_SYMBOLS,
   GGML_CPU_VARIANT_SYMBOLS,
+  type GgmlCpuSymbols,
   GGML_SYMBOLS,
   type GgmlBaseSymbols,
   LLAMA_CPP_RELEASE,
@@ -39,6 +41,8 @@ export interface LoadOptions {
 export interface LlamaLibrary {
   readonly symbols: LlamaSymbols;
   readonly ggml: GgmlBaseSymbols;
+  /** Thread-pool entry points of the loaded CPU backend variant. */
+  readonly ggmlCpu: GgmlCpuSymbols;
   readonly platform: LlamaPlatform;
   readonly libDir: string;
   /** GNU build-id / LC_UUID of the loaded libllama. */
@@ -89,10 +93,12 @@ function openLibrary(options: LoadOptions): LlamaLibrary {
   log.attach(llama.symbols, options.verboseNativeLog ?? false);
   const cpuVariant = loadCpuVariant(backends.symbols, libDir, options.cpuVariant);
   const extraBackends = loadExtraBackends(backends.symbols, libDir);
+  const ggmlCpu = open(libDir, `${CPU_PREFIX}${cpuVariant}${pluginSuffix()}`, GGML_CPU_SYMBOLS);
   llama.symbols.llama_backend_init();
   return {
     symbols: llama.symbols,
     ggml: ggml.symbols,
+    ggmlCpu: ggmlCpu.symbols,
     platform,
     libDir,
     buildId,
@@ -124,7 +130,7 @@ function defaultLibDir(platform: LlamaPlatform): string {
   return `${pkgDir}/bins/${platform.name}`;
 }
 
-function checkBuild(platform: LlamaPlatform, libDir: string): string {
+export function checkBuild(platform: LlamaPlatform, libDir: string): string {
   const path = `${libDir}/${platform.llamaFile}`;
   let bytes: Uint8Array;
   try {

@@ -193,6 +193,8 @@ export const LLAMA_SYMBOLS = {
   llama_get_model: { parameters: [P], result: P },
   llama_get_memory: { parameters: [P], result: P },
   llama_set_n_threads: { parameters: [P, "i32", "i32"], result: "void" },
+  llama_attach_threadpool: { parameters: [P, P, P], result: "void" },
+  llama_detach_threadpool: { parameters: [P], result: "void" },
   llama_n_threads: { parameters: [P], result: "i32" },
   llama_n_threads_batch: { parameters: [P], result: "i32" },
   llama_set_embeddings: { parameters: [P, "bool"], result: "void" },
@@ -329,5 +331,19 @@ export const GGML_CPU_VARIANT_SYMBOLS = {
   ggml_backend_score: { parameters: [], result: "i32" },
 } as const satisfies Deno.ForeignLibraryInterface;
 
+/** Thread pools live in the CPU backend plug-in (`ggml-cpu.h`). */
+export const GGML_CPU_SYMBOLS = {
+  ggml_threadpool_new: { parameters: [BUF], result: P },
+  ggml_threadpool_free: { parameters: [P], result: "void" },
+} as const satisfies Deno.ForeignLibraryInterface;
+
+/** `struct ggml_threadpool_params`: cpumask[GGML_MAX_N_THREADS], then four scalars, two bools. */
+export const GGML_MAX_N_THREADS = 512;
+export const ggml_threadpool_params = {
+  size: GGML_MAX_N_THREADS + 16,
+  offsets: { n_threads: 512, prio: 516, poll: 520, strict_cpu: 524, paused: 525 },
+} as const;
+
 export type LlamaSymbols = Deno.DynamicLibrary<typeof LLAMA_SYMBOLS>["symbols"];
 export type GgmlBaseSymbols = Deno.DynamicLibrary<typeof GGML_BASE_SYMBOLS>["symbols"];
+export type GgmlCpuSymbols = Deno.DynamicLibrary<typeof GGML_CPU_SYMBOLS>["symbols"];

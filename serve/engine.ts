@@ -1,0 +1,172 @@
+/**
+ * The local engine: one model and one context, chunked prefill and token-by-token decode.
+ * This is the colocated baseline that every disaggregated run is compared with, and the
+ * building block the prefill and decode workers drive.
+ */
+import { UsageError } from "../core/errors.ts";
+import { type SamplerState, sampleToken, type SamplingParams } from "../core/sampling.ts";
+import {
+  type KvType,
+  LlamaBatch,
+  LlamaContext,
+  type LlamaLibrary,
+  LlamaModel,
+  loadLlama,
+  NUMERIC_DEFAULTS,
+} from "../ffi/mod.ts";
+
+/** Everything that decides numerics or capacity of a worker's runtime. */
+export interface RuntimeConfig {
+  modelPath: string;
+  /** Context size in tokens. */
+  nCtx: number;
+  /** Prompt tokens per prefill chunk (one llama_decode call each). */
+  chunkTokens: number;
+  threads: number;
+  flashAttention: boolean;
+  typeK: KvType;
+  typeV: KvType;
+  /** CPU backend variant; default: best for this machine. */
+  cpuVariant?: string;
+  /** Load the MTP layers (hybrid-moe-mtp models). */
+  mtp?: boolean;
+}
+
+export const RUNTIME_DEFAULTS = {
+  nCtx: 8192,
+  chunkTokens: 512,
+  ...NUMERIC_DEFAULTS,
+} as const;
+
+/** Upper bound on prompt chunk size: one decode call's batch. */
+export const CHUNK_TOKENS_MAX = 8192;
+
+/** Per-chunk progress report from `prefill`. */
+export interface ChunkDone {
+  /** Token positions [p0, p1) just computed. */
+  p0: number;
+  p1: number;
+  /** Milliseconds the chunk's decode took. */
+  computeMs: number;
+}
+
+export class Engine implements Disposable {
+  readonly batch: LlamaBatch;
+  #pos = 0;
+
+  private constructor(
+    readonly lib: LlamaLibrary,
+    readonly model: LlamaModel,
+    readonly ctx: LlamaContext,
+    readonly config: Readonly<RuntimeConfig>,
+  ) {
+    this.batch = new LlamaBatch(config.chunkTokens);
+  }
+
+  /** Loads the model and creates a context; `model` may be shared between engines. */
+  static async open(config: RuntimeConfig, shared?: LlamaModel): Promise<Engine> {
+    validateConfig(config);
+    const lib = loadLlama({ cpuVariant: config.cpuVariant });
+    const model = shared ?? await LlamaModel.load(lib, config.modelPath, { loadMtp: config.mtp });
+    const ctx = await LlamaContext.create(model, {
+      nCtx: config.nCtx,
+      nBatch: config.chunkTokens,
+      threads: config.threads,
+      flashAttention: config.flashAttention,
+      typeK: config.typeK,
+      typeV: config.typeV,
+    });
+    const engine = new Engine(lib, model, ctx, config);
+    engine.#ownsModel = shared === undefined;
+    return engine;
+  }
+
+  #ownsModel = false;
+
+  /** Next position to be written (tokens held by the context). */
+  get position(): number {
+    return this.#pos;
+  }
+
+  /** Sets the position after state was imported from elsewhere. */
+  adoptPosition(pos: number): void {
+    this.#pos = pos;
+  }
+
+  /**
+   * Prefills `tokens` in chunks of `config.chunkTokens`; calls `onChunk` after each chunk (the
+   * prefill worker exports and sends that chunk's KV page there). Returns the last logits.
+   */
+  async prefill(
+    tokens: Int32Array,
+    onChunk?: (chunk: ChunkDone) => Promise<void> | void,
+  ): Promise<Float32Array> {
+    if (tokens.length === 0) throw new UsageError("The prompt is empty");
+    const needed = this.#pos + tokens.length;
+    if (needed > this.ctx.nCtx) {
+      throw new UsageError(
+        `Prompt of ${tokens.length} tokens does not fit the context of ${this.ctx.nCtx} tokens`,
+        { hint: `use --ctx ${Math.ceil(needed / 256) * 256 + 256} or a shorter prompt` },
+      );
+    }
+    const chunk = this.config.chunkTokens;
+    for (let i = 0; i < tokens.length; i += chunk) {
+      const part = tokens.subarray(i, Math.min(i + chunk, tokens.length));
+      const p0 = this.#pos;
+      this.batch.fill(part, p0, i + chunk >= tokens.length);
+      const t0 = performance.now();
+      await this.ctx.decode(this.batch);
+      this.#pos += part.length;
+      await onChunk?.({ p0, p1: this.#pos, computeMs: performance.now() - t0 });
+    }
+    return this.ctx.logits(-1);
+  }
+
+  /** Decodes one token at the current position and returns its logits. */
+  async step(token: number): Promise<Float32Array> {
+    if (this.#pos >= this.ctx.nCtx) {
+      throw new UsageError(`The context of ${this.ctx.nCtx} tokens is full`, {
+        hint: "use a larger --ctx or generate fewer tokens",
+      });
+    }
+    this.batch.fill([token], this.#pos, true);
+    await this.ctx.decode(this.batch);
+    this.#pos += 1;
+    return this.ctx.logits(-1);
+  }
+
+  /**
+   * Samples from `logits`, then decodes each sampled token to get the next logits, `n` times.
+   * Yields every token together with the logits it was sampled from.
+   */
+  async *generate(
+    logits: Float32Array,
+    n: number,
+    sampling: SamplingParams,
+    sampler: SamplerState,
+  ): AsyncGenerator<{ token: number; logits: Float32Array }> {
+    let current = logits;
+    for (let i = 0; i < n; i++) {
+      const token = sampleToken(current, sampling, sampler);
+      yield { token, logits: current };
+      if (this.model.vocab.isEog(token) || i === n - 1) return;
+      current = await this.step(token);
+    }
+  }
+
+  [Symbol.dispose](): void {
+    this.ctx.free();
+    if (this.#ownsModel) this.model.free();
+  }
+}
+
+function validateConfig(c: RuntimeConfig): void {
+  if (!Number.isInteger(c.chunkTokens) || c.chunkTokens < 1 || c.chunkTokens > CHUNK_TOKENS_MAX) {
+    throw new UsageError(
+      `Chunk size ${c.chunkTokens} is out of range: use 1 to ${CHUNK_TOKENS_MAX} tokens`,
+    );
+  }
+  if (!Number.isInteger(c.threads) || c.threads < 1 || c.threads > 256) {
+    throw new UsageError(`Thread count ${c.threads} is out of range: use 1 to 256`);
+  }
+}
