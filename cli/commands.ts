@@ -1,7 +1,12 @@
 /** The registry of top-level commands: one line per command file. */
 import type { Command } from "commander";
 import { register as registerGenerate } from "./generate.ts";
+import { register as registerModel } from "./model.ts";
+import { measureStateBytes } from "./_runtime_probe.ts";
 
 export type RegisterCommand = (program: Command) => void;
 
-export const COMMANDS: RegisterCommand[] = [registerGenerate];
+export const COMMANDS: RegisterCommand[] = [
+  (program) => registerModel(program, measureStateBytes),
+  registerGenerate,
+];

@@ -8,11 +8,11 @@
 import { InputFileError } from "../core/errors.ts";
 import {
   alignUp,
+  ggmlTensorBytes,
+  ggmlTypeName,
   GGUF_DEFAULT_ALIGNMENT,
   GGUF_MAGIC,
   GGUF_VERSION,
-  ggmlTensorBytes,
-  ggmlTypeName,
   GgufValueType,
   SCALAR_BYTES,
 } from "./_gguf_types.ts";
@@ -54,6 +54,8 @@ export interface GgufReadLimits {
   stringBytesMax?: number;
   /** Most metadata entries or tensors accepted. Default 1 Mi each. */
   entriesMax?: number;
+  /** Most items in one metadata array. Default 16 Mi (real vocabularies are ~256 Ki). */
+  arrayItemsMax?: number;
 }
 
 /** Thrown by the parser when the prefix it was given ends early; the edge reads more. */
@@ -89,7 +91,7 @@ export function parseGgufHeader(
 ): GgufFileInfo {
   const source = options.source ?? "input";
   const limits = options.limits ?? {};
-  const r = new Cursor(bytes, options.complete, source, limits.stringBytesMax ?? 64 << 20);
+  const r = new Cursor(bytes, options.complete, source, limits);
   if (bytes.length >= 4 && r.view.getUint32(0, true) !== GGUF_MAGIC) {
     throw r.corrupt("not a GGUF file (bad magic)");
   }
@@ -123,6 +125,9 @@ function readValue(r: Cursor, key: string): GgufReadValue {
   if (itemType === GgufValueType.ARRAY) throw r.corrupt(`nested array in "${key}"`);
   const itemName = r.typeName(itemType, key);
   const length = r.u64();
+  if (length > r.arrayItemsMax) {
+    throw r.corrupt(`array "${key}" of ${length} items exceeds the limit of ${r.arrayItemsMax}`);
+  }
   const itemBytesMin = itemType === GgufValueType.STRING ? 8 : SCALAR_BYTES[itemType];
   r.need(length * itemBytesMin, `array "${key}" of ${length} items`);
   const value: GgufReadScalar[] = new Array(length);
@@ -174,15 +179,19 @@ function readTensorInfos(r: Cursor, count: number, alignment: number): GgufTenso
 class Cursor {
   readonly view: DataView;
   offset = 0;
+  readonly stringBytesMax: number;
+  readonly arrayItemsMax: number;
   readonly #decoder = new TextDecoder("utf-8", { fatal: true });
 
   constructor(
     readonly bytes: Uint8Array,
     readonly complete: boolean,
     readonly source: string,
-    readonly stringBytesMax: number,
+    limits: GgufReadLimits,
   ) {
     this.view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+    this.stringBytesMax = limits.stringBytesMax ?? 64 << 20;
+    this.arrayItemsMax = limits.arrayItemsMax ?? 16 << 20;
   }
 
   corrupt(detail: string, hint = "the file is damaged or not a GGUF model"): InputFileError {

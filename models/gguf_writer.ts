@@ -137,7 +137,10 @@ export function* encodeGguf(
       assert(written <= dataBytes, `tensor "${tensor.name}" produced too many values`);
       yield* chunker.push(bytes);
     }
-    assert(written === dataBytes, `tensor "${tensor.name}" produced ${written} of ${dataBytes} bytes`);
+    assert(
+      written === dataBytes,
+      `tensor "${tensor.name}" produced ${written} of ${dataBytes} bytes`,
+    );
     yield* chunker.push(new Uint8Array(alignUp(dataBytes, alignment) - dataBytes));
   }
   yield* chunker.flush();

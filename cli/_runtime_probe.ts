@@ -1,0 +1,44 @@
+/**
+ * Measures a model's state sizes as the runtime reports them: prefill synthetic tokens to two
+ * lengths and read llama.cpp's sequence-state size at each. The growth per token is the
+ * attention KV (with per-cell metadata); the rest is fixed (recurrent snapshot, framing).
+ */
+import type { RuntimeStateBytes, RuntimeStateProbe } from "./_model_info.ts";
+import { Engine, RUNTIME_DEFAULTS } from "../serve/engine.ts";
+import type { KvType } from "../ffi/mod.ts";
+
+const STEP_TOKENS = 256;
+
+export const measureStateBytes: RuntimeStateProbe = async (path, spec, kvType: KvType) => {
+  // Past the sliding window the SWA part stops growing, so measure beyond twice the window.
+  const window = spec.attention?.slidingWindow ?? 0;
+  const n1 = Math.max(64, 2 * window);
+  const n2 = n1 + STEP_TOKENS;
+  using engine = await Engine.open({
+    ...RUNTIME_DEFAULTS,
+    modelPath: path,
+    nCtx: Math.ceil((n2 + 1) / 256) * 256,
+    chunkTokens: 256,
+    typeK: kvType,
+    typeV: kvType,
+  });
+  const tokens = syntheticTokens(n2, engine.model.vocab.nTokens);
+  await engine.prefill(tokens.subarray(0, n1));
+  const s1 = engine.ctx.stateSeqSize(0);
+  await engine.prefill(tokens.subarray(n1));
+  const s2 = engine.ctx.stateSeqSize(0);
+  const bytesPerToken = (s2 - s1) / STEP_TOKENS;
+  const result: RuntimeStateBytes = {
+    bytesPerToken,
+    fixedBytes: s1 - n1 * bytesPerToken,
+    method: `llama_state_seq_get_size after ${n1} and ${n2} prompt tokens`,
+  };
+  return result;
+};
+
+/** Deterministic non-special token ids for measurement prompts. */
+export function syntheticTokens(n: number, nVocab: number): Int32Array {
+  const out = new Int32Array(n);
+  for (let i = 0; i < n; i++) out[i] = 3 + ((i * 7919) % (nVocab - 3));
+  return out;
+}
