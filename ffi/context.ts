@@ -4,7 +4,13 @@
  * Native calls on one context are serialized here (a context is not re-entrant), and every
  * compute call is nonblocking, so other work (sending state pages) proceeds meanwhile.
  */
-import { ModelLoadError, RuntimeLibraryError, UsageError } from "../core/errors.ts";
+import {
+  assert,
+  ModelLoadError,
+  RuntimeLibraryError,
+  StateValidationError,
+  UsageError,
+} from "../core/errors.ts";
 import type { LlamaBatch } from "./batch.ts";
 import {
   ggml_threadpool_params,
@@ -13,6 +19,7 @@ import {
   LLAMA_CONTEXT_TYPE,
   LLAMA_FLASH_ATTN_TYPE,
   llama_context_params,
+  llama_perf_context_data,
 } from "./llama.ts";
 import type { LlamaModel } from "./model.ts";
 
@@ -64,6 +71,7 @@ export class LlamaContext implements Disposable {
   #ptr: Deno.PointerValue;
   #threadpool: Deno.PointerValue = null;
   #queue: Promise<unknown> = Promise.resolve();
+  #heldBy: string | null = null;
   readonly nCtx: number;
   readonly nVocab: number;
   readonly nEmbd: number;
@@ -157,8 +165,33 @@ export class LlamaContext implements Disposable {
     return run;
   }
 
+  /**
+   * Marks the context as owned by an uncommitted state import: `decode` throws until the
+   * returned release function runs. llama.cpp decodes partial state without complaint, so
+   * this is what keeps a half-imported session from generating.
+   */
+  hold(holder: string): () => void {
+    assert(this.#heldBy === null, `context already held by ${this.#heldBy}`);
+    this.#heldBy = holder;
+    return () => {
+      this.#heldBy = null;
+    };
+  }
+
+  /** Who holds the context (see `hold`), or null. */
+  get heldBy(): string | null {
+    return this.#heldBy;
+  }
+
   /** Decodes a batch; throws RuntimeLibraryError with llama.cpp's reason on failure. */
   decode(batch: LlamaBatch): Promise<void> {
+    if (this.#heldBy !== null) {
+      return Promise.reject(
+        new StateValidationError(`Cannot decode: the context holds ${this.#heldBy}`, {
+          hint: "commit the state import first (or abort it)",
+        }),
+      );
+    }
     return this.serialize(async () => {
       const lib = this.model.lib;
       lib.log.clear();
@@ -261,6 +294,23 @@ export class LlamaContext implements Disposable {
         throw new RuntimeLibraryError(`llama.cpp refused the state import: ${detail}`);
       }
     });
+  }
+
+  /** llama.cpp's own timing counters (prompt and generation evaluation). */
+  perf(): { promptMs: number; promptTokens: number; evalMs: number; evalTokens: number } {
+    const data = this.model.lib.symbols.llama_perf_context(this.ptr);
+    const get = (name: Parameters<typeof llama_perf_context_data.get>[1]) =>
+      Number(llama_perf_context_data.get(data, name));
+    return {
+      promptMs: get("t_p_eval_ms"),
+      promptTokens: get("n_p_eval"),
+      evalMs: get("t_eval_ms"),
+      evalTokens: get("n_eval"),
+    };
+  }
+
+  resetPerf(): void {
+    this.model.lib.symbols.llama_perf_context_reset(this.ptr);
   }
 
   free(): void {

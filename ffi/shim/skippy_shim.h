@@ -1,0 +1,113 @@
+/*
+ * skippy shim: page-granular KV export and append-import below llama.cpp's public API.
+ *
+ * Built on this machine against the internal headers of the exact llama.cpp commit of the
+ * loaded libllama (see build.ts) and linked to that prebuilt library. Every function is
+ * C-callable, never throws, and reports failures as a negative SKIPPY_E_* code plus a
+ * one-line message written into the caller's `err` buffer (never state bytes).
+ *
+ * ABI changelog (bump SKIPPY_SHIM_ABI_VERSION and the mirror in shim.ts together):
+ *   1. First version: memory kind, self-test, page size/export/import, sequence facts,
+ *      build identity.
+ */
+#ifndef SKIPPY_SHIM_H
+#define SKIPPY_SHIM_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define SKIPPY_SHIM_ABI_VERSION 1
+
+/* The shim is compiled with hidden visibility; only these entry points are exported. */
+#define SKIPPY_API __attribute__((visibility("default")))
+
+/* Memory kinds (exact type of llama_get_memory(ctx)). */
+#define SKIPPY_MEM_NONE        0
+#define SKIPPY_MEM_KV          1 /* llama_kv_cache */
+#define SKIPPY_MEM_HYBRID      2 /* llama_memory_hybrid: attention cache + recurrent */
+#define SKIPPY_MEM_ISWA        3 /* llama_kv_cache_iswa: base (global) + sliding-window cache */
+#define SKIPPY_MEM_RECURRENT   4 /* llama_memory_recurrent */
+#define SKIPPY_MEM_UNSUPPORTED 5 /* anything else (hybrid-iswa, dsa, indexer caches, ...) */
+
+/* Which attention cache a page call addresses. */
+#define SKIPPY_CACHE_MAIN 0 /* dense cache, hybrid attention cache, iswa base cache */
+#define SKIPPY_CACHE_SWA  1 /* iswa sliding-window cache */
+
+/* Result codes (negative). */
+#define SKIPPY_OK           0
+#define SKIPPY_E_ARG       -1 /* bad argument (range, sequence id, cache selector) */
+#define SKIPPY_E_KIND      -2 /* the context's memory cannot do this */
+#define SKIPPY_E_CAPACITY  -3 /* the output buffer is too small */
+#define SKIPPY_E_FORMAT    -4 /* the page is malformed or truncated */
+#define SKIPPY_E_CHECKSUM  -5 /* the page checksum does not match */
+#define SKIPPY_E_MISMATCH  -6 /* layer count, K/V type, row size, V layout or cell format differ */
+#define SKIPPY_E_TOO_SMALL -7 /* the destination cache has fewer cells than the source */
+#define SKIPPY_E_OVERLAP   -8 /* the destination already holds positions of this page */
+#define SKIPPY_E_OCCUPIED  -9 /* a destination cell the page must go to is in use */
+#define SKIPPY_E_SOURCE   -10 /* the source does not hold exactly the requested positions */
+#define SKIPPY_E_NATIVE   -11 /* llama.cpp failed or threw */
+#define SKIPPY_E_SELFTEST -12 /* the shim's view of llama.cpp's objects is inconsistent */
+
+/* Page wire format (little-endian), version SKIPPY_PAGE_VERSION:
+ *   64-byte header (offsets below), then n_ranges x {u32 from, u32 to} source cell ranges,
+ *   then llama.cpp's own cell metadata bytes (state_write_meta), then its K/V rows
+ *   (state_write_data). crc32c covers header bytes [0, 56) and everything after the header. */
+#define SKIPPY_PAGE_MAGIC   0x50564B53u /* "SKVP" */
+#define SKIPPY_PAGE_VERSION 1
+#define SKIPPY_PAGE_HEADER_BYTES 64
+#define SKIPPY_PAGE_FLAG_PLACED 1u  /* source cell ranges present */
+#define SKIPPY_PAGE_FLAG_EXT    2u  /* cells carry llama_kv_cell_ext */
+#define SKIPPY_PAGE_FLAG_VTRANS 4u  /* V rows transposed (flash attention off) */
+
+/* Facts about one sequence, written by skippy_seq_facts into int32_t[SKIPPY_FACTS_LEN]. */
+#define SKIPPY_FACT_KIND       0
+#define SKIPPY_FACT_MAIN_COUNT 1 /* cells of the sequence in the main attention cache */
+#define SKIPPY_FACT_MAIN_MIN   2 /* lowest position there, -1 when none */
+#define SKIPPY_FACT_MAIN_MAX   3
+#define SKIPPY_FACT_SWA_COUNT  4
+#define SKIPPY_FACT_SWA_MIN    5
+#define SKIPPY_FACT_SWA_MAX    6
+#define SKIPPY_FACT_RECR_MAX   7 /* recurrent position, -1 when none or not recurrent */
+#define SKIPPY_FACT_MAIN_SIZE  8 /* cells in the main cache (n_ctx per stream) */
+#define SKIPPY_FACT_SWA_SIZE   9
+#define SKIPPY_FACT_V_TRANS   10
+#define SKIPPY_FACT_N_LAYER   11 /* KV layers in the main cache */
+#define SKIPPY_FACTS_LEN      16
+
+struct llama_context;
+
+SKIPPY_API uint32_t skippy_shim_abi_version(void);
+/* GNU build-id / LC_UUID of the libllama this shim was compiled against (hex). */
+SKIPPY_API const char * skippy_shim_built_for(void);
+/* Build id of the libllama actually loaded in this process ("" when not found,
+ * "multiple" when more than one libllama is mapped). */
+SKIPPY_API const char * skippy_shim_loaded_build_id(void);
+
+SKIPPY_API int32_t skippy_memory_kind(struct llama_context * ctx);
+/* Compares the shim's inline view of the context's memory objects with what libllama's own
+ * exported accessors report. SKIPPY_OK or SKIPPY_E_SELFTEST (with the first difference). */
+SKIPPY_API int32_t skippy_self_test(struct llama_context * ctx, char * err, uint64_t err_cap);
+
+/* Exact bytes of the page for positions [p0, p1) of `seq`, or a negative code. */
+SKIPPY_API int64_t skippy_page_size(struct llama_context * ctx, int32_t cache, int32_t seq, int32_t p0,
+                         int32_t p1, char * err, uint64_t err_cap);
+/* Writes that page into buf; returns the bytes written or a negative code. */
+SKIPPY_API int64_t skippy_page_export(struct llama_context * ctx, int32_t cache, int32_t seq, int32_t p0,
+                           int32_t p1, uint8_t * buf, uint64_t cap, char * err, uint64_t err_cap);
+/* Appends a page to `seq` without touching other cells, at the source cell indices carried in
+ * the page (or, when it carries none, at cell index = position). Refuses before changing
+ * anything when the page is malformed, does not match this cache, or overlaps. */
+SKIPPY_API int32_t skippy_page_import(struct llama_context * ctx, int32_t cache, int32_t seq,
+                           const uint8_t * buf, uint64_t len, char * err, uint64_t err_cap);
+/* Fills out[SKIPPY_FACTS_LEN]. */
+SKIPPY_API int32_t skippy_seq_facts(struct llama_context * ctx, int32_t seq, int32_t * out, char * err,
+                         uint64_t err_cap);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SKIPPY_SHIM_H */
