@@ -2,6 +2,8 @@
 import type { Command } from "commander";
 import { register as registerGenerate } from "./generate.ts";
 import { register as registerModel } from "./model.ts";
+import { register as registerIdentity } from "./identity.ts";
+import { register as registerTrust } from "./trust.ts";
 import { measureStateBytes } from "./_runtime_probe.ts";
 
 export type RegisterCommand = (program: Command) => void;
@@ -9,4 +11,6 @@ export type RegisterCommand = (program: Command) => void;
 export const COMMANDS: RegisterCommand[] = [
   (program) => registerModel(program, measureStateBytes),
   registerGenerate,
+  registerIdentity,
+  registerTrust,
 ];
