@@ -16,6 +16,8 @@ import { assert, ProtocolError } from "./errors.ts";
 
 /** Bytes in a SHA-256 digest. */
 export const SHA256_BYTES = 32;
+/** Most bytes one `randomBytes` call returns (the Web Crypto limit). */
+export const RANDOM_BYTES_MAX = 65_536;
 /** Nesting depth the canonical encoder accepts; deeper values are a programmer error. */
 export const CANONICAL_DEPTH_MAX = 32;
 
@@ -104,7 +106,7 @@ export function bytesEqual(a: Uint8Array, b: Uint8Array): boolean {
 
 /** `n` cryptographically random bytes (Web Crypto). */
 export function randomBytes(n: number): Uint8Array {
-  assert(Number.isInteger(n) && n >= 0 && n <= 65536, `randomBytes(${n}) out of range`);
+  assert(Number.isInteger(n) && n >= 0 && n <= RANDOM_BYTES_MAX, `randomBytes(${n}) out of range`);
   return crypto.getRandomValues(new Uint8Array(n));
 }
 

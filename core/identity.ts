@@ -211,7 +211,12 @@ function _summarizeKinds(kinds: readonly string[]): string {
 }
 
 /**
- * One line per mismatch, for error messages: `K cache type: expected "f16", found "q8_0"`.
+ * Mismatches joined for error messages.
+ *
+ * @example
+ * ```ts
+ * formatIdentityMismatches(compareIdentity(a, b)); // 'K cache type: expected "f16", found "q8_0"'
+ * ```
  */
 export function formatIdentityMismatches(mismatches: readonly IdentityMismatch[]): string {
   return mismatches.map((m) => `${m.label}: expected ${m.expected}, found ${m.found}`).join("; ");
@@ -237,4 +242,16 @@ export function assertIdentityMatch(
     `Peer identity does not match: ${formatIdentityMismatches(mismatches)}`,
     { hint: "load the same model file with the same context, cache and thread settings on both" },
   );
+}
+
+/**
+ * Trunk layers (all but MTP blocks): the layer space that layered components must tile.
+ *
+ * @example
+ * ```ts
+ * trunkLayerCount({ layerKinds: ["recurrent", "attention", "mtp"] }); // 2
+ * ```
+ */
+export function trunkLayerCount(identity: Pick<NumericalIdentity, "layerKinds">): number {
+  return identity.layerKinds.filter((k) => k !== "mtp").length;
 }

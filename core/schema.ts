@@ -91,7 +91,15 @@ const RULES: Record<ComponentKind, ComponentRule> = {
   "positions": rule("positions", false, "any", "prefix", ["msgpack"], ["none"]),
   "sampler": rule("sampler", false, "any", "prefix", ["msgpack"], ["none"]),
   "history": rule("history", false, "any", "prefix", ["i32-le"], ["i32"], TOKEN_BYTES),
-  "first-token": rule("first-token", false, "after-pages", "next", ["i32-le"], ["i32"], TOKEN_BYTES),
+  "first-token": rule(
+    "first-token",
+    false,
+    "after-pages",
+    "next",
+    ["i32-le"],
+    ["i32"],
+    TOKEN_BYTES,
+  ),
 };
 
 function rule(
@@ -253,16 +261,29 @@ export function rangeWithin(r: unknown, max: number): r is Range {
     Number.isSafeInteger(r[1]) && r[0] >= 0 && r[0] <= r[1] && r[1] <= max;
 }
 
+/** Where a set of ranges fails to tile `[0, end)`: a `gap` (missing) or an `overlap`. */
+export interface TilingFault {
+  fault: "gap" | "overlap";
+  range: Range;
+}
+
 /**
- * Returns the first gap when `ranges` do not tile `[0, end)` exactly, or null when they do.
- * Overlaps count as a gap at the overlapping start (reported by the caller as a duplicate).
+ * Returns the first gap or overlap when `ranges` do not tile `[0, end)` exactly, or null.
+ *
+ * @example
+ * ```ts
+ * firstTilingFault([[0, 4], [6, 8]], 8); // { fault: "gap", range: [4, 6] }
+ * ```
  */
-export function firstTilingGap(ranges: readonly Range[], end: number): Range | null {
-  const sorted = [...ranges].sort((a, b) => a[0] - b[0]);
+export function firstTilingFault(ranges: readonly Range[], end: number): TilingFault | null {
+  const sorted = [...ranges].sort((a, b) => a[0] - b[0] || a[1] - b[1]);
   let at = 0;
   for (const r of sorted) {
-    if (r[0] !== at) return r[0] > at ? [at, r[0]] : [r[0], at];
+    if (r[0] > at) return { fault: "gap", range: [at, r[0]] };
+    if (r[0] < at) return { fault: "overlap", range: [r[0], Math.min(at, r[1])] };
     at = r[1];
   }
-  return at === end ? null : [at, end];
+  if (at < end) return { fault: "gap", range: [at, end] };
+  if (at > end) return { fault: "overlap", range: [end, at] };
+  return null;
 }

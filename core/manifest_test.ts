@@ -1,0 +1,169 @@
+import assert from "node:assert/strict";
+import { completeStream, DIGEST, HANDOFF_ID } from "./_test_fixtures.ts";
+import { type BindingContext, newBindingKey } from "./binding.ts";
+import { StateValidationError } from "./errors.ts";
+import {
+  buildManifest,
+  componentOf,
+  type FinalManifest,
+  findIncompleteness,
+  mandatoryVerifySteps,
+  manifestStateBytes,
+  signManifest,
+  type UnsignedManifest,
+  validateManifest,
+  verifyManifestTag,
+} from "./manifest.ts";
+import type { ModelFamily } from "./schema.ts";
+
+function unsigned(family: ModelFamily = "hybrid", n = 2048): UnsignedManifest {
+  return buildManifest({
+    handoffId: HANDOFF_ID,
+    identityDigest: DIGEST,
+    family,
+    components: completeStream(family, n).map(componentOf),
+    logical: { position: n, tokenCount: n },
+  });
+}
+
+const ctx: BindingContext = {
+  bindingKey: newBindingKey(),
+  handoffId: HANDOFF_ID,
+  destNodeId: "node-m1",
+  tenantId: "tenant-a",
+};
+
+Deno.test("buildManifest() always lists the family's mandatory verify steps", () => {
+  assert.deepEqual(unsigned("hybrid").verify, [
+    "identity",
+    "binding-tag",
+    "components-complete",
+    "checksums",
+    "kv-contiguous",
+    "recurrent-position",
+  ]);
+  const withProbe = buildManifest({ ...unsigned("dense"), verify: ["continuation-probe"] });
+  assert.deepEqual(withProbe.verify, [...mandatoryVerifySteps("dense"), "continuation-probe"]);
+  assert.ok(mandatoryVerifySteps("hybrid-moe-mtp").includes("mtp-ready"));
+});
+
+Deno.test("a signed manifest verifies; a changed component, destination or tenant fails", async () => {
+  const m = await signManifest(unsigned(), ctx);
+  assert.equal(await verifyManifestTag(m, ctx), true);
+  const changed: FinalManifest = {
+    ...m,
+    components: m.components.map((c, i) => i === 0 ? { ...c, bytes: c.bytes + 1 } : c),
+  };
+  assert.equal(await verifyManifestTag(changed, ctx), false);
+  assert.equal(
+    await verifyManifestTag({ ...m, logical: { position: 2047, tokenCount: 2047 } }, ctx),
+    false,
+  );
+  assert.equal(await verifyManifestTag(m, { ...ctx, destNodeId: "node-other" }), false);
+  assert.equal(await verifyManifestTag(m, { ...ctx, tenantId: "tenant-b" }), false);
+});
+
+Deno.test("validateManifest() accepts a complete manifest of every family", async () => {
+  for (const family of ["dense", "iswa", "recurrent", "hybrid", "hybrid-moe-mtp"] as const) {
+    const m = await signManifest(unsigned(family), ctx);
+    assert.equal(validateManifest(m, { trunkLayers: 6 }), m);
+    assert.ok(manifestStateBytes(m) > 0);
+  }
+});
+
+Deno.test("validateManifest() refuses a verify list lacking a mandatory step", async () => {
+  const m = await signManifest(unsigned(), ctx);
+  assert.throws(
+    () =>
+      validateManifest({ ...m, verify: m.verify.filter((s) => s !== "checksums") }, {
+        trunkLayers: 6,
+      }),
+    /verify list lacks mandatory step "checksums"/,
+  );
+});
+
+Deno.test("validateManifest() never crashes on garbage and refuses it with StateValidationError", async () => {
+  const m = await signManifest(unsigned(), ctx);
+  const samples: unknown[] = [null, 1, "x", {}, []];
+  for (const field of Object.keys(m)) {
+    for (const bad of [null, -1, "x", [], {}, [{}], { position: 0, tokenCount: 0 }]) {
+      samples.push({ ...m, [field]: bad });
+    }
+  }
+  let refused = 0;
+  for (const raw of samples) {
+    try {
+      validateManifest(raw, { trunkLayers: 6 });
+    } catch (e) {
+      assert.ok(e instanceof StateValidationError, `${JSON.stringify(raw)}: ${e}`);
+      refused++;
+    }
+  }
+  // Among the garbage only a handoff id of "x" still makes a valid manifest.
+  assert.equal(refused, samples.length - 1);
+});
+
+Deno.test("findIncompleteness() names the missing KV token range", () => {
+  const m = unsigned("hybrid", 4096);
+  const holed = {
+    ...m,
+    components: m.components.filter((c) => !(c.kind === "kv-page" && c.tokenRange[0] === 2048)),
+  };
+  const error = findIncompleteness(holed, 6);
+  assert.ok(error instanceof StateValidationError);
+  assert.match(error.message, /kv-page layers \[0, 6\) tokens \[2048, 2560\) missing/);
+  const short = {
+    ...m,
+    components: m.components.filter((c) => !(c.kind === "kv-page" && c.tokenRange[0] >= 3584)),
+  };
+  assert.match(
+    findIncompleteness(short, 6)!.message,
+    /kv-page layers \[0, 6\) tokens \[3584, 4096\) missing/,
+  );
+});
+
+Deno.test("findIncompleteness() reports a missing conv and a duplicated page", () => {
+  const m = unsigned("hybrid", 1024);
+  assert.match(
+    findIncompleteness({ ...m, components: m.components.filter((c) => c.kind !== "conv") }, 6)!
+      .message,
+    /conv missing/,
+  );
+  const dup = { ...m, components: [...m.components, m.components[0]] };
+  assert.match(findIncompleteness(dup, 6)!.message, /tokens \[0, 512\) duplicated/);
+});
+
+Deno.test("findIncompleteness() rejects components foreign to the family", () => {
+  const m = unsigned("dense", 1024);
+  const conv = unsigned("hybrid", 1024).components.find((c) => c.kind === "conv")!;
+  assert.match(
+    findIncompleteness({ ...m, components: [...m.components, conv] }, 6)!.message,
+    /unexpected conv component for family "dense"/,
+  );
+});
+
+Deno.test("findIncompleteness() accepts KV pages from layer-split stages that tile the trunk", () => {
+  const m = unsigned("dense", 1024);
+  const pages = m.components.filter((c) => c.kind === "kv-page");
+  const rest = m.components.filter((c) => c.kind !== "kv-page");
+  const split = pages.flatMap((
+    p,
+  ) => [{ ...p, layerRange: [0, 2] as const }, { ...p, layerRange: [2, 6] as const }]);
+  assert.equal(findIncompleteness({ ...m, components: [...split, ...rest] }, 6), null);
+  const gap = pages.map((p) => ({ ...p, layerRange: [0, 2] as const }));
+  assert.match(
+    findIncompleteness({ ...m, components: [...gap, ...rest] }, 6)!.message,
+    /kv-page layers \[2, 6\) missing/,
+  );
+});
+
+Deno.test("findIncompleteness() checks the first token sits right after the prompt", () => {
+  const m = unsigned("dense", 1024);
+  const moved = m.components.map((c) =>
+    c.kind === "first-token" ? { ...c, tokenRange: [1023, 1024] as const } : c
+  );
+  assert.match(
+    findIncompleteness({ ...m, components: moved }, 6)!.message,
+    /first-token covers tokens \[1023, 1024\), expected \[1024, 1025\)/,
+  );
+});

@@ -1,0 +1,403 @@
+/**
+ * Cost-based placement: should this request be prefilled on the decoder itself (colocated),
+ * on a prefill worker with the state streamed over (disaggregated), or across a layer split?
+ *
+ * The model follows the design note: KV pages stream while later chunks compute, so only
+ * what the link could not hide stays on the *handoff tail*:
+ *
+ *     handoff_tail = uncovered KV transfer + final snapshot (recurrent, SWA, MTP) transfer
+ *                  + import + one commit round trip
+ *
+ * Disaggregation is chosen only when every eligibility check passes and the prefiller's
+ * prefill plus the tail beats the decoder recomputing the prompt by `benefitMsMin`.
+ * Numbers are estimates for a single request; measured values replace them in `bench/`.
+ *
+ * @module
+ */
+import { UsageError } from "./errors.ts";
+import { DEFAULT_STATE_BOUNDS, TOKEN_BYTES } from "./schema.ts";
+
+/** State sizes of the model as measured from runtime export (not assumed). */
+export interface StateSize {
+  /** Attention KV bytes per prompt token (all attention layers, K and V). */
+  kvBytesPerToken: number;
+  /** Fixed recurrent bytes (conv + SSM of all recurrent layers). */
+  recurrentBytes: number;
+  /** Fixed sliding-window cache bytes (ISWA models). */
+  swaBytes?: number;
+  /** MTP draft context KV bytes per token. */
+  mtpBytesPerToken?: number;
+  /** Fixed MTP bytes (the pending hidden row). */
+  mtpFixedBytes?: number;
+}
+
+/** A link measurement and how old it is. */
+export interface LinkMeasurement {
+  bandwidthBytesPerS: number;
+  rttMs: number;
+  ageMs: number;
+}
+
+/** Capability, identity and certification facts the coordinator gathered. */
+export interface PlanFlags {
+  prefillerHasPrefillRole: boolean;
+  decoderHasDecodeRole: boolean;
+  /** Both peers advertise this build's state schema version. */
+  schemaShared: boolean;
+  /** `compareIdentity` found no mismatch. */
+  identityMatch: boolean;
+  /** The model family has passed the exact state-handoff gate. */
+  familyCertified: boolean;
+}
+
+/** Everything `plan` weighs. */
+export interface PlanInput {
+  promptTokens: number;
+  /** Prompt tokens the prefiller restores from its exact-prefix cache. */
+  prefillerCachedTokens?: number;
+  state: StateSize;
+  link: LinkMeasurement | null;
+  prefillerPrefillTokensPerS: number;
+  decoderPrefillTokensPerS: number;
+  /** Time the request would wait for the prefiller (contention), in ms. */
+  prefillerQueueMs?: number;
+  decoderFreeBytes: number;
+  /** Prompt tokens per prefill chunk (one KV page each). */
+  chunkTokens: number;
+  flags: PlanFlags;
+  /** Optional layer-split alternative: its prefill rate and the per-token hop it adds. */
+  layerSplit?: { prefillTokensPerS: number; hopMsPerToken: number; outputTokens: number };
+}
+
+/** Thresholds, each with its unit last. */
+export interface PlanOptions {
+  promptTokensMin: number;
+  linkAgeMsMax: number;
+  bandwidthBytesPerSMin: number;
+  rttMsMax: number;
+  /** Disaggregation must win by at least this much. */
+  benefitMsMin: number;
+  /** Decoder memory kept free beyond the state. */
+  memoryHeadroomBytes: number;
+  /** Decoder import rate for the tail (last page + snapshot). */
+  importBytesPerS: number;
+  stateBytesMax: number;
+}
+
+export const DEFAULT_PLAN_OPTIONS: Readonly<PlanOptions> = {
+  promptTokensMin: 2048,
+  linkAgeMsMax: 30_000,
+  bandwidthBytesPerSMin: 125_000_000, // 1 Gb/s
+  rttMsMax: 10,
+  benefitMsMin: 20,
+  memoryHeadroomBytes: 256 * 1024 * 1024,
+  importBytesPerS: 2_000_000_000,
+  stateBytesMax: DEFAULT_STATE_BOUNDS.stateBytesMax,
+};
+
+export type Placement = "colocated" | "disaggregated" | "layer-split";
+
+/** Why a placement was or was not chosen. `code` is machine-readable. */
+export interface PlanReason {
+  code:
+    | "prompt-too-short"
+    | "capability-missing"
+    | "identity-mismatch"
+    | "not-certified"
+    | "no-link-measurement"
+    | "link-stale"
+    | "link-too-slow"
+    | "rtt-too-high"
+    | "decoder-memory"
+    | "state-too-large"
+    | "slower-than-recompute"
+    | "chosen";
+  message: string;
+}
+
+/** The numbers behind a plan, in bytes and milliseconds. */
+export interface PlanEstimates {
+  kvBytes: number;
+  snapshotBytes: number;
+  stateBytes: number;
+  prefillerPrefillMs: number;
+  uncoveredKvMs: number;
+  snapshotTransferMs: number;
+  mtpTransferMs: number;
+  importMs: number;
+  commitRoundTripMs: number;
+  handoffTailMs: number;
+  disaggregatedMs: number;
+  colocatedMs: number;
+  layerSplitMs: number | null;
+  benefitMs: number;
+  /** Estimated share of the non-last KV bytes sent before prefill ends (null: one chunk). */
+  overlapFraction: number | null;
+}
+
+export interface Plan {
+  placement: Placement;
+  reasons: PlanReason[];
+  /** Null when there is no link measurement to estimate with. */
+  estimates: PlanEstimates | null;
+}
+
+/**
+ * Total state bytes of a handoff of `tokens` prompt tokens (KV, snapshot, history).
+ *
+ * @example
+ * ```ts
+ * stateBytesFor({ kvBytesPerToken: 8192, recurrentBytes: 160 << 20 }, 32768); // ~416 MiB
+ * ```
+ */
+export function stateBytesFor(state: StateSize, tokens: number): number {
+  return tokens * state.kvBytesPerToken + snapshotBytesFor(state, tokens);
+}
+
+/** Bytes that travel after the last page: recurrent, SWA, MTP and the token history. */
+export function snapshotBytesFor(state: StateSize, tokens: number): number {
+  return state.recurrentBytes + (state.swaBytes ?? 0) + _mtpBytes(state, tokens) +
+    tokens * TOKEN_BYTES;
+}
+
+function _mtpBytes(state: StateSize, tokens: number): number {
+  return (state.mtpBytesPerToken ?? 0) * tokens + (state.mtpFixedBytes ?? 0);
+}
+
+/**
+ * Chooses a placement and explains it.
+ *
+ * @example
+ * ```ts
+ * const p = plan({ promptTokens: 32768, state, link, chunkTokens: 2048, ... });
+ * if (p.placement === "disaggregated") startHandoff();
+ * console.log(p.reasons.map((r) => r.message).join("; "));
+ * ```
+ */
+export function plan(input: PlanInput, options: Partial<PlanOptions> = {}): Plan {
+  const o: PlanOptions = { ...DEFAULT_PLAN_OPTIONS, ...options };
+  _checkInput(input);
+  const reasons = _eligibility(input, o);
+  const estimates = input.link ? estimate(input, input.link, o) : null;
+  if (estimates) reasons.push(..._economics(estimates, o));
+  const disaggOk = reasons.length === 0;
+  const ls = estimates?.layerSplitMs ?? null;
+  const linkUsable = input.link !== null &&
+    !reasons.some((r) => r.code.startsWith("link") || r.code === "rtt-too-high");
+  const colocatedMs = estimates?.colocatedMs ?? _colocatedMs(input);
+  let placement: Placement = "colocated";
+  if (disaggOk && estimates && (ls === null || estimates.disaggregatedMs <= ls)) {
+    placement = "disaggregated";
+  } else if (ls !== null && linkUsable && ls + o.benefitMsMin < colocatedMs) {
+    placement = "layer-split";
+  }
+  const chosen = `${placement} chosen` +
+    (estimates
+      ? ` (colocated ${_ms(colocatedMs)}, disaggregated ${_ms(estimates.disaggregatedMs)}${
+        ls === null ? "" : `, layer-split ${_ms(ls)}`
+      })`
+      : "");
+  return { placement, reasons: [...reasons, { code: "chosen", message: chosen }], estimates };
+}
+
+function _checkInput(i: PlanInput): void {
+  const positive: [string, number][] = [
+    ["promptTokens", i.promptTokens],
+    ["chunkTokens", i.chunkTokens],
+    ["prefillerPrefillTokensPerS", i.prefillerPrefillTokensPerS],
+    ["decoderPrefillTokensPerS", i.decoderPrefillTokensPerS],
+  ];
+  const nonNegative: [string, number][] = [
+    ["prefillerCachedTokens", i.prefillerCachedTokens ?? 0],
+    ["prefillerQueueMs", i.prefillerQueueMs ?? 0],
+    ["decoderFreeBytes", i.decoderFreeBytes],
+    ["kvBytesPerToken", i.state.kvBytesPerToken],
+    ["recurrentBytes", i.state.recurrentBytes],
+  ];
+  for (const [name, v] of positive) {
+    if (!(Number.isFinite(v) && v > 0)) {
+      throw new UsageError(`Invalid plan input ${name} ${v}: must be positive`);
+    }
+  }
+  for (const [name, v] of nonNegative) {
+    if (!(Number.isFinite(v) && v >= 0)) {
+      throw new UsageError(`Invalid plan input ${name} ${v}: must be 0 or more`);
+    }
+  }
+  if ((i.prefillerCachedTokens ?? 0) > i.promptTokens) {
+    throw new UsageError("Invalid plan input: more cached tokens than prompt tokens");
+  }
+}
+
+function _eligibility(i: PlanInput, o: PlanOptions): PlanReason[] {
+  const out: PlanReason[] = [];
+  const add = (code: PlanReason["code"], message: string) => out.push({ code, message });
+  if (i.promptTokens < o.promptTokensMin) {
+    add(
+      "prompt-too-short",
+      `prompt of ${i.promptTokens} tokens is under promptTokensMin ${o.promptTokensMin}`,
+    );
+  }
+  const f = i.flags;
+  if (!f.prefillerHasPrefillRole) {
+    add("capability-missing", "prefiller does not advertise the prefill role");
+  }
+  if (!f.decoderHasDecodeRole) {
+    add("capability-missing", "decoder does not advertise the decode role");
+  }
+  if (!f.schemaShared) add("capability-missing", "peers share no state schema version");
+  if (!f.identityMatch) add("identity-mismatch", "numerical identities differ");
+  if (!f.familyCertified) {
+    add("not-certified", "model family has no exact state-handoff certification");
+  }
+  const link = i.link;
+  if (!link) {
+    add("no-link-measurement", "no bandwidth/RTT measurement for this link");
+  } else {
+    if (link.ageMs > o.linkAgeMsMax) {
+      add(
+        "link-stale",
+        `link measurement is ${_ms(link.ageMs)} old, over linkAgeMsMax ${o.linkAgeMsMax}`,
+      );
+    }
+    if (!(link.bandwidthBytesPerS >= o.bandwidthBytesPerSMin)) {
+      add(
+        "link-too-slow",
+        `link at ${_rate(link.bandwidthBytesPerS)} is under ${_rate(o.bandwidthBytesPerSMin)}`,
+      );
+    }
+    if (!(link.rttMs <= o.rttMsMax)) {
+      add("rtt-too-high", `RTT ${_ms(link.rttMs)} is over rttMsMax ${o.rttMsMax}`);
+    }
+  }
+  const bytes = stateBytesFor(i.state, i.promptTokens);
+  if (bytes > o.stateBytesMax) {
+    add("state-too-large", `state of ${bytes} bytes exceeds stateBytesMax ${o.stateBytesMax}`);
+  }
+  if (bytes + o.memoryHeadroomBytes > i.decoderFreeBytes) {
+    add(
+      "decoder-memory",
+      `state of ${bytes} bytes plus headroom does not fit the decoder's ${i.decoderFreeBytes} free bytes`,
+    );
+  }
+  return out;
+}
+
+function _economics(e: PlanEstimates, o: PlanOptions): PlanReason[] {
+  if (e.benefitMs >= o.benefitMsMin) return [];
+  return [{
+    code: "slower-than-recompute",
+    message: `handoff (${_ms(e.disaggregatedMs)}, tail ${
+      _ms(e.handoffTailMs)
+    }) does not beat recompute on the decoder (${
+      _ms(e.colocatedMs)
+    }) by benefitMsMin ${o.benefitMsMin}`,
+  }];
+}
+
+function _colocatedMs(i: PlanInput): number {
+  return (i.promptTokens / i.decoderPrefillTokensPerS) * 1000;
+}
+
+/**
+ * The estimates behind `plan` for one link, without any eligibility decision.
+ *
+ * @example
+ * ```ts
+ * estimate(input, { bandwidthBytesPerS: 5e9, rttMs: 0.2, ageMs: 100 }).handoffTailMs;
+ * ```
+ */
+export function estimate(
+  i: PlanInput,
+  link: LinkMeasurement,
+  options: Partial<PlanOptions> = {},
+): PlanEstimates {
+  const o: PlanOptions = { ...DEFAULT_PLAN_OPTIONS, ...options };
+  const bwPerMs = link.bandwidthBytesPerS / 1000;
+  const stream = _streamKv(i, bwPerMs, link.rttMs);
+  const snapshotBytes = snapshotBytesFor(i.state, i.promptTokens);
+  const kvBytes = i.promptTokens * i.state.kvBytesPerToken;
+  const snapshotTransferMs = snapshotBytes / bwPerMs;
+  const importMs = ((stream.lastPageBytes + snapshotBytes) / o.importBytesPerS) * 1000;
+  const handoffTailMs = stream.uncoveredMs + snapshotTransferMs + importMs + link.rttMs;
+  const disaggregatedMs = (i.prefillerQueueMs ?? 0) + stream.prefillMs + handoffTailMs;
+  const colocatedMs = _colocatedMs(i);
+  const ls = i.layerSplit;
+  return {
+    kvBytes,
+    snapshotBytes,
+    stateBytes: kvBytes + snapshotBytes,
+    prefillerPrefillMs: stream.prefillMs,
+    uncoveredKvMs: stream.uncoveredMs,
+    snapshotTransferMs,
+    mtpTransferMs: _mtpBytes(i.state, i.promptTokens) / bwPerMs,
+    importMs,
+    commitRoundTripMs: link.rttMs,
+    handoffTailMs,
+    disaggregatedMs,
+    colocatedMs,
+    layerSplitMs: ls
+      ? (i.promptTokens / ls.prefillTokensPerS) * 1000 + ls.outputTokens * ls.hopMsPerToken
+      : null,
+    benefitMs: colocatedMs - disaggregatedMs,
+    overlapFraction: stream.overlapFraction,
+  };
+}
+
+// KV pages leave in FIFO order: the cached prefix at once, then one page per computed chunk.
+// The last byte leaves at max over release points r of (r + bytes released from r on / bw);
+// that function is linear between the first, second-to-last and last chunk, so four points
+// suffice. The link only starts once the reservation round trip is done.
+function _streamKv(i: PlanInput, bwPerMs: number, rttMs: number) {
+  const kv = i.state.kvBytesPerToken;
+  const tps = i.prefillerPrefillTokensPerS / 1000;
+  const cached = i.prefillerCachedTokens ?? 0;
+  const computed = i.promptTokens - cached;
+  const n = Math.ceil(computed / i.chunkTokens);
+  const lastTokens = n === 0 ? 0 : computed - (n - 1) * i.chunkTokens;
+  const prefillMs = computed / tps;
+  const firstChunkMs = Math.min(i.chunkTokens, computed) / tps;
+  const cachedBytes = cached * kv;
+  const chunkBytes = i.chunkTokens * kv;
+  const lastPageBytes = n === 0 ? Math.min(cachedBytes, chunkBytes) : lastTokens * kv;
+  const totalBytes = cachedBytes + computed * kv;
+  let finishMs = rttMs + totalBytes / bwPerMs;
+  if (n >= 1) {
+    finishMs = Math.max(
+      finishMs,
+      firstChunkMs + (computed * kv) / bwPerMs,
+      prefillMs + lastPageBytes / bwPerMs,
+    );
+  }
+  if (n >= 2) {
+    finishMs = Math.max(
+      finishMs,
+      prefillMs - lastTokens / tps + (chunkBytes + lastPageBytes) / bwPerMs,
+    );
+  }
+  const nonLastBytes = totalBytes - (n === 0 ? 0 : lastPageBytes);
+  let overlapFraction: number | null = null;
+  if (n >= 1 && nonLastBytes > 0) {
+    const sent = Math.min(
+      nonLastBytes,
+      bwPerMs * Math.max(0, prefillMs - rttMs),
+      n >= 2 ? cachedBytes + bwPerMs * (prefillMs - firstChunkMs) : Infinity,
+      n >= 2 ? nonLastBytes - chunkBytes + bwPerMs * (lastTokens / tps) : Infinity,
+    );
+    overlapFraction = Math.max(0, sent) / nonLastBytes;
+  }
+  return {
+    prefillMs,
+    uncoveredMs: Math.max(0, finishMs - prefillMs),
+    lastPageBytes,
+    overlapFraction,
+  };
+}
+
+function _ms(ms: number): string {
+  return ms >= 1000 ? `${(ms / 1000).toFixed(2)} s` : `${ms.toFixed(1)} ms`;
+}
+
+function _rate(bytesPerS: number): string {
+  return `${((bytesPerS * 8) / 1e9).toFixed(2)} Gb/s`;
+}

@@ -1,0 +1,200 @@
+import assert from "node:assert/strict";
+import { UsageError } from "./errors.ts";
+import { estimate, plan, type PlanInput, stateBytesFor } from "./planner.ts";
+
+const MIB = 1024 * 1024;
+
+/** Nemotron-Super-like sizes from the design note: 8 KiB/token of KV, ~160 MiB recurrent. */
+function input(overrides: Partial<PlanInput> = {}): PlanInput {
+  return {
+    promptTokens: 32_768,
+    state: { kvBytesPerToken: 8192, recurrentBytes: 160 * MIB },
+    link: { bandwidthBytesPerS: 5e9, rttMs: 0.3, ageMs: 1000 }, // 40 Gb/s
+    prefillerPrefillTokensPerS: 4000,
+    decoderPrefillTokensPerS: 1500,
+    decoderFreeBytes: 64 * 1024 * MIB,
+    chunkTokens: 2048,
+    flags: {
+      prefillerHasPrefillRole: true,
+      decoderHasDecodeRole: true,
+      schemaShared: true,
+      identityMatch: true,
+      familyCertified: true,
+    },
+    ...overrides,
+  };
+}
+
+function codes(p: ReturnType<typeof plan>): string[] {
+  return p.reasons.map((r) => r.code);
+}
+
+Deno.test("plan() disaggregates a long prompt over a fast, fresh link to a slower decoder", () => {
+  const p = plan(input());
+  assert.equal(p.placement, "disaggregated");
+  assert.deepEqual(codes(p), ["chosen"]);
+  const e = p.estimates!;
+  assert.ok(e.benefitMs > 10_000, `benefit ${e.benefitMs}`);
+  assert.ok(e.handoffTailMs < 200, `tail ${e.handoffTailMs}`);
+  assert.ok(e.overlapFraction! > 0.99);
+});
+
+Deno.test("plan() rejects disaggregation when the link is slower than recompute", () => {
+  // A fast prefiller cannot help when 1 Gb/s needs longer for the state than the decoder
+  // needs to recompute the prompt.
+  const slow = input({
+    link: { bandwidthBytesPerS: 125e6, rttMs: 0.5, ageMs: 10 },
+    prefillerPrefillTokensPerS: 40_000,
+    decoderPrefillTokensPerS: 12_000,
+  });
+  const p = plan(slow);
+  assert.equal(p.placement, "colocated");
+  assert.ok(codes(p).includes("slower-than-recompute"));
+  assert.ok(p.estimates!.disaggregatedMs > p.estimates!.colocatedMs);
+});
+
+Deno.test("plan() rejects short prompts even on a perfect link", () => {
+  const p = plan(input({ promptTokens: 512 }));
+  assert.equal(p.placement, "colocated");
+  assert.ok(codes(p).includes("prompt-too-short"));
+});
+
+Deno.test("plan() rejects missing and stale link measurements", () => {
+  const none = plan(input({ link: null }));
+  assert.equal(none.placement, "colocated");
+  assert.ok(codes(none).includes("no-link-measurement"));
+  assert.equal(none.estimates, null);
+  const stale = plan(input({ link: { bandwidthBytesPerS: 5e9, rttMs: 0.3, ageMs: 120_000 } }));
+  assert.equal(stale.placement, "colocated");
+  assert.match(stale.reasons.find((r) => r.code === "link-stale")!.message, /120\.00 s old/);
+});
+
+Deno.test("plan() rejects slow links and high RTT explicitly", () => {
+  const p = plan(input({ link: { bandwidthBytesPerS: 50e6, rttMs: 40, ageMs: 10 } }));
+  assert.ok(codes(p).includes("link-too-slow"));
+  assert.ok(codes(p).includes("rtt-too-high"));
+  assert.equal(p.placement, "colocated");
+});
+
+Deno.test("plan() names every missing capability, identity and certification", () => {
+  const p = plan(input({
+    flags: {
+      prefillerHasPrefillRole: false,
+      decoderHasDecodeRole: false,
+      schemaShared: false,
+      identityMatch: false,
+      familyCertified: false,
+    },
+  }));
+  assert.equal(p.placement, "colocated");
+  const c = codes(p);
+  assert.equal(c.filter((x) => x === "capability-missing").length, 3);
+  assert.ok(c.includes("identity-mismatch") && c.includes("not-certified"));
+});
+
+Deno.test("plan() rejects a state that does not fit the decoder's free memory", () => {
+  const bytes = stateBytesFor(input().state, 32_768);
+  const p = plan(input({ decoderFreeBytes: bytes }));
+  assert.ok(codes(p).includes("decoder-memory"));
+  assert.equal(p.placement, "colocated");
+});
+
+Deno.test("plan() keeps a layer split when it beats recompute but disaggregation is ineligible", () => {
+  const p = plan(input({
+    flags: { ...input().flags, familyCertified: false },
+    layerSplit: { prefillTokensPerS: 3000, hopMsPerToken: 1, outputTokens: 256 },
+  }));
+  assert.equal(p.placement, "layer-split");
+  assert.ok(p.estimates!.layerSplitMs! < p.estimates!.colocatedMs);
+});
+
+Deno.test("plan() throws UsageError on impossible inputs", () => {
+  assert.throws(() => plan(input({ promptTokens: 0 })), UsageError);
+  assert.throws(() => plan(input({ chunkTokens: NaN })), UsageError);
+  assert.throws(() => plan(input({ prefillerCachedTokens: 40_000 })), UsageError);
+});
+
+Deno.test("estimate(): with a link faster than prefill only the last page stays uncovered", () => {
+  const i = input();
+  const e = estimate(i, i.link!);
+  const lastPageMs = (2048 * 8192) / 5e6;
+  assert.ok(Math.abs(e.uncoveredKvMs - lastPageMs) < 1e-6, `${e.uncoveredKvMs} vs ${lastPageMs}`);
+  assert.equal(e.kvBytes, 32_768 * 8192);
+});
+
+Deno.test("estimate(): with a link slower than prefill the backlog stays uncovered", () => {
+  const i = input({
+    link: { bandwidthBytesPerS: 100e6, rttMs: 0.3, ageMs: 1 },
+    prefillerPrefillTokensPerS: 100_000,
+  });
+  const e = estimate(i, i.link!);
+  const transferMs = (32_768 * 8192) / 100e3;
+  // Everything after the first chunk's compute is on the tail.
+  assert.ok(Math.abs(e.uncoveredKvMs - (transferMs + 2048 / 100 - e.prefillerPrefillMs)) < 1e-6);
+  assert.ok(e.overlapFraction! < 0.2);
+});
+
+Deno.test("estimate(): a prefix-cache hit shortens prefill and streams the cached pages at once", () => {
+  const cold = estimate(input(), input().link!);
+  const warm = estimate(input({ prefillerCachedTokens: 16_384 }), input().link!);
+  assert.ok(Math.abs(warm.prefillerPrefillMs - cold.prefillerPrefillMs / 2) < 1e-6);
+  assert.equal(warm.kvBytes, cold.kvBytes);
+});
+
+// Brute force: a FIFO link carrying the cached block at t=0 and one page per computed chunk.
+function simulate(i: PlanInput) {
+  const link = i.link!;
+  const bw = link.bandwidthBytesPerS / 1000;
+  const tps = i.prefillerPrefillTokensPerS / 1000;
+  const cached = i.prefillerCachedTokens ?? 0;
+  const releases: { at: number; bytes: number }[] = [];
+  if (cached > 0) releases.push({ at: 0, bytes: cached * i.state.kvBytesPerToken });
+  let done = 0;
+  for (let t = cached; t < i.promptTokens; t += i.chunkTokens) {
+    const tokens = Math.min(i.chunkTokens, i.promptTokens - t);
+    done += tokens;
+    releases.push({ at: done / tps, bytes: tokens * i.state.kvBytesPerToken });
+  }
+  const prefillEnd = done / tps;
+  let clock = link.rttMs;
+  let early = 0;
+  for (const [k, r] of releases.entries()) {
+    const start = Math.max(clock, r.at);
+    clock = start + r.bytes / bw;
+    if (k < releases.length - 1) early += Math.max(0, Math.min(clock, prefillEnd) - start) * bw;
+  }
+  const nonLast = releases.slice(0, -1).reduce((s, r) => s + r.bytes, 0);
+  return {
+    uncovered: Math.max(0, clock - prefillEnd),
+    overlap: nonLast > 0 ? early / nonLast : null,
+  };
+}
+
+Deno.test("estimate() agrees with a brute-force FIFO simulation of the page stream", () => {
+  let seed = 7;
+  const random = () => ((seed = (seed * 1103515245 + 12345) % 2 ** 31) / 2 ** 31);
+  for (let k = 0; k < 500; k++) {
+    const promptTokens = 1 + Math.floor(random() * 40_000);
+    const i = input({
+      promptTokens,
+      prefillerCachedTokens: random() < 0.3 ? Math.floor(random() * promptTokens) : 0,
+      chunkTokens: 1 + Math.floor(random() * 4096),
+      prefillerPrefillTokensPerS: 500 + random() * 50_000,
+      link: { bandwidthBytesPerS: 1e7 + random() * 1e10, rttMs: random() * 5, ageMs: 0 },
+    });
+    const e = estimate(i, i.link!);
+    const sim = simulate(i);
+    const label = JSON.stringify({ promptTokens, c: i.prefillerCachedTokens, ch: i.chunkTokens });
+    assert.ok(
+      Math.abs(e.uncoveredKvMs - sim.uncovered) < 1e-6 * Math.max(1, sim.uncovered),
+      `${label}: ${e.uncoveredKvMs} vs ${sim.uncovered}`,
+    );
+    assert.equal(e.overlapFraction === null, sim.overlap === null, label);
+    if (sim.overlap !== null) {
+      assert.ok(
+        Math.abs(e.overlapFraction! - sim.overlap) < 1e-6,
+        `${label} overlap ${e.overlapFraction} vs ${sim.overlap}`,
+      );
+    }
+  }
+});

@@ -1,0 +1,252 @@
+/**
+ * Per-handoff telemetry: a record of sizes and durations derived from timestamped events,
+ * and a one-line summary. It never holds prompt content, token values or checksums.
+ *
+ * Timestamps (`atMs`) come from one process's monotonic clock and are only ever subtracted
+ * from timestamps of the same process: prefiller events and decoder events are derived
+ * separately and only their durations are combined.
+ *
+ * @module
+ */
+import type { AbortReason } from "./handoff.ts";
+import type { ComponentKind } from "./schema.ts";
+
+/** Events recorded on the prefiller's (or coordinator's) clock. */
+export type PrefillerTelemetryEvent =
+  | { type: "request-start"; atMs: number }
+  | { type: "prefill-chunk-done"; atMs: number; tokens: number; cached: boolean }
+  | { type: "export"; atMs: number; kind: ComponentKind; bytes: number; durationMs: number }
+  | { type: "chunk-queued"; atMs: number; seq: number; kind: ComponentKind; bytes: number }
+  /** The chunk's last byte was handed to the transport; `durationMs` is the write's duration. */
+  | {
+    type: "chunk-sent";
+    atMs: number;
+    seq: number;
+    kind: ComponentKind;
+    bytes: number;
+    durationMs: number;
+  }
+  | { type: "manifest-sent"; atMs: number }
+  | { type: "commit-ack"; atMs: number }
+  /** The first token reached the client. */
+  | { type: "first-token"; atMs: number }
+  | { type: "retry"; atMs: number; reason: AbortReason }
+  | { type: "fallback"; atMs: number; reason: AbortReason };
+
+/** Events recorded on the decoder's clock. */
+export type DecoderTelemetryEvent =
+  | { type: "import"; atMs: number; kind: ComponentKind; bytes: number; durationMs: number }
+  | { type: "manifest-received"; atMs: number }
+  | { type: "committed"; atMs: number }
+  /** Readiness at commit: target state always, MTP when the family has it (null: no MTP). */
+  | { type: "ready"; atMs: number; target: boolean; mtp: boolean | null }
+  /** A generated token left the decoder. */
+  | { type: "token"; atMs: number };
+
+/** Link facts measured outside the handoff (probe), passed through to the record. */
+export interface LinkFacts {
+  bandwidthBytesPerS: number | null;
+  rttMs: number | null;
+}
+
+/** What one handoff cost, in bytes and milliseconds. No content. */
+export interface HandoffTelemetry {
+  sourceRole: string;
+  destRole: string;
+  promptTokens: number;
+  cachedTokens: number;
+  computedTokens: number;
+  bytesByComponent: Partial<Record<ComponentKind, number>>;
+  totalBytes: number;
+  prefillMs: number | null;
+  exportMs: number;
+  queueMs: number;
+  wireMs: number;
+  importMs: number;
+  /** Decoder: manifest received to commit (validate, tail import, probe). */
+  commitMs: number | null;
+  /** Prefiller: manifest sent to CommitAck. */
+  commitRoundTripMs: number | null;
+  /** Share of KV bytes of all chunks but the last that left before the last chunk finished. */
+  overlapFraction: number | null;
+  /** End of the last prefill chunk to CommitAck. */
+  uncoveredTailMs: number | null;
+  bandwidthBytesPerS: number | null;
+  /** Bytes sent over the summed write time: what the handoff actually achieved. */
+  achievedBytesPerS: number | null;
+  rttMs: number | null;
+  retries: number;
+  retryReasons: AbortReason[];
+  fallbackReason: AbortReason | null;
+  targetReady: boolean;
+  mtpReady: boolean | null;
+  /** End of prefill to the first token reaching the client. */
+  firstTokenDelayMs: number | null;
+  ttftMs: number | null;
+  /** Mean gap between generated tokens on the decoder. */
+  tpotMs: number | null;
+}
+
+/**
+ * Derives the telemetry record from each side's events.
+ *
+ * @example
+ * ```ts
+ * const t = deriveTelemetry({ prefiller: pEvents, decoder: dEvents,
+ *   link: { bandwidthBytesPerS: 3e9, rttMs: 0.4 } });
+ * console.log(formatTelemetry(t));
+ * ```
+ */
+export function deriveTelemetry(input: {
+  prefiller: readonly PrefillerTelemetryEvent[];
+  decoder: readonly DecoderTelemetryEvent[];
+  link?: LinkFacts;
+  sourceRole?: string;
+  destRole?: string;
+}): HandoffTelemetry {
+  const p = _prefillerSide(input.prefiller);
+  const d = _decoderSide(input.decoder);
+  return {
+    sourceRole: input.sourceRole ?? "prefill",
+    destRole: input.destRole ?? "decode",
+    ...p,
+    ...d,
+    bandwidthBytesPerS: input.link?.bandwidthBytesPerS ?? null,
+    rttMs: input.link?.rttMs ?? null,
+  };
+}
+
+function _first<E extends { type: string; atMs: number }>(events: readonly E[], type: string) {
+  return events.find((e) => e.type === type)?.atMs ?? null;
+}
+
+function _last<E extends { type: string; atMs: number }>(events: readonly E[], type: string) {
+  return events.findLast((e) => e.type === type)?.atMs ?? null;
+}
+
+function _sub(a: number | null, b: number | null): number | null {
+  return a === null || b === null ? null : a - b;
+}
+
+function _prefillerSide(events: readonly PrefillerTelemetryEvent[]) {
+  const chunks = events.filter((e) => e.type === "prefill-chunk-done");
+  const cachedTokens = chunks.filter((c) => c.cached).reduce((s, c) => s + c.tokens, 0);
+  const computedTokens = chunks.filter((c) => !c.cached).reduce((s, c) => s + c.tokens, 0);
+  const start = _first(events, "request-start");
+  const prefillEnd = _last(events, "prefill-chunk-done");
+  const sent = events.filter((e) => e.type === "chunk-sent");
+  const queued = new Map<number, number>();
+  for (const e of events) if (e.type === "chunk-queued") queued.set(e.seq, e.atMs);
+  const bytesByComponent: Partial<Record<ComponentKind, number>> = {};
+  for (const s of sent) bytesByComponent[s.kind] = (bytesByComponent[s.kind] ?? 0) + s.bytes;
+  const totalBytes = sent.reduce((sum, s) => sum + s.bytes, 0);
+  const wireMs = sent.reduce((sum, s) => sum + s.durationMs, 0);
+  // Queue time: from queued to the start of its write.
+  const queueMs = sent.reduce((sum, s) => {
+    const q = queued.get(s.seq);
+    return q === undefined ? sum : sum + Math.max(0, s.atMs - s.durationMs - q);
+  }, 0);
+  const commitAck = _first(events, "commit-ack");
+  const firstToken = _first(events, "first-token");
+  return {
+    promptTokens: cachedTokens + computedTokens,
+    cachedTokens,
+    computedTokens,
+    bytesByComponent,
+    totalBytes,
+    prefillMs: _sub(prefillEnd, start),
+    exportMs: events.reduce((s, e) => s + (e.type === "export" ? e.durationMs : 0), 0),
+    queueMs,
+    wireMs,
+    commitRoundTripMs: _sub(commitAck, _first(events, "manifest-sent")),
+    overlapFraction: overlapFraction(sent, prefillEnd),
+    uncoveredTailMs: _sub(commitAck, prefillEnd),
+    achievedBytesPerS: wireMs > 0 ? (totalBytes / wireMs) * 1000 : null,
+    retries: events.filter((e) => e.type === "retry").length,
+    retryReasons: events.flatMap((e) => e.type === "retry" ? [e.reason] : []),
+    fallbackReason: events.find((e) => e.type === "fallback")?.reason ?? null,
+    firstTokenDelayMs: _sub(firstToken, prefillEnd),
+    ttftMs: _sub(firstToken, start),
+  };
+}
+
+/**
+ * Share of the KV-page bytes of all chunks but the last that had left by `prefillEndMs`
+ * (when the last prefill chunk finished). Null when there is at most one KV chunk.
+ *
+ * @example
+ * ```ts
+ * overlapFraction(sentEvents, lastChunkDoneAtMs); // 0.93
+ * ```
+ */
+export function overlapFraction(
+  sent: readonly { kind: ComponentKind; bytes: number; atMs: number; seq: number }[],
+  prefillEndMs: number | null,
+): number | null {
+  const pages = sent.filter((s) => s.kind === "kv-page").sort((a, b) => a.seq - b.seq);
+  if (pages.length < 2 || prefillEndMs === null) return null;
+  const nonLast = pages.slice(0, -1);
+  const total = nonLast.reduce((s, p) => s + p.bytes, 0);
+  if (total === 0) return null;
+  const early = nonLast.filter((p) => p.atMs <= prefillEndMs).reduce((s, p) => s + p.bytes, 0);
+  return early / total;
+}
+
+function _decoderSide(events: readonly DecoderTelemetryEvent[]) {
+  const tokens = events.filter((e) => e.type === "token").map((e) => e.atMs);
+  let tpotMs: number | null = null;
+  if (tokens.length >= 2) tpotMs = (tokens[tokens.length - 1] - tokens[0]) / (tokens.length - 1);
+  const ready = events.findLast((e) => e.type === "ready");
+  return {
+    importMs: events.reduce((s, e) => s + (e.type === "import" ? e.durationMs : 0), 0),
+    commitMs: _sub(_first(events, "committed"), _first(events, "manifest-received")),
+    targetReady: ready?.type === "ready" ? ready.target : false,
+    mtpReady: ready?.type === "ready" ? ready.mtp : null,
+    tpotMs,
+  };
+}
+
+/**
+ * A compact one-line summary for logs and reports.
+ *
+ * @example
+ * ```ts
+ * formatTelemetry(t);
+ * // "prefill->decode 32768 tok (8192 cached) 416.0 MiB [kv-page 256.0 MiB, ...] ..."
+ * ```
+ */
+export function formatTelemetry(t: HandoffTelemetry): string {
+  const parts: string[] = [];
+  parts.push(`${t.sourceRole}->${t.destRole} ${t.promptTokens} tok (${t.cachedTokens} cached)`);
+  const kinds = Object.entries(t.bytesByComponent).map(([k, b]) => `${k} ${_mib(b!)}`);
+  parts.push(`${_mib(t.totalBytes)} [${kinds.join(", ")}]`);
+  parts.push(`prefill ${_ms(t.prefillMs)}`);
+  parts.push(`tail ${_ms(t.uncoveredTailMs)}`);
+  parts.push(
+    `overlap ${t.overlapFraction === null ? "n/a" : `${Math.round(t.overlapFraction * 100)}%`}`,
+  );
+  parts.push(`export ${_ms(t.exportMs)} queue ${_ms(t.queueMs)} wire ${_ms(t.wireMs)}`);
+  if (t.achievedBytesPerS !== null) parts.push(`@ ${_gbps(t.achievedBytesPerS)}`);
+  if (t.bandwidthBytesPerS !== null) parts.push(`link ${_gbps(t.bandwidthBytesPerS)}`);
+  if (t.rttMs !== null) parts.push(`rtt ${_ms(t.rttMs)}`);
+  parts.push(`import ${_ms(t.importMs)} commit ${_ms(t.commitMs)}`);
+  parts.push(`TTFT ${_ms(t.ttftMs)} TPOT ${_ms(t.tpotMs)}`);
+  parts.push(`target ${t.targetReady ? "ready" : "not ready"}`);
+  if (t.mtpReady !== null) parts.push(`MTP ${t.mtpReady ? "ready" : "not ready"}`);
+  if (t.retries > 0) parts.push(`retries ${t.retries} (${t.retryReasons.join(", ")})`);
+  if (t.fallbackReason) parts.push(`fallback ${t.fallbackReason}`);
+  return parts.join(" ");
+}
+
+function _ms(ms: number | null): string {
+  if (ms === null) return "n/a";
+  return ms >= 1000 ? `${(ms / 1000).toFixed(2)} s` : `${ms.toFixed(1)} ms`;
+}
+
+function _mib(bytes: number): string {
+  return `${(bytes / (1024 * 1024)).toFixed(1)} MiB`;
+}
+
+function _gbps(bytesPerS: number): string {
+  return `${((bytesPerS * 8) / 1e9).toFixed(2)} Gb/s`;
+}

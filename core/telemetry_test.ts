@@ -1,0 +1,137 @@
+import assert from "node:assert/strict";
+import {
+  type DecoderTelemetryEvent,
+  deriveTelemetry,
+  formatTelemetry,
+  overlapFraction,
+  type PrefillerTelemetryEvent,
+} from "./telemetry.ts";
+
+const MIB = 1024 * 1024;
+
+// Prefiller clock: 4 chunks of 100 ms; pages leave 20 ms after each chunk; the last page and
+// the snapshot leave after prefill; CommitAck 30 ms after the manifest.
+function prefillerEvents(): PrefillerTelemetryEvent[] {
+  const e: PrefillerTelemetryEvent[] = [{ type: "request-start", atMs: 1000 }];
+  for (let i = 0; i < 4; i++) {
+    const done = 1000 + 100 * (i + 1);
+    e.push({ type: "prefill-chunk-done", atMs: done, tokens: 512, cached: i === 0 });
+    e.push({ type: "export", atMs: done + 1, kind: "kv-page", bytes: 4 * MIB, durationMs: 1 });
+    e.push({ type: "chunk-queued", atMs: done + 1, seq: i, kind: "kv-page", bytes: 4 * MIB });
+    // Chunk 2's page is slow: it leaves after the last chunk finished (at 1400).
+    const sentAt = i === 2 ? 1405 : done + 20;
+    e.push({
+      type: "chunk-sent",
+      atMs: sentAt,
+      seq: i,
+      kind: "kv-page",
+      bytes: 4 * MIB,
+      durationMs: 10,
+    });
+  }
+  e.push({ type: "chunk-queued", atMs: 1421, seq: 4, kind: "ssm", bytes: 8 * MIB });
+  e.push({ type: "chunk-sent", atMs: 1440, seq: 4, kind: "ssm", bytes: 8 * MIB, durationMs: 19 });
+  e.push({ type: "first-token", atMs: 1402 });
+  e.push({ type: "manifest-sent", atMs: 1441 });
+  e.push({ type: "commit-ack", atMs: 1471 });
+  return e;
+}
+
+function decoderEvents(): DecoderTelemetryEvent[] {
+  return [
+    { type: "import", atMs: 5000, kind: "kv-page", bytes: 4 * MIB, durationMs: 2 },
+    { type: "manifest-received", atMs: 5100 },
+    { type: "import", atMs: 5105, kind: "ssm", bytes: 8 * MIB, durationMs: 5 },
+    { type: "committed", atMs: 5112 },
+    { type: "ready", atMs: 5112, target: true, mtp: false },
+    { type: "token", atMs: 5120 },
+    { type: "token", atMs: 5130 },
+    { type: "token", atMs: 5150 },
+  ];
+}
+
+Deno.test("deriveTelemetry() computes tail, overlap and bytes per component from events", () => {
+  const t = deriveTelemetry({
+    prefiller: prefillerEvents(),
+    decoder: decoderEvents(),
+    link: { bandwidthBytesPerS: 5e9, rttMs: 0.3 },
+  });
+  assert.equal(t.promptTokens, 2048);
+  assert.equal(t.cachedTokens, 512);
+  assert.equal(t.computedTokens, 1536);
+  assert.deepEqual(t.bytesByComponent, { "kv-page": 16 * MIB, "ssm": 8 * MIB });
+  assert.equal(t.totalBytes, 24 * MIB);
+  assert.equal(t.prefillMs, 400);
+  assert.equal(t.uncoveredTailMs, 71);
+  assert.equal(t.commitRoundTripMs, 30);
+  assert.equal(t.commitMs, 12);
+  assert.equal(t.importMs, 7);
+  assert.equal(t.wireMs, 59);
+  assert.equal(t.exportMs, 4);
+  // Queued to write start: 9 ms for pages 0, 1 and 3, 94 ms for the slow page 2, 0 for ssm.
+  assert.equal(t.queueMs, 3 * 9 + 94);
+  // Non-last pages: chunks 0, 1, 2 (12 MiB); chunk 2 left after prefill ended.
+  assert.equal(t.overlapFraction, 2 / 3);
+  assert.equal(t.firstTokenDelayMs, 2);
+  assert.equal(t.ttftMs, 402);
+  assert.equal(t.tpotMs, 15);
+  assert.equal(t.targetReady, true);
+  assert.equal(t.mtpReady, false);
+});
+
+Deno.test("overlapFraction() is n/a for a single KV chunk and counts whole chunks", () => {
+  assert.equal(overlapFraction([{ kind: "kv-page", bytes: 10, atMs: 1, seq: 0 }], 5), null);
+  const sent = [
+    { kind: "kv-page" as const, bytes: 30, atMs: 4, seq: 0 },
+    { kind: "kv-page" as const, bytes: 10, atMs: 6, seq: 1 },
+    { kind: "kv-page" as const, bytes: 50, atMs: 9, seq: 2 },
+    { kind: "conv" as const, bytes: 99, atMs: 1, seq: 3 },
+  ];
+  assert.equal(overlapFraction(sent, 5), 0.75);
+  assert.equal(overlapFraction(sent, null), null);
+});
+
+Deno.test("the telemetry record holds no content: no tokens, no checksums", () => {
+  const t = deriveTelemetry({ prefiller: prefillerEvents(), decoder: decoderEvents() });
+  const json = JSON.stringify(t);
+  assert.ok(!/checksum|digest|token"?:\s*\[/i.test(json), json);
+  for (const value of Object.values(t)) {
+    assert.ok(!Array.isArray(value) || value.every((v) => typeof v === "string"));
+  }
+});
+
+Deno.test("formatTelemetry() is one line and says n/a for what was not measured", () => {
+  const full = formatTelemetry(
+    deriveTelemetry({
+      prefiller: prefillerEvents(),
+      decoder: decoderEvents(),
+      link: { bandwidthBytesPerS: 5e9, rttMs: 0.3 },
+    }),
+  );
+  assert.ok(!full.includes("\n"));
+  assert.match(
+    full,
+    /prefill->decode 2048 tok \(512 cached\) 24\.0 MiB \[kv-page 16\.0 MiB, ssm 8\.0 MiB\]/,
+  );
+  assert.match(full, /tail 71\.0 ms overlap 67%/);
+  assert.match(full, /MTP not ready/);
+  const empty = formatTelemetry(deriveTelemetry({ prefiller: [], decoder: [] }));
+  assert.match(empty, /tail n\/a overlap n\/a/);
+  assert.match(empty, /TTFT n\/a TPOT n\/a/);
+});
+
+Deno.test("retries and fallback reasons are reported by machine-readable reason", () => {
+  const events: PrefillerTelemetryEvent[] = [
+    { type: "retry", atMs: 1, reason: "connection-lost" },
+    { type: "retry", atMs: 2, reason: "reserve-timeout" },
+    { type: "fallback", atMs: 3, reason: "probe-failed" },
+  ];
+  const t = deriveTelemetry({ prefiller: events, decoder: [] });
+  assert.equal(t.retries, 2);
+  assert.deepEqual(t.retryReasons, ["connection-lost", "reserve-timeout"]);
+  assert.equal(t.fallbackReason, "probe-failed");
+  assert.match(
+    formatTelemetry(t),
+    /retries 2 \(connection-lost, reserve-timeout\) fallback probe-failed/,
+  );
+});
