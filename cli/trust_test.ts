@@ -1,0 +1,34 @@
+import { assert, assertEquals } from "../transport/_test_assert.ts";
+import { runCli } from "./program.ts";
+
+Deno.test("identity show --json and trust add/list/remove work on a state dir, exit codes included", async () => {
+  const [a, b] = [await Deno.makeTempDir(), await Deno.makeTempDir()];
+  const log = console.log;
+  const printed: string[] = [];
+  console.log = (...args: unknown[]) => printed.push(args.join(" "));
+  try {
+    assertEquals(await runCli(["identity", "show", "--json", "--state-dir", a]), 0);
+    const card = JSON.parse(printed.at(-1)!);
+    assert(card.publicKey.startsWith("ed25519:") && card.certificateSha256.length === 64);
+    await Deno.writeTextFile(`${a}/card.json`, JSON.stringify(card));
+    assertEquals(
+      await runCli(["trust", "add", `${a}/card.json`, "--label", "node-a", "--state-dir", b]),
+      0,
+    );
+    assertEquals(await runCli(["trust", "list", "--json", "--state-dir", b]), 0);
+    const entries = JSON.parse(printed.at(-1)!);
+    assertEquals(entries[0].nodeId, card.nodeId);
+    assertEquals(entries[0].certificateSha256, card.certificateSha256);
+    assertEquals(await runCli(["trust", "remove", card.nodeId, "--state-dir", b]), 0);
+    assertEquals(
+      await runCli(["trust", "remove", card.nodeId, "--state-dir", b]),
+      2,
+      "unknown node id is a usage error",
+    );
+    assertEquals(await runCli(["trust", "add", "ed25519:nonsense", "--state-dir", b]), 2);
+  } finally {
+    console.log = log;
+    await Deno.remove(a, { recursive: true });
+    await Deno.remove(b, { recursive: true });
+  }
+});

@@ -1,0 +1,168 @@
+/**
+ * Frames over a byte channel: a writer that serializes whole frames and honours
+ * backpressure, and a reader that turns a byte stream into frames and reports how it ended.
+ */
+import { assert } from "../core/errors.ts";
+import {
+  DEFAULT_FRAME_LIMITS,
+  type EncodedFrame,
+  encodeFrame,
+  type Frame,
+  FrameDecoder,
+  type FrameHeader,
+  type FrameLimits,
+} from "./frame.ts";
+
+/** Maps a runtime error from the underlying stream (connection lost, reset) to a typed one. */
+export type TransportErrorMapper = (error: unknown) => Error;
+
+const passThrough: TransportErrorMapper = (error) =>
+  error instanceof Error ? error : new Error(String(error));
+
+/**
+ * Writes frames to a WritableStream. Calls may overlap: frames go out whole, in call order,
+ * each write waiting on `writer.ready` so memory stays bounded by the stream's high-water mark.
+ */
+export class FrameWriter {
+  readonly #writer: WritableStreamDefaultWriter<Uint8Array>;
+  readonly #limits: FrameLimits;
+  readonly #mapError: TransportErrorMapper;
+  #tail: Promise<unknown> = Promise.resolve();
+  #finalQueued = false;
+  #closed = false;
+
+  constructor(
+    writable: WritableStream<Uint8Array>,
+    options: { limits?: FrameLimits; mapError?: TransportErrorMapper } = {},
+  ) {
+    this.#writer = writable.getWriter();
+    this.#limits = options.limits ?? DEFAULT_FRAME_LIMITS;
+    this.#mapError = options.mapError ?? passThrough;
+  }
+
+  /** Whether the final frame has been queued; nothing may follow it. */
+  get finalQueued(): boolean {
+    return this.#finalQueued;
+  }
+
+  /** Encodes a frame with this writer's limits (throws LimitExceededError), without sending. */
+  encode(
+    header: FrameHeader,
+    payload?: Uint8Array,
+    options: { final?: boolean } = {},
+  ): EncodedFrame {
+    return encodeFrame(header, payload, { final: options.final, limits: this.#limits });
+  }
+
+  /**
+   * Sends one frame; resolves with its wire size once the stream has accepted it (accepted is
+   * not delivered: only a reply from the peer proves delivery).
+   */
+  write(
+    header: FrameHeader,
+    payload?: Uint8Array,
+    options: { final?: boolean } = {},
+  ): Promise<number> {
+    // Encode now, so size-limit errors reach the caller before anything is queued.
+    return this.writeEncoded(this.encode(header, payload, options));
+  }
+
+  /** Sends a frame from `encode()`. */
+  writeEncoded(frame: EncodedFrame): Promise<number> {
+    assert(!this.#finalQueued, "frame written after the final frame");
+    if (frame.final) this.#finalQueued = true;
+    const run = async () => {
+      try {
+        await this.#writer.ready;
+        await this.#writer.write(frame.head);
+        // A zero-length write is pointless (and does not even open a QUIC stream): skip it.
+        if (frame.payload.length > 0) {
+          await this.#writer.ready;
+          await this.#writer.write(frame.payload);
+        }
+      } catch (error) {
+        throw this.#mapError(error);
+      }
+      return frame.wireBytes;
+    };
+    const result = this.#tail.then(run);
+    this.#tail = result.catch(() => {});
+    return result;
+  }
+
+  /** Waits for queued frames, then ends the byte stream. Errors are swallowed: best effort. */
+  async close(): Promise<void> {
+    if (this.#closed) return;
+    this.#closed = true;
+    await this.#tail;
+    await this.#writer.close().catch(() => {});
+  }
+
+  /** Ends the byte stream without waiting for queued frames. */
+  abort(): void {
+    if (this.#closed) return;
+    this.#closed = true;
+    this.#writer.abort().catch(() => {});
+  }
+}
+
+/**
+ * Reads frames from a ReadableStream. `read()` resolves null only after the final frame;
+ * a stream that ends any other way throws FrameError `ended-mid-frame` or
+ * `ended-before-final`, because a clean end of stream proves nothing on Deno QUIC.
+ */
+export class FrameReader {
+  readonly #reader: ReadableStreamDefaultReader<Uint8Array>;
+  readonly #decoder: FrameDecoder;
+  readonly #mapError: TransportErrorMapper;
+  readonly #pending: Frame[] = [];
+  #done = false;
+
+  constructor(
+    readable: ReadableStream<Uint8Array>,
+    options: { limits?: FrameLimits; mapError?: TransportErrorMapper } = {},
+  ) {
+    this.#reader = readable.getReader();
+    this.#decoder = new FrameDecoder(options.limits ?? DEFAULT_FRAME_LIMITS);
+    this.#mapError = options.mapError ?? passThrough;
+  }
+
+  /** The next frame; null after the final frame has been returned. */
+  async read(): Promise<Frame | null> {
+    while (this.#pending.length === 0) {
+      if (this.#done || this.#decoder.sawFinal) {
+        this.#finishReading();
+        return null;
+      }
+      let result: ReadableStreamReadResult<Uint8Array>;
+      try {
+        result = await this.#reader.read();
+      } catch (error) {
+        this.#done = true;
+        throw this.#mapError(error);
+      }
+      if (result.done) {
+        this.#done = true;
+        this.#decoder.finish(true);
+        continue;
+      }
+      const frames = this.#decoder.push(result.value);
+      for (const frame of frames) this.#pending.push(frame);
+    }
+    return this.#pending.shift()!;
+  }
+
+  /** Stops reading; the peer's further bytes are discarded. */
+  cancel(): void {
+    this.#done = true;
+    this.#reader.cancel().catch(() => {});
+  }
+
+  #finishReading(): void {
+    // Surfaces "data after the final frame" if the final frame arrived with trailing bytes.
+    this.#decoder.finish(true);
+    // Nothing may follow the final frame; release the stream without waiting for the peer's
+    // end of stream, which may never come if it keeps the stream open.
+    if (!this.#done) this.cancel();
+  }
+}

@@ -1,0 +1,361 @@
+/**
+ * PeerConnection: an authenticated connection to one peer, on any RawConnection (QUIC or the
+ * loopback fake). It owns the control stream (framed msgpack messages, both directions) and
+ * the handoff streams (one bidirectional stream per transfer, see handoff_stream.ts).
+ *
+ * Establishment, on the first bidirectional stream (which becomes the control stream):
+ * authentication (auth.ts), then one CapabilitiesOffer each way (capabilities.ts), all
+ * bounded by `handshakeTimeoutMs`. After that, every further stream the peer opens must start
+ * with HandoffStreamOpen; anything else is refused, which leaves room for new stream types.
+ *
+ * Closing: `close()` sends a final ConnectionClosing frame; the peer answers with its own; the
+ * side that receives the answer (and so knows every byte both ways arrived) closes the QUIC
+ * connection. `writer.close()` resolving proves nothing on Deno QUIC, hence the exchange.
+ * A peer that goes silent is noticed through the idle timeout: `closed` resolves with
+ * `timedOut`, and pending receives reject instead of hanging.
+ */
+import {
+  assert,
+  HandoffAbortedError,
+  PeerError,
+  ProtocolError,
+  SkippyError,
+} from "../core/errors.ts";
+import { BoundedQueue } from "./_queue.ts";
+import type { AuthenticatedPeer } from "./auth.ts";
+import type { Capabilities } from "./capabilities.ts";
+import { describeEnd, sleep } from "./_connection_end.ts";
+import { type ByteChannel, CloseCode, type ConnectionEnd, type RawConnection } from "./channel.ts";
+import { DEFAULT_FRAME_LIMITS, type FrameHeader, type FrameLimits } from "./frame.ts";
+import { FrameReader, FrameWriter } from "./framed_stream.ts";
+import { HandoffReceiver, HandoffSender, type HandoffStreamOptions } from "./handoff_stream.ts";
+import type { NodeIdentity } from "./node_identity.ts";
+import type { TrustList } from "./trust.ts";
+
+export const DEFAULT_HANDSHAKE_TIMEOUT_MS = 5_000;
+export const DEFAULT_CLOSE_TIMEOUT_MS = 2_000;
+/** Control messages are small; bulk state belongs on handoff streams. */
+export const DEFAULT_CONTROL_FRAME_LIMITS: Readonly<FrameLimits> = Object.freeze({
+  headerBytesMax: 64 * 1024,
+  payloadBytesMax: 1024 * 1024,
+});
+
+/** Frame types the connection itself uses on the control stream. */
+export const CONTROL_STREAM_TYPES = Object.freeze([
+  "ClientHello",
+  "ServerChallenge",
+  "ClientProof",
+  "AuthAccepted",
+  "AuthRefused",
+  "CapabilitiesOffer",
+  "ConnectionClosing",
+]);
+
+/** Who this node is, whom it trusts, what it announces, and the bounds it enforces. */
+export interface PeerOptions {
+  identity: NodeIdentity;
+  trust: TrustList;
+  capabilities?: Capabilities;
+  /** Authentication plus capability exchange must finish within this. */
+  handshakeTimeoutMs?: number;
+  /** How long `close()` waits for the peer's answer before closing anyway. */
+  closeTimeoutMs?: number;
+  controlFrameLimits?: FrameLimits;
+  /** Received control messages buffered before the reader stops reading (backpressure). */
+  controlQueueMessagesMax?: number;
+  /** Incoming handoff streams waiting for `acceptHandoffStream()`; more are refused. */
+  incomingHandoffStreamsMax?: number;
+  handoff?: HandoffStreamOptions & { manualRelease?: boolean };
+}
+
+/** A message on the control stream. */
+export interface ControlMessage {
+  header: FrameHeader & { type: string };
+  payload: Uint8Array;
+}
+
+/** An authenticated connection to one peer. Create with `establishPeer` (establish.ts), `connectQuic`, `listenQuic`. */
+export class PeerConnection {
+  readonly peerNodeId: string;
+  readonly peerPublicKey: Uint8Array;
+  /** The label of the peer's trust list entry, if any. */
+  readonly peerLabel?: string;
+  readonly remoteAddress: string;
+  /** What the peer announced (unknown or malformed fields dropped). */
+  readonly peerCapabilities: Capabilities;
+  /** One line per capability field the peer sent malformed. */
+  readonly peerCapabilityProblems: string[];
+  /** Resolves (never rejects) when the connection has ended. */
+  readonly closed: Promise<ConnectionEnd>;
+
+  readonly #raw: RawConnection;
+  readonly #reader: FrameReader;
+  readonly #writer: FrameWriter;
+  readonly #options: PeerOptions;
+  readonly #messages: BoundedQueue<ControlMessage>;
+  readonly #incoming: BoundedQueue<HandoffReceiver>;
+  #end: ConnectionEnd | null = null;
+  #closing: Promise<void> | null = null;
+
+  /** Use `establishPeer()`. */
+  constructor(
+    raw: RawConnection,
+    reader: FrameReader,
+    writer: FrameWriter,
+    peer: AuthenticatedPeer,
+    capabilities: { capabilities: Capabilities; problems: string[] },
+    options: PeerOptions,
+  ) {
+    this.#raw = raw;
+    this.#reader = reader;
+    this.#writer = writer;
+    this.#options = options;
+    this.peerNodeId = peer.nodeId;
+    this.peerPublicKey = peer.publicKey;
+    this.peerLabel = peer.label;
+    this.remoteAddress = raw.remoteAddress;
+    this.peerCapabilities = capabilities.capabilities;
+    this.peerCapabilityProblems = capabilities.problems;
+    this.#messages = new BoundedQueue(options.controlQueueMessagesMax ?? 64);
+    this.#incoming = new BoundedQueue(options.incomingHandoffStreamsMax ?? 16);
+    this.closed = raw.closed.then((end) => {
+      this.#end = end;
+      return end;
+    });
+    this.#pumpControl();
+    this.#pumpIncoming();
+  }
+
+  /** Sends a control message (`header.type` must not be a reserved transport type). */
+  async send(header: FrameHeader, payload?: Uint8Array): Promise<void> {
+    assert(typeof header.type === "string", "control message header needs a string type");
+    assert(!CONTROL_STREAM_TYPES.includes(header.type), `"${header.type}" is reserved`);
+    if (this.#closing || this.#writer.finalQueued) {
+      throw new PeerError(`Connection to peer ${this.peerNodeId} is closing`);
+    }
+    try {
+      await this.#writer.write(header, payload);
+    } catch (error) {
+      if (error instanceof SkippyError) throw error;
+      const how = describeEnd(
+        this.remoteAddress,
+        this.#end,
+        this.#raw.maxIdleTimeoutMs,
+        (error as Error)?.message,
+      );
+      throw new PeerError(
+        `Connection to peer ${this.peerNodeId} at ${this.remoteAddress} lost: ${how}`,
+        { cause: error },
+      );
+    }
+  }
+
+  /**
+   * The next control message; null once the peer closed normally. Rejects with PeerError if
+   * the connection was lost (including a dead peer, after the idle timeout), with
+   * ProtocolError/FrameError if the peer sent something malformed.
+   */
+  async receive(): Promise<ControlMessage | null> {
+    return (await this.#messages.shift()) ?? null;
+  }
+
+  /** Iterates control messages until the peer closes. */
+  async *[Symbol.asyncIterator](): AsyncIterator<ControlMessage> {
+    for (;;) {
+      const message = await this.receive();
+      if (message === null) return;
+      yield message;
+    }
+  }
+
+  /** Opens a handoff stream whose opening frame carries `meta` (e.g. the handoff id). */
+  async openHandoffStream(meta: FrameHeader = {}): Promise<HandoffSender> {
+    let channel: ByteChannel;
+    try {
+      channel = await this.#raw.openChannel();
+    } catch (error) {
+      throw this.#handoffError(error);
+    }
+    const { reader, writer } = this.#handoffIo(channel);
+    return new HandoffSender(reader, writer, meta, this.#options.handoff);
+  }
+
+  /** The next handoff stream the peer opened (credit starts flowing now); null once closed. */
+  async acceptHandoffStream(): Promise<HandoffReceiver | null> {
+    const receiver = (await this.#incoming.shift()) ?? null;
+    receiver?.start();
+    return receiver;
+  }
+
+  /** Iterates incoming handoff streams until the connection ends. */
+  async *incomingHandoffStreams(): AsyncIterable<HandoffReceiver> {
+    for (;;) {
+      const receiver = await this.acceptHandoffStream();
+      if (receiver === null) return;
+      yield receiver;
+    }
+  }
+
+  /** Closes gracefully (see the file comment); bounded by `closeTimeoutMs`. */
+  close(): Promise<void> {
+    this.#closing ??= this.#closeGracefully();
+    return this.#closing;
+  }
+
+  async #closeGracefully(): Promise<void> {
+    if (!this.#writer.finalQueued) {
+      await this.#writer.write({ type: "ConnectionClosing" }, undefined, { final: true }).catch(
+        () => {},
+      );
+    }
+    await this.#writer.close();
+    // The control pump closes the connection when the peer's answer arrives.
+    await Promise.race([
+      this.closed,
+      sleep(this.#options.closeTimeoutMs ?? DEFAULT_CLOSE_TIMEOUT_MS),
+    ]);
+    this.#raw.close(CloseCode.normal, "closed");
+    await this.closed;
+  }
+
+  async #pumpControl(): Promise<void> {
+    try {
+      for (;;) {
+        const frame = await this.#reader.read();
+        if (frame === null) break;
+        if (frame.header.type === "ConnectionClosing") {
+          this.#onPeerClosing();
+          break;
+        }
+        if (
+          typeof frame.header.type !== "string" || CONTROL_STREAM_TYPES.includes(frame.header.type)
+        ) {
+          throw new ProtocolError(
+            `Peer ${this.peerNodeId} sent an unexpected "${
+              String(frame.header.type)
+            }" control frame`,
+          );
+        }
+        const message = {
+          header: frame.header as ControlMessage["header"],
+          payload: frame.payload,
+        };
+        if (!await this.#messages.push(message)) break;
+      }
+      this.#messages.close();
+    } catch (error) {
+      await this.#onControlError(error);
+    }
+  }
+
+  #onPeerClosing(): void {
+    this.#messages.close();
+    if (this.#closing) {
+      // Our ConnectionClosing was sent first and this is the answer: everything arrived.
+      this.#raw.close(CloseCode.normal, "closed");
+      return;
+    }
+    this.#closing = (async () => {
+      await this.#writer.write({ type: "ConnectionClosing" }, undefined, { final: true }).catch(
+        () => {},
+      );
+      await this.#writer.close();
+      // The peer closes when our answer arrives; close ourselves if it never does.
+      await Promise.race([
+        this.closed,
+        sleep(this.#options.closeTimeoutMs ?? DEFAULT_CLOSE_TIMEOUT_MS),
+      ]);
+      this.#raw.close(CloseCode.normal, "closed");
+    })();
+  }
+
+  async #onControlError(error: unknown): Promise<void> {
+    if (this.#closing) {
+      this.#messages.close(); // our own close cut the stream: not an error
+      return;
+    }
+    if (error instanceof SkippyError) {
+      this.#messages.fail(error);
+      this.#raw.close(CloseCode.protocolError, error.message.slice(0, 120));
+      return;
+    }
+    const end = await Promise.race([this.closed, sleep(200).then(() => null)]);
+    const how = describeEnd(
+      this.remoteAddress,
+      end,
+      this.#raw.maxIdleTimeoutMs,
+      (error as Error)?.message,
+    );
+    this.#messages.fail(
+      new PeerError(`Connection to peer ${this.peerNodeId} at ${this.remoteAddress} lost: ${how}`, {
+        hint: "the peer's state is unknown: retry or fall back (a handoff in progress is aborted)",
+        cause: error,
+      }),
+    );
+  }
+
+  async #pumpIncoming(): Promise<void> {
+    for (;;) {
+      let channel: ByteChannel | null;
+      try {
+        channel = await this.#raw.acceptChannel();
+      } catch {
+        channel = null;
+      }
+      if (channel === null) break;
+      // Not awaited: a slow opener must not hold up the streams behind it.
+      this.#admit(channel).catch(() => {});
+    }
+    this.#incoming.close();
+  }
+
+  async #admit(channel: ByteChannel): Promise<void> {
+    const { reader, writer } = this.#handoffIo(channel);
+    const timeoutMs = this.#options.handshakeTimeoutMs ?? DEFAULT_HANDSHAKE_TIMEOUT_MS;
+    const first = await Promise.race([reader.read(), sleep(timeoutMs).then(() => null)]);
+    const meta = first?.header.meta;
+    if (first?.header.type !== "HandoffStreamOpen" || typeof meta !== "object" || meta === null) {
+      // Unknown stream types are refused, not fatal: a newer peer may offer more of them.
+      await writer.write({ type: "StreamRefused", reason: "unknown stream type" }, undefined, {
+        final: true,
+      })
+        .catch(() => {});
+      await writer.close();
+      reader.cancel();
+      return;
+    }
+    const receiver = new HandoffReceiver(
+      reader,
+      writer,
+      meta as FrameHeader,
+      this.#options.handoff,
+    );
+    if (!this.#incoming.tryPush(receiver)) {
+      await receiver.refuse("too many pending handoff streams");
+    }
+  }
+
+  #handoffIo(channel: ByteChannel): { reader: FrameReader; writer: FrameWriter } {
+    const limits = this.#options.handoff?.frameLimits ?? DEFAULT_FRAME_LIMITS;
+    const mapError = (error: unknown) => this.#handoffError(error);
+    return {
+      reader: new FrameReader(channel.readable, { limits, mapError }),
+      writer: new FrameWriter(channel.writable, { limits, mapError }),
+    };
+  }
+
+  #handoffError(error: unknown): Error {
+    if (error instanceof SkippyError) return error;
+    const how = describeEnd(
+      this.remoteAddress,
+      this.#end,
+      this.#raw.maxIdleTimeoutMs,
+      (error as Error)?.message,
+    );
+    return new HandoffAbortedError(
+      "connection-lost",
+      `Handoff stream to peer ${this.peerNodeId} lost: ${how}`,
+      { hint: "the transfer is incomplete: retry or fall back", cause: error },
+    );
+  }
+}
