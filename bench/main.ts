@@ -10,6 +10,7 @@ import { barChart } from "./svg.ts";
 import { type ReportSection, writeReport } from "./report.ts";
 import { table } from "./stats.ts";
 import { runModelBench } from "./model_bench.ts";
+import { stateBenchSection } from "./state_bench.ts";
 
 type Section = (o: { quick: boolean; modelDir: string }) => Promise<ReportSection>;
 
@@ -46,6 +47,7 @@ const SECTIONS: Record<string, Section> = {
       },
     };
   },
+  state: stateBenchSection,
 };
 
 async function main(): Promise<void> {

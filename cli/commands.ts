@@ -4,6 +4,7 @@ import { register as registerGenerate } from "./generate.ts";
 import { register as registerModel } from "./model.ts";
 import { register as registerIdentity } from "./identity.ts";
 import { register as registerTrust } from "./trust.ts";
+import { register as registerState } from "./state.ts";
 import { measureStateBytes } from "./_runtime_probe.ts";
 
 export type RegisterCommand = (program: Command) => void;
@@ -13,4 +14,5 @@ export const COMMANDS: RegisterCommand[] = [
   registerGenerate,
   registerIdentity,
   registerTrust,
+  registerState,
 ];

@@ -73,6 +73,12 @@ export interface UnsignedManifest {
   components: ManifestComponent[];
   logical: LogicalState;
   verify: VerifyStep[];
+  /**
+   * The exact continuation probe: SHA-256 (hex) of the logits the prefiller got by decoding the
+   * first sampled token at `logical.position`. The decoder decodes the same token after import
+   * and must get the same digest before it commits. Never printed.
+   */
+  probe?: { logitsSha256: string };
 }
 
 /** What the prefiller sends after the last chunk. */
@@ -134,12 +140,15 @@ export function buildManifest(input: {
   logical: LogicalState;
   verify?: readonly VerifyStep[];
   schemaVersion?: number;
+  probe?: { logitsSha256: string };
 }): UnsignedManifest {
   const verify = new Set<VerifyStep>([
     ...mandatoryVerifySteps(input.family),
     ...input.verify ?? [],
+    ...(input.probe ? ["continuation-probe" as const] : []),
   ]);
   return {
+    ...(input.probe ? { probe: { logitsSha256: input.probe.logitsSha256 } } : {}),
     handoffId: input.handoffId,
     identityDigest: input.identityDigest,
     schemaVersion: input.schemaVersion ?? STATE_SCHEMA_VERSION,
@@ -166,6 +175,7 @@ export function canonicalManifestBytes(m: UnsignedManifest): Uint8Array {
     })),
     logical: { position: m.logical.position, tokenCount: m.logical.tokenCount },
     verify: [...m.verify],
+    ...(m.probe ? { probe: { logitsSha256: m.probe.logitsSha256 } } : {}),
   });
 }
 
@@ -237,6 +247,12 @@ export function validateManifest(
   if (!posOk) fail("logical state invalid");
   if (!Array.isArray(m.verify) || !m.verify.every((s) => VERIFY_STEPS.includes(s))) {
     fail("verify list invalid");
+  }
+  if (m.probe !== undefined && !isHex(m.probe?.logitsSha256, SHA256_BYTES)) {
+    fail("continuation probe is not SHA-256 hex");
+  }
+  if (m.verify!.includes("continuation-probe") && m.probe === undefined) {
+    fail("verify list asks for a continuation probe but the manifest carries none");
   }
   const missingStep = mandatoryVerifySteps(m.family!).find((s) => !m.verify!.includes(s));
   if (missingStep) fail(`verify list lacks mandatory step "${missingStep}"`);

@@ -167,3 +167,28 @@ Deno.test("findIncompleteness() checks the first token sits right after the prom
     /first-token covers tokens \[1023, 1024\), expected \[1024, 1025\)/,
   );
 });
+
+Deno.test("the continuation probe digest is covered by the manifest tag", async () => {
+  const withProbe = buildManifest({
+    handoffId: HANDOFF_ID,
+    identityDigest: DIGEST,
+    family: "hybrid",
+    components: completeStream("hybrid", 1024).map(componentOf),
+    logical: { position: 1024, tokenCount: 1024 },
+    probe: { logitsSha256: "ab".repeat(32) },
+  });
+  assert.ok(withProbe.verify.includes("continuation-probe"));
+  const binding: BindingContext = {
+    bindingKey: newBindingKey(),
+    handoffId: HANDOFF_ID,
+    destNodeId: "node-b",
+    tenantId: "t",
+  };
+  const signed = await signManifest(withProbe, binding);
+  validateManifest(signed, { trunkLayers: 6 });
+  assert.ok(await verifyManifestTag(signed, binding));
+  const tampered = { ...signed, probe: { logitsSha256: "cd".repeat(32) } };
+  assert.equal(await verifyManifestTag(tampered, binding), false);
+  const { probe: _dropped, ...withoutProbe } = signed;
+  assert.throws(() => validateManifest(withoutProbe, { trunkLayers: 6 }), StateValidationError);
+});

@@ -22,3 +22,4 @@ export * from "./planner.ts";
 export * from "./telemetry.ts";
 export * from "./suffix.ts";
 export * from "./sampling.ts";
+export { BoundedQueue } from "./queue.ts";

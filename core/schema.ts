@@ -79,14 +79,20 @@ export const TOKEN_BYTES = 4;
 
 const RULES: Record<ComponentKind, ComponentRule> = {
   "kv-page": rule("kv-page", true, "paged", "page", ["llama-kv-cells"], "kv"),
-  "swa-kv": rule("swa-kv", true, "after-pages", "prefix", ["llama-seq-partial"], "kv"),
+  "swa-kv": rule("swa-kv", true, "after-pages", "prefix", [
+    "llama-kv-cells",
+    "llama-seq-partial",
+  ], "kv"),
   "conv": rule("conv", true, "after-pages", "prefix", ["llama-recurrent-rows"], [
     "f32",
     "f16",
     "bf16",
   ]),
   "ssm": rule("ssm", true, "after-pages", "prefix", ["llama-recurrent-rows"], ["f32"]),
-  "mtp-kv": rule("mtp-kv", false, "after-pages", "prefix", ["llama-seq-state"], "kv"),
+  "mtp-kv": rule("mtp-kv", false, "after-pages", "prefix", [
+    "llama-kv-cells",
+    "llama-seq-state",
+  ], "kv"),
   "mtp-hidden": rule("mtp-hidden", false, "after-pages", "last", ["f32-rows"], ["f32"]),
   "positions": rule("positions", false, "any", "prefix", ["msgpack"], ["none"]),
   "sampler": rule("sampler", false, "any", "prefix", ["msgpack"], ["none"]),

@@ -144,13 +144,30 @@ export function pageMeta(page: Uint8Array, h: PageHeader): Uint8Array {
   return page.subarray(off, off + h.metaBytes);
 }
 
-/** Bytes of cell `i`'s slice of every segment of `b`, appended to `out` at `at`. */
-function copyCells(b: RowBlock, count: number, picks: readonly number[], out: Uint8Array, at: number) {
+/** Runs of consecutive cell indices in `picks`, as [first, count] pairs. */
+function runsOf(picks: readonly number[]): [number, number][] {
+  const runs: [number, number][] = [];
+  for (const i of picks) {
+    const last = runs.at(-1);
+    if (last && last[0] + last[1] === i) last[1]++;
+    else runs.push([i, 1]);
+  }
+  return runs;
+}
+
+/** The picked cells' slices of every segment of `b`, appended to `out` at `at`. */
+function copyCells(
+  b: RowBlock,
+  count: number,
+  runs: readonly [number, number][],
+  out: Uint8Array,
+  at: number,
+) {
   for (let s = 0; s < b.segments; s++) {
     const base = s * count * b.unit;
-    for (const i of picks) {
-      out.set(b.data.subarray(base + i * b.unit, base + (i + 1) * b.unit), at);
-      at += b.unit;
+    for (const [first, n] of runs) {
+      out.set(b.data.subarray(base + first * b.unit, base + (first + n) * b.unit), at);
+      at += n * b.unit;
     }
   }
   return at;
@@ -178,7 +195,10 @@ export function buildPage(parts: PageParts): Uint8Array<ArrayBuffer> {
   const metaBytes = n * CELL_META_BYTES;
   const page = new Uint8Array(H + metaBytes + dataBytes);
   const d = new DataView(page.buffer);
-  const fields: [number, number][] = [[0, SHIM_PAGE.MAGIC], [8, parts.rows.vTrans ? SHIM_PAGE.FLAG_VTRANS : 0]];
+  const fields: [number, number][] = [[0, SHIM_PAGE.MAGIC], [
+    8,
+    parts.rows.vTrans ? SHIM_PAGE.FLAG_VTRANS : 0,
+  ]];
   fields.push([12, parts.cache], [28, n], [32, 0], [36, parts.rows.k.length], [40, parts.kvSize]);
   fields.push([44, metaBytes]);
   for (const [o, v] of fields) d.setUint32(o, v, true);
@@ -188,7 +208,7 @@ export function buildPage(parts: PageParts): Uint8Array<ArrayBuffer> {
   d.setInt32(20, parts.p0, true);
   d.setInt32(24, parts.p1, true);
   d.setBigUint64(48, BigInt(dataBytes), true);
-  let at = H;
+  let at: number = H;
   for (const pos of parts.positions) {
     d.setInt32(at, pos, true);
     d.setUint32(at + 4, 1, true);
@@ -198,9 +218,10 @@ export function buildPage(parts: PageParts): Uint8Array<ArrayBuffer> {
   d.setUint32(at, parts.rows.vTrans ? 1 : 0, true);
   d.setUint32(at + 4, parts.rows.k.length, true);
   at += 8;
+  const runs = runsOf(parts.picks);
   for (const b of blocks) {
     page.set(b.head, at);
-    at = copyCells(b, parts.rowsCount, parts.picks, page, at + 12);
+    at = copyCells(b, parts.rowsCount, runs, page, at + 12);
   }
   d.setUint32(56, pageCrc(page), true);
   return page;

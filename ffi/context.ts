@@ -44,6 +44,12 @@ export interface ContextOptions {
   kvUnified?: boolean;
   /** Recurrent-state snapshots per sequence for rollback (default 0). */
   nRsSeq?: number;
+  /**
+   * ISWA models: a full-size sliding-window cache (llama.cpp's default, true) or a ring of
+   * about n_swa + n_ubatch cells (false). A handoff sends the whole sliding-window cache last,
+   * so false keeps that snapshot bounded. Part of the numerical identity.
+   */
+  swaFull?: boolean;
   /** Create an MTP draft context (the model must be loaded with `loadMtp`). */
   mtp?: boolean;
   /**
@@ -122,6 +128,7 @@ export class LlamaContext implements Disposable {
     set("type_k", GGML_TYPE[options.typeK]);
     set("type_v", GGML_TYPE[options.typeV]);
     set("kv_unified", options.kvUnified ?? true);
+    set("swa_full", options.swaFull ?? true);
     set("no_perf", false);
     lib.log.clear();
     const ptr = await lib.symbols.llama_init_from_model(model.ptr, p);

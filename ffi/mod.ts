@@ -15,3 +15,36 @@ export { type ContextOptions, LlamaContext, NUMERIC_DEFAULTS } from "./context.t
 export { LlamaBatch } from "./batch.ts";
 export { PieceDecoder, Vocab } from "./vocab.ts";
 export { fileDigest, tokenizerDigest } from "./digest.ts";
+export {
+  exportKvPage,
+  exportMtpHidden,
+  exportRecurrent,
+  exportSwa,
+  joinRecurrent,
+  type MemoryKind,
+  type PageSummary,
+  type RecurrentSnapshot,
+  snapshotPosition,
+  splitRecurrent,
+  type StateBackend,
+  stateBackend,
+  type StateOptions,
+  type StatePath,
+  summarizePage,
+} from "./state.ts";
+export {
+  type CommittedImport,
+  type ImportState,
+  StagedImport,
+  type StagedImportOptions,
+} from "./staged_import.ts";
+export {
+  argmax,
+  type ExportedState,
+  greedyLogits,
+  importExported,
+  type ImportOptions,
+  type ImportResult,
+  prefillAndExport,
+  type PrefillOptions,
+} from "./state_driver.ts";

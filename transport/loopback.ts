@@ -9,7 +9,7 @@
  * bounded buffer so backpressure is real. It does not model throughput, packet loss or TLS:
  * nothing that claims performance or security may rely on it.
  */
-import { BoundedQueue } from "./_queue.ts";
+import { BoundedQueue } from "../core/queue.ts";
 import { type ByteChannel, CloseCode, type ConnectionEnd, type RawConnection } from "./channel.ts";
 import { type FaultPlan, withFaults } from "./fault_plan.ts";
 import { establishPeer } from "./establish.ts";

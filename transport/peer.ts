@@ -21,7 +21,7 @@ import {
   ProtocolError,
   SkippyError,
 } from "../core/errors.ts";
-import { BoundedQueue } from "./_queue.ts";
+import { BoundedQueue } from "../core/queue.ts";
 import type { AuthenticatedPeer } from "./auth.ts";
 import type { Capabilities } from "./capabilities.ts";
 import { describeEnd, sleep } from "./_connection_end.ts";

@@ -14,7 +14,7 @@
  *   connection).
  */
 import { PeerError } from "../core/errors.ts";
-import { BoundedQueue } from "./_queue.ts";
+import { BoundedQueue } from "../core/queue.ts";
 import { PROTOCOL_LABEL } from "./auth.ts";
 import { type ByteChannel, CloseCode, type ConnectionEnd, type RawConnection } from "./channel.ts";
 import { establishPeer } from "./establish.ts";

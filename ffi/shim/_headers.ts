@@ -41,11 +41,16 @@ export const LLAMA_HEADERS = [
 /** Include folders (relative to the headers folder) for the compiler's `-I`. */
 export const INCLUDE_DIRS = ["include", "src", "ggml/include"] as const;
 
-/** Runs a command; throws with its last stderr line on failure. */
+/** Longest any one build step (download, clone, compile) may take. */
+export const STEP_TIMEOUT_MS = 180_000;
+
+/** Runs a command; throws with its last stderr line on failure or timeout. */
 export async function run(cmd: string, args: string[], cwd?: string): Promise<string> {
   let out: Deno.CommandOutput;
+  const signal = AbortSignal.timeout(STEP_TIMEOUT_MS);
   try {
-    out = await new Deno.Command(cmd, { args, cwd, stdout: "piped", stderr: "piped" }).output();
+    out = await new Deno.Command(cmd, { args, cwd, stdout: "piped", stderr: "piped", signal })
+      .output();
   } catch (cause) {
     throw new Error(`cannot run ${cmd}: ${cause instanceof Error ? cause.message : cause}`);
   }
@@ -106,7 +111,13 @@ export async function ensureHeaders(cacheDir: string): Promise<string> {
     const tgz = await sourceTarball(`${cacheDir}/npm`);
     await run("tar", ["-xzf", tgz, "-C", work, "package/llama/gitRelease.bundle"]);
     const repo = `${work}/repo`;
-    await run("git", ["clone", "--quiet", "--no-checkout", `${work}/package/llama/gitRelease.bundle`, repo]);
+    await run("git", [
+      "clone",
+      "--quiet",
+      "--no-checkout",
+      `${work}/package/llama/gitRelease.bundle`,
+      repo,
+    ]);
     const head = (await run("git", ["-C", repo, "rev-parse", "HEAD"])).trim();
     if (head !== SOURCE_COMMIT) {
       throw new Error(`the llama.cpp bundle is at commit ${head}, expected ${SOURCE_COMMIT}`);

@@ -66,8 +66,8 @@ int32_t pick_cache(llama_context * ctx, int32_t cache, int32_t seq, llama_kv_cac
     if (kv->other != nullptr) {
         return fail(e, SKIPPY_E_KIND, "the %s shares its cells with another cache", cache_name(cache));
     }
-    if (seq < 0 || (size_t) seq >= kv->seq_to_stream.size()) {
-        return fail(e, SKIPPY_E_ARG, "sequence id %d is outside [0, %zu)", seq, kv->seq_to_stream.size());
+    if (seq < 0 || (uint32_t) seq >= kv->n_seq_max || (size_t) seq >= kv->seq_to_stream.size()) {
+        return fail(e, SKIPPY_E_ARG, "sequence id %d is outside [0, %u)", seq, kv->n_seq_max);
     }
     *out  = kv;
     *strm = kv->seq_to_stream[seq];

@@ -56,7 +56,7 @@ struct buf_writer : llama_io_write_i {
     uint8_t * p;
     size_t    cap;
     size_t    n = 0;
-    buf_writer(uint8_t * p, size_t cap) : p(p), cap(cap) {}
+    buf_writer(uint8_t * dst, size_t size) : p(dst), cap(size) {}
     void reserve(size_t size) {
         if (size > cap - n) {
             throw std::runtime_error("page buffer too small");
@@ -79,7 +79,7 @@ struct buf_reader : llama_io_read_i {
     const uint8_t * p;
     size_t          len;
     size_t          n = 0;
-    buf_reader(const uint8_t * p, size_t len) : p(p), len(len) {}
+    buf_reader(const uint8_t * src, size_t size) : p(src), len(size) {}
     void take(size_t size) {
         if (size > len - n) {
             throw std::runtime_error("page truncated");

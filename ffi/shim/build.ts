@@ -39,7 +39,15 @@ export interface ShimBuildOptions {
   cacheDir?: string;
   /** Progress lines (never state); default silent. */
   log?: (line: string) => void;
+  /**
+   * Try again even when a build for this key failed within `FAILED_RETRY_MS` (the runtime does
+   * not, so a machine without a compiler or network does not pay for the attempt every start).
+   */
+  retryFailed?: boolean;
 }
+
+/** How long a failed build is remembered before the runtime tries again. */
+export const FAILED_RETRY_MS = 24 * 3600 * 1000;
 
 const HERE = new URL(".", import.meta.url).pathname;
 
@@ -67,7 +75,9 @@ async function sourcesDigest(): Promise<string> {
 
 /** Where the shim for `target` lives once built (it may not exist yet). */
 export async function shimPath(target: ShimBuildTarget, cacheDir = defaultCacheDir()) {
-  const key = `${LLAMA_CPP_RELEASE}-${target.buildId.slice(0, 16)}-abi${SKIPPY_SHIM_ABI_VERSION}-${await sourcesDigest()}`;
+  const key = `${LLAMA_CPP_RELEASE}-${
+    target.buildId.slice(0, 16)
+  }-abi${SKIPPY_SHIM_ABI_VERSION}-${await sourcesDigest()}`;
   return `${cacheDir}/shim/${key}/${libraryFileName()}`;
 }
 
@@ -125,16 +135,47 @@ export async function buildShim(
   } catch {
     // not built yet
   }
-  const cxx = await findCompiler();
-  log(`fetching llama.cpp ${LLAMA_CPP_RELEASE} headers (node-llama-cpp@${LLAMA_PACKAGE_VERSION})`);
-  const headers = await ensureHeaders(cacheDir);
+  const failed = `${out}.failed`;
+  const previous = await Deno.stat(failed).catch(() => null);
+  if (
+    !options.retryFailed && previous?.mtime &&
+    Date.now() - previous.mtime.getTime() < FAILED_RETRY_MS
+  ) {
+    throw new Error(
+      `${await Deno.readTextFile(failed)} (remembered; run ffi/shim/build.ts to retry)`,
+    );
+  }
   const dir = out.slice(0, out.lastIndexOf("/"));
   await Deno.mkdir(dir, { recursive: true });
-  const tmp = `${out}.${Deno.pid}.tmp`;
-  log(`compiling the shim with ${cxx}`);
-  await run(cxx, compileArgs(target, headers, tmp));
-  await Deno.rename(tmp, out);
-  return out;
+  try {
+    const cxx = await findCompiler();
+    log(
+      `fetching llama.cpp ${LLAMA_CPP_RELEASE} headers (node-llama-cpp@${LLAMA_PACKAGE_VERSION})`,
+    );
+    const headers = await ensureHeaders(cacheDir);
+    const tmp = `${out}.${Deno.pid}.tmp`;
+    log(`compiling the shim with ${cxx}`);
+    await run(cxx, compileArgs(target, headers, tmp));
+    await Deno.rename(tmp, out);
+    await Deno.remove(failed).catch(() => {});
+    await removeStale(dir);
+    return out;
+  } catch (error) {
+    await Deno.writeTextFile(failed, error instanceof Error ? error.message : String(error));
+    throw error;
+  }
+}
+
+/** Removes shims built from older sources for the same library (siblings of `dir`). */
+async function removeStale(dir: string): Promise<void> {
+  const parent = dir.slice(0, dir.lastIndexOf("/"));
+  const name = dir.slice(parent.length + 1);
+  const prefix = name.slice(0, name.lastIndexOf("-") + 1);
+  for await (const entry of Deno.readDir(parent)) {
+    if (entry.isDirectory && entry.name.startsWith(prefix) && entry.name !== name) {
+      await Deno.remove(`${parent}/${entry.name}`, { recursive: true }).catch(() => {});
+    }
+  }
 }
 
 /** The build target of this machine's pinned llama.cpp package. */
@@ -158,7 +199,8 @@ export function defaultTarget(): ShimBuildTarget {
 if (import.meta.main) {
   const started = performance.now();
   try {
-    const path = await buildShim(defaultTarget(), { log: (l) => console.error(`shim: ${l}`) });
+    const log = (l: string) => console.error(`shim: ${l}`);
+    const path = await buildShim(defaultTarget(), { log, retryFailed: true });
     const ms = Math.round(performance.now() - started);
     console.error(`shim: ready at ${path} (${ms} ms)`);
   } catch (error) {

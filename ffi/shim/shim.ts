@@ -67,19 +67,30 @@ export class Shim {
     return result;
   }
 
-  /** Exports positions [p0, p1) of `seq` from `cache` as one page (see skippy_shim.h). */
+  /**
+   * Exports positions [p0, p1) of `seq` from `cache` as one page (see skippy_shim.h), into
+   * `into` when it is large enough (the result is then a view of it), else a fresh buffer.
+   */
   async exportPage(
     ctx: LlamaContext,
     cache: CacheName,
     seq: number,
     p0: number,
     p1: number,
+    bytesMax = Number.MAX_SAFE_INTEGER,
+    into?: Uint8Array<ArrayBuffer>,
   ): Promise<Uint8Array<ArrayBuffer>> {
     const s = this.symbols;
     const err = new Uint8Array(ERR_BYTES);
     const size = Number(s.skippy_page_size(ctx.ptr, CACHE_ID[cache], seq, p0, p1, err, 512n));
     if (size < 0) throw new ShimCallError(size, cText(err));
-    const page = new Uint8Array(size);
+    if (size > bytesMax) {
+      throw new ShimCallError(
+        SHIM_RC.E_CAPACITY,
+        `the page needs ${size} bytes, over the bound of ${bytesMax}`,
+      );
+    }
+    const page = into && into.byteLength >= size ? into.subarray(0, size) : new Uint8Array(size);
     const args = [ctx.ptr, CACHE_ID[cache], seq, p0, p1, page, BigInt(size), err, 512n] as const;
     const n = Number(
       size >= PAGE_ASYNC_BYTES_MIN
@@ -96,7 +107,15 @@ export class Shim {
     const s = this.symbols;
     const err = new Uint8Array(ERR_BYTES);
     const bytes = page as Uint8Array<ArrayBuffer>;
-    const args = [ctx.ptr, CACHE_ID[cache], seq, bytes, BigInt(page.byteLength), err, 512n] as const;
+    const args = [
+      ctx.ptr,
+      CACHE_ID[cache],
+      seq,
+      bytes,
+      BigInt(page.byteLength),
+      err,
+      512n,
+    ] as const;
     const rc = page.byteLength >= PAGE_ASYNC_BYTES_MIN
       ? await s.skippy_page_import_async(...args)
       : s.skippy_page_import(...args);
@@ -111,8 +130,18 @@ export class Shim {
     const F = SHIM_FACT;
     return {
       kind: KINDS[out[F.KIND]] ?? "unsupported",
-      main: { count: out[F.MAIN_COUNT], min: out[F.MAIN_MIN], max: out[F.MAIN_MAX], size: out[F.MAIN_SIZE] },
-      swa: { count: out[F.SWA_COUNT], min: out[F.SWA_MIN], max: out[F.SWA_MAX], size: out[F.SWA_SIZE] },
+      main: {
+        count: out[F.MAIN_COUNT],
+        min: out[F.MAIN_MIN],
+        max: out[F.MAIN_MAX],
+        size: out[F.MAIN_SIZE],
+      },
+      swa: {
+        count: out[F.SWA_COUNT],
+        min: out[F.SWA_MIN],
+        max: out[F.SWA_MAX],
+        size: out[F.SWA_SIZE],
+      },
       recurrentPos: out[F.RECR_MAX],
       vTrans: out[F.V_TRANS] === 1,
       nLayer: out[F.N_LAYER],
@@ -140,7 +169,9 @@ export function loadShim(lib: LlamaLibrary, options: ShimBuildOptions = {}): Pro
 }
 
 async function openShim(lib: LlamaLibrary, options: ShimBuildOptions): Promise<ShimStatus> {
-  if (Deno.env.get("SKIPPY_SHIM") === "off") return { ok: false, reason: "disabled by SKIPPY_SHIM=off" };
+  if (Deno.env.get("SKIPPY_SHIM") === "off") {
+    return { ok: false, reason: "disabled by SKIPPY_SHIM=off" };
+  }
   let path: string;
   try {
     path = await buildShim({
@@ -150,13 +181,19 @@ async function openShim(lib: LlamaLibrary, options: ShimBuildOptions): Promise<S
       buildId: lib.buildId,
     }, options);
   } catch (error) {
-    return { ok: false, reason: `cannot build it: ${error instanceof Error ? error.message : error}` };
+    return {
+      ok: false,
+      reason: `cannot build it: ${error instanceof Error ? error.message : error}`,
+    };
   }
   let handle: Deno.DynamicLibrary<typeof SHIM_SYMBOLS>;
   try {
     handle = Deno.dlopen(path, SHIM_SYMBOLS);
   } catch (error) {
-    return { ok: false, reason: `cannot open ${path}: ${error instanceof Error ? error.message : error}` };
+    return {
+      ok: false,
+      reason: `cannot open ${path}: ${error instanceof Error ? error.message : error}`,
+    };
   }
   const reason = checkIdentity(handle.symbols, lib.buildId);
   if (reason) {
@@ -166,7 +203,8 @@ async function openShim(lib: LlamaLibrary, options: ShimBuildOptions): Promise<S
   return { ok: true, shim: new Shim(handle.symbols, path) };
 }
 
-function checkIdentity(s: ShimSymbols, buildId: string): string | null {
+/** Null when the shim `s` was built for, and sees, the libllama of `buildId`; else why not. */
+export function checkIdentity(s: ShimSymbols, buildId: string): string | null {
   const abi = s.skippy_shim_abi_version();
   if (abi !== SKIPPY_SHIM_ABI_VERSION) {
     return `ABI version ${abi}, this code expects ${SKIPPY_SHIM_ABI_VERSION}`;
@@ -174,7 +212,9 @@ function checkIdentity(s: ShimSymbols, buildId: string): string | null {
   const builtFor = readC(s.skippy_shim_built_for());
   if (builtFor !== buildId) return `built for libllama ${builtFor}, loaded is ${buildId}`;
   const seen = readC(s.skippy_shim_loaded_build_id());
-  if (seen !== buildId) return `the libllama the shim sees is "${seen || "unknown"}", expected ${buildId}`;
+  if (seen !== buildId) {
+    return `the libllama the shim sees is "${seen || "unknown"}", expected ${buildId}`;
+  }
   return null;
 }
 

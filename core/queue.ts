@@ -3,7 +3,7 @@
  * consumer. `push` waits while the queue is full, which turns a slow consumer into backpressure
  * on the pump (and so on QUIC flow control) instead of an unbounded array.
  */
-import { assert } from "../core/errors.ts";
+import { assert } from "./errors.ts";
 
 interface Waiter<T> {
   resolve: (value: T) => void;

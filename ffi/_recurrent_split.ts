@@ -1,0 +1,81 @@
+/**
+ * Splits a recurrent snapshot (`llama_state_seq_get_data_ext` with PARTIAL_ONLY on a hybrid
+ * or recurrent context) into its conv and SSM parts, and joins them back byte for byte.
+ *
+ * Layout (llama_memory_recurrent::state_write): u32 magic | i32 seq | u32 cell_count | per cell
+ * {i32 pos, u32 n_seq_id, seq ids} | u32 s_trans | u32 n_layer (all trunk layers) | per
+ * recurrent layer {i32 type, u64 row bytes, rows} for conv, then the same for SSM.
+ *
+ * `conv` keeps everything up to the first SSM entry (the header travels with it); `ssm` is the
+ * rest. The split is accepted only when the entries parse exactly to the end and form two
+ * equal runs with one row size each; otherwise (a layout this code does not know, such as the
+ * extra per-layer rows some architectures add) the snapshot stays one `whole` blob.
+ */
+
+const SEQ_MAGIC = 0xaf143cd8;
+
+export type RecurrentSnapshot =
+  | { layout: "split"; conv: Uint8Array; ssm: Uint8Array }
+  | { layout: "whole"; blob: Uint8Array };
+
+/** The recurrent position the snapshot was taken at, or null when it holds no cell. */
+export function snapshotPosition(first: Uint8Array): number | null {
+  if (first.byteLength < 20) return null;
+  const d = new DataView(first.buffer, first.byteOffset, first.byteLength);
+  if (d.getUint32(0, true) !== SEQ_MAGIC || d.getUint32(8, true) === 0) return null;
+  return d.getInt32(12, true);
+}
+
+interface Entry {
+  at: number;
+  row: number;
+}
+
+function entries(blob: Uint8Array): Entry[] | null {
+  const d = new DataView(blob.buffer, blob.byteOffset, blob.byteLength);
+  if (blob.byteLength < 12 || d.getUint32(0, true) !== SEQ_MAGIC) return null;
+  const cells = d.getUint32(8, true);
+  let at = 12;
+  for (let i = 0; i < cells; i++) {
+    if (at + 8 > blob.byteLength) return null;
+    at += 8 + 4 * d.getUint32(at + 4, true);
+  }
+  if (at + 8 > blob.byteLength || d.getUint32(at, true) !== 0) return null; // s_trans
+  at += 8;
+  const out: Entry[] = [];
+  while (at < blob.byteLength) {
+    if (at + 12 > blob.byteLength) return null;
+    const type = d.getInt32(at, true);
+    const row = Number(d.getBigUint64(at + 4, true));
+    const size = row * cells;
+    if (type < 0 || type > 64 || row === 0 || at + 12 + size > blob.byteLength) return null;
+    out.push({ at, row });
+    at += 12 + size;
+  }
+  return out;
+}
+
+/** Splits a snapshot into conv and SSM parts when its layout is the known one. */
+export function splitRecurrent(blob: Uint8Array): RecurrentSnapshot {
+  const list = entries(blob);
+  if (!list || list.length === 0 || list.length % 2 !== 0) return { layout: "whole", blob };
+  const half = list.length / 2;
+  const uniform = (xs: Entry[]) => xs.every((e) => e.row === xs[0].row);
+  if (!uniform(list.slice(0, half)) || !uniform(list.slice(half))) return { layout: "whole", blob };
+  const cut = list[half].at;
+  return { layout: "split", conv: blob.subarray(0, cut), ssm: blob.subarray(cut) };
+}
+
+/** The snapshot as one blob, as llama.cpp reads it. */
+export function joinRecurrent(s: RecurrentSnapshot): Uint8Array<ArrayBuffer> {
+  if (s.layout === "whole") return s.blob.slice();
+  const out = new Uint8Array(s.conv.byteLength + s.ssm.byteLength);
+  out.set(s.conv);
+  out.set(s.ssm, s.conv.byteLength);
+  return out;
+}
+
+/** The first part of a snapshot (the one that carries its header). */
+export function snapshotHead(s: RecurrentSnapshot): Uint8Array {
+  return s.layout === "split" ? s.conv : s.blob;
+}

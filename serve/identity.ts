@@ -1,0 +1,72 @@
+/**
+ * A worker's numerical identity, computed once per loaded model: file and tokenizer digests
+ * (the file digest cached on disk by path, size and mtime), architecture and layer kinds from
+ * the GGUF, and every runtime setting that changes numerics.
+ */
+import {
+  identityDigest,
+  type LayerKind,
+  type ModelFamily,
+  type NumericalIdentity,
+  STATE_SCHEMA_VERSION,
+} from "../core/mod.ts";
+import { fileDigest, tokenizerDigest } from "../ffi/mod.ts";
+import { type ModelSpec, readGgufFile, specFromGguf } from "../models/mod.ts";
+import type { Engine } from "./engine.ts";
+
+export interface ResolvedIdentity {
+  numerical: NumericalIdentity;
+  /** Digest of `numerical` (nCtx excluded), what chunks and reservations carry. */
+  digest: string;
+  spec: ModelSpec;
+}
+
+const KIND_OF: Record<string, LayerKind> = {
+  transformer: "attention",
+  "swa-transformer": "attention-swa",
+  attention: "attention",
+  mamba: "recurrent",
+  mlp: "mlp",
+  moe: "moe",
+};
+
+/** The state family of a model: which components a handoff of it needs. */
+export function familyOf(spec: ModelSpec): ModelFamily {
+  const kinds = new Set(spec.layers);
+  const recurrent = kinds.has("mamba");
+  const attention = kinds.has("attention") || kinds.has("transformer");
+  if (kinds.has("swa-transformer")) return "iswa";
+  if (recurrent && attention) return spec.nextnLayers > 0 ? "hybrid-moe-mtp" : "hybrid";
+  if (recurrent) return "recurrent";
+  return "dense";
+}
+
+/** Computes the identity of a loaded engine. `digestCacheFile` avoids re-hashing big files. */
+export async function resolveIdentity(
+  engine: Engine,
+  options: { digestCacheFile?: string; shimAbiVersion: number },
+): Promise<ResolvedIdentity> {
+  const spec = specFromGguf(await readGgufFile(engine.config.modelPath), engine.config.modelPath);
+  const layerKinds: LayerKind[] = spec.layers.map((k) => KIND_OF[k]);
+  for (let i = 0; i < spec.nextnLayers; i++) layerKinds.push("mtp");
+  const c = engine.config;
+  const numerical: NumericalIdentity = {
+    modelDigest: await fileDigest(c.modelPath, options.digestCacheFile),
+    tokenizerDigest: tokenizerDigest(engine.model),
+    architecture: spec.architecture,
+    family: familyOf(spec),
+    layerCount: layerKinds.length,
+    layerKinds,
+    nCtx: engine.ctx.nCtx,
+    kType: c.typeK,
+    vType: c.typeV,
+    flashAttention: c.flashAttention,
+    kvUnified: true,
+    threadCount: c.threads,
+    cpuBackendVariant: engine.lib.cpuVariant,
+    stateSchemaVersion: STATE_SCHEMA_VERSION,
+    llamaBuild: `${engine.lib.release}+${engine.lib.buildId}`,
+    shimAbiVersion: options.shimAbiVersion,
+  };
+  return { numerical, digest: await identityDigest(numerical), spec };
+}

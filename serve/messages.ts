@@ -1,0 +1,182 @@
+/**
+ * Application messages between a coordinator and the workers, on the control stream, named by
+ * direction. The two-phase handoff's own messages (ReserveRequest ... AbortNotice) are defined
+ * in core/handoff.ts; these carry the request around them.
+ *
+ * Every message received is checked by `parseMessage` before use: unknown types and malformed
+ * fields are a ProtocolError that says which field was wrong (never its content).
+ */
+import { type AbortReason, isAbortReason, ProtocolError } from "../core/mod.ts";
+import type { PrefillerTelemetryEvent } from "../core/telemetry.ts";
+import type { DecoderTelemetryEvent } from "../core/telemetry.ts";
+
+/** Largest prompt a PrefillRequest may carry, in bytes of UTF-8 (control frames are bounded). */
+export const PROMPT_BYTES_MAX = 768 * 1024;
+/** Largest number of tokens one request may ask to generate. */
+export const GENERATE_TOKENS_MAX = 1 << 20;
+
+export interface SamplingSpec {
+  temperature: number;
+  topK: number;
+  topP: number;
+  seed: number;
+}
+
+/** Where a peer listens, and which node must answer there. */
+export interface PeerAddress {
+  host: string;
+  port: number;
+  /** Node id expected at that address (its certificate pin comes from the trust list). */
+  nodeId: string;
+}
+
+/** Coordinator -> prefill worker: prefill this prompt and hand the state to `decode`. */
+export interface PrefillRequest {
+  type: "PrefillRequest";
+  handoffId: string;
+  tenantId: string;
+  prompt: string;
+  /** Tokens the decoder will generate (sizes the decoder's context). */
+  generateTokens: number;
+  sampling: SamplingSpec;
+  decode: PeerAddress;
+}
+
+/** Prefill worker -> coordinator: how the handoff ended. */
+export interface PrefillOutcome {
+  type: "PrefillOutcome";
+  handoffId: string;
+  outcome: "committed" | "fallback" | "failed";
+  reason: AbortReason | null;
+  /** One line for the user when not committed (no content). */
+  message: string | null;
+  promptTokens: number;
+  events: PrefillerTelemetryEvent[];
+}
+
+/** Coordinator -> decode worker: generate for a committed handoff, or colocated from a prompt. */
+export interface GenerateRequest {
+  type: "GenerateRequest";
+  handoffId: string;
+  tenantId: string;
+  generateTokens: number;
+  /** `committed`: continue the imported session. `local`: prefill `prompt` here (fallback). */
+  mode: "committed" | "local";
+  prompt: string | null;
+  sampling: SamplingSpec | null;
+  /** Return the SHA-256 of every step's logits (probe mode). */
+  probe: boolean;
+}
+
+/** Decode worker -> coordinator: generated tokens, in order. */
+export interface TokenBatch {
+  type: "TokenBatch";
+  handoffId: string;
+  tokens: number[];
+  text: string;
+  /** With `probe`: SHA-256 (hex) of the logits each token was sampled from. */
+  logitsSha256: string[];
+}
+
+/** Decode worker -> coordinator: generation finished (or failed). */
+export interface GenerateDone {
+  type: "GenerateDone";
+  handoffId: string;
+  ok: boolean;
+  message: string | null;
+  events: DecoderTelemetryEvent[];
+  /** Whether the MTP draft state was imported and ready (null: the model has no MTP). */
+  mtpReady: boolean | null;
+}
+
+export type ServeMessage =
+  | PrefillRequest
+  | PrefillOutcome
+  | GenerateRequest
+  | TokenBatch
+  | GenerateDone;
+
+type Checker = (m: Record<string, unknown>) => string | null;
+
+const str = (v: unknown, max = 256) => typeof v === "string" && v.length > 0 && v.length <= max;
+const count = (v: unknown, max = Number.MAX_SAFE_INTEGER) =>
+  Number.isSafeInteger(v) && (v as number) >= 0 && (v as number) <= max;
+const num = (v: unknown) => typeof v === "number" && Number.isFinite(v);
+
+function samplingOk(v: unknown): boolean {
+  if (typeof v !== "object" || v === null) return false;
+  const s = v as Record<string, unknown>;
+  return num(s.temperature) && (s.temperature as number) >= 0 && count(s.topK) &&
+    num(s.topP) && count(s.seed, 0xffffffff);
+}
+
+function addressOk(v: unknown): boolean {
+  if (typeof v !== "object" || v === null) return false;
+  const a = v as Record<string, unknown>;
+  return str(a.host) && count(a.port, 65535) && str(a.nodeId, 64);
+}
+
+const CHECKS: Record<ServeMessage["type"], Checker> = {
+  PrefillRequest: (m) =>
+    !str(m.handoffId, 64)
+      ? "handoffId"
+      : !str(m.tenantId, 128)
+      ? "tenantId"
+      : typeof m.prompt !== "string" || new TextEncoder().encode(m.prompt).length > PROMPT_BYTES_MAX
+      ? "prompt"
+      : !count(m.generateTokens, GENERATE_TOKENS_MAX)
+      ? "generateTokens"
+      : !samplingOk(m.sampling)
+      ? "sampling"
+      : !addressOk(m.decode)
+      ? "decode"
+      : null,
+  PrefillOutcome: (m) =>
+    !str(m.handoffId, 64)
+      ? "handoffId"
+      : !["committed", "fallback", "failed"].includes(m.outcome as string)
+      ? "outcome"
+      : m.reason !== null && !isAbortReason(m.reason)
+      ? "reason"
+      : !Array.isArray(m.events)
+      ? "events"
+      : null,
+  GenerateRequest: (m) =>
+    !str(m.handoffId, 64)
+      ? "handoffId"
+      : !str(m.tenantId, 128)
+      ? "tenantId"
+      : !count(m.generateTokens, GENERATE_TOKENS_MAX)
+      ? "generateTokens"
+      : !["committed", "local"].includes(m.mode as string)
+      ? "mode"
+      : m.mode === "local" && (typeof m.prompt !== "string" || !samplingOk(m.sampling))
+      ? "prompt"
+      : null,
+  TokenBatch: (m) =>
+    !str(m.handoffId, 64)
+      ? "handoffId"
+      : !Array.isArray(m.tokens) || !m.tokens.every((t) => count(t))
+      ? "tokens"
+      : typeof m.text !== "string"
+      ? "text"
+      : null,
+  GenerateDone: (m) =>
+    !str(m.handoffId, 64) ? "handoffId" : typeof m.ok !== "boolean" ? "ok" : null,
+};
+
+/** True when `type` is one of this file's message types. */
+export function isServeMessageType(type: string): type is ServeMessage["type"] {
+  return Object.hasOwn(CHECKS, type);
+}
+
+/** Checks a received control header as message `type`; throws ProtocolError naming the field. */
+export function parseMessage<T extends ServeMessage>(header: Record<string, unknown>): T {
+  const type = header.type;
+  if (typeof type !== "string" || !isServeMessageType(type)) {
+    throw new ProtocolError(`Unexpected control message type "${String(type).slice(0, 40)}"`);
+  }
+  const bad = CHECKS[type](header);
+  if (bad) throw new ProtocolError(`Malformed ${type}: field "${bad}" is missing or invalid`);
+  return header as unknown as T;
+}

@@ -1,0 +1,112 @@
+/**
+ * A node: its Ed25519 identity, TLS certificate and trust list from the state folder, and the
+ * two ways it meets peers (listen, connect by node id with the certificate pin from the trust
+ * list). Workers and the coordinator both start here.
+ */
+import { PeerError } from "../core/mod.ts";
+import {
+  type Capabilities,
+  connectQuic,
+  listenQuic,
+  loadOrCreateNodeIdentity,
+  loadOrCreateTlsCertificate,
+  type NodeIdentity,
+  parseFingerprint,
+  type PeerConnection,
+  type PeerListener,
+  type PeerOptions,
+  resolveStateDir,
+  type TlsCertificate,
+  TrustList,
+} from "../transport/mod.ts";
+import type { PeerAddress } from "./messages.ts";
+
+/** Transport bounds a node applies to every peer, each a named option with its unit. */
+export interface NodeLinkOptions {
+  /** A peer silent this long is declared dead. */
+  maxIdleTimeoutMs: number;
+  handshakeTimeoutMs: number;
+  /** Bytes a handoff stream may have in flight (credit window). */
+  inflightBytesMax: number;
+}
+
+export const DEFAULT_NODE_LINK: Readonly<NodeLinkOptions> = {
+  maxIdleTimeoutMs: 2_000,
+  handshakeTimeoutMs: 5_000,
+  inflightBytesMax: 64 * 1024 * 1024,
+};
+
+export class Node {
+  private constructor(
+    readonly stateDir: string,
+    readonly identity: NodeIdentity,
+    readonly certificate: TlsCertificate,
+    readonly trust: TrustList,
+    readonly link: NodeLinkOptions,
+  ) {}
+
+  /** Loads (or creates on first start) the node in `stateDir` (default: per-user folder). */
+  static async open(
+    stateDir?: string,
+    link: Partial<NodeLinkOptions> = {},
+    hostnames: string[] = [],
+  ): Promise<Node> {
+    const dir = resolveStateDir(stateDir);
+    const { identity } = await loadOrCreateNodeIdentity(dir);
+    const { certificate } = await loadOrCreateTlsCertificate(dir, { hostnames });
+    const trust = await TrustList.load(dir);
+    return new Node(dir, identity, certificate, trust, { ...DEFAULT_NODE_LINK, ...link });
+  }
+
+  peerOptions(capabilities?: Capabilities): PeerOptions {
+    return {
+      identity: this.identity,
+      trust: this.trust,
+      capabilities,
+      handshakeTimeoutMs: this.link.handshakeTimeoutMs,
+      handoff: { inflightBytesMax: this.link.inflightBytesMax },
+    };
+  }
+
+  listen(hostname: string, port: number, capabilities?: Capabilities): PeerListener {
+    return listenQuic({
+      hostname,
+      port,
+      certificate: this.certificate,
+      maxIdleTimeoutMs: this.link.maxIdleTimeoutMs,
+      ...this.peerOptions(capabilities),
+    });
+  }
+
+  /** Connects to a trusted peer; its certificate is pinned from the trust list. */
+  async connect(to: PeerAddress, capabilities?: Capabilities): Promise<PeerConnection> {
+    const entry = this.trust.lookup(to.nodeId);
+    if (!entry) {
+      throw new PeerError(`Peer "${to.nodeId}" at ${to.host}:${to.port} is not in the trust list`, {
+        hint: `add it with \`skippy-disagg trust add <its identity card> --state-dir ${this.stateDir}\``,
+      });
+    }
+    if (!entry.certificateSha256) {
+      throw new PeerError(`No certificate pin for peer "${to.nodeId}": cannot connect to it`, {
+        hint: "re-add it from its `skippy-disagg identity show --json` card, which has the pin",
+      });
+    }
+    return await connectQuic({
+      hostname: to.host,
+      port: to.port,
+      serverCertificateSha256: parseFingerprint(entry.certificateSha256),
+      maxIdleTimeoutMs: this.link.maxIdleTimeoutMs,
+      expectedServerNodeId: to.nodeId,
+      ...this.peerOptions(capabilities),
+    });
+  }
+}
+
+/** Parses `host:port` (IPv6 as `[::1]:port`). */
+export function parseHostPort(text: string): { host: string; port: number } | null {
+  const m = /^(?:\[([^\]]+)\]|([^:\s]+)):(\d{1,5})$/.exec(text.trim());
+  if (!m) return null;
+  const port = Number(m[3]);
+  if (port < 0 || port > 65535) return null;
+  return { host: m[1] ?? m[2], port };
+}
