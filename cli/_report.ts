@@ -1,19 +1,26 @@
 /** Shared pieces of `--json` reports. */
-import type { Engine } from "../serve/engine.ts";
+import type { LlamaLibrary } from "../ffi/mod.ts";
+import { type Engine, type RuntimeConfig, UBATCH_TOKENS } from "../serve/engine.ts";
 
-/** The numerics an engine runs with: what must match for bit-exact continuation. */
-export function numericsReport(engine: Engine) {
-  const c = engine.config;
+/** The numerics a runtime config runs with: what must match for bit-exact continuation. */
+export function numericsOf(c: RuntimeConfig, lib: LlamaLibrary) {
   return {
     model: c.modelPath,
-    nCtx: engine.ctx.nCtx,
+    nCtx: c.nCtx,
     chunkTokens: c.chunkTokens,
+    nUbatch: UBATCH_TOKENS,
     threads: c.threads,
     flashAttention: c.flashAttention,
     typeK: c.typeK,
     typeV: c.typeV,
-    cpuVariant: engine.lib.cpuVariant,
-    llamaCpp: engine.lib.release,
-    llamaBuildId: engine.lib.buildId,
+    swaFull: c.swaFull ?? false,
+    cpuVariant: lib.cpuVariant,
+    llamaCpp: lib.release,
+    llamaBuildId: lib.buildId,
   };
+}
+
+/** The numerics of an open engine. */
+export function numericsReport(engine: Engine) {
+  return { ...numericsOf(engine.config, engine.lib), nCtx: engine.ctx.nCtx };
 }

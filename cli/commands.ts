@@ -5,6 +5,9 @@ import { register as registerModel } from "./model.ts";
 import { register as registerIdentity } from "./identity.ts";
 import { register as registerTrust } from "./trust.ts";
 import { register as registerState } from "./state.ts";
+import { register as registerServe } from "./serve.ts";
+import { register as registerHandoff } from "./handoff.ts";
+import { register as registerDemo } from "./demo.ts";
 import { measureStateBytes } from "./_runtime_probe.ts";
 
 export type RegisterCommand = (program: Command) => void;
@@ -15,4 +18,7 @@ export const COMMANDS: RegisterCommand[] = [
   registerIdentity,
   registerTrust,
   registerState,
+  registerServe,
+  registerHandoff,
+  registerDemo,
 ];

@@ -33,6 +33,8 @@ export function hybridIdentity(overrides: Partial<NumericalIdentity> = {}): Nume
     vType: "f16",
     flashAttention: true,
     kvUnified: true,
+    swaFull: false,
+    nUbatch: 512,
     threadCount: 2,
     cpuBackendVariant: "haswell",
     stateSchemaVersion: STATE_SCHEMA_VERSION,

@@ -42,6 +42,13 @@ export interface NumericalIdentity {
   flashAttention: boolean;
   /** A unified KV cache (one stream) or one stream per sequence; import refuses a mismatch. */
   kvUnified: boolean;
+  /**
+   * Sliding-window cache sized to the whole context (true) or to the window plus one
+   * micro-batch (false). Cell placement in that cache changes summation order.
+   */
+  swaFull: boolean;
+  /** Physical micro-batch: sizes the sliding-window ring when `swaFull` is false. */
+  nUbatch: number;
   /** Decode threads: 1 vs 2 threads already change logits with flash attention on CPU. */
   threadCount: number;
   /** The CPU backend variant ggml picked (`"haswell"`, `"zen4"`, ...). */
@@ -88,6 +95,8 @@ const LABELS: Record<keyof NumericalIdentity, string> = {
   vType: "V cache type",
   flashAttention: "flash attention",
   kvUnified: "unified KV cache",
+  swaFull: "full-size sliding-window cache",
+  nUbatch: "micro-batch size",
   threadCount: "thread count",
   cpuBackendVariant: "CPU backend variant",
   stateSchemaVersion: "state schema version",

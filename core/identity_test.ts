@@ -31,6 +31,8 @@ Deno.test("identityDigest() changes with every exact-match field", async () => {
     { vType: "q8_0" },
     { flashAttention: false },
     { kvUnified: false },
+    { swaFull: true },
+    { nUbatch: 256 },
     { threadCount: 4 },
     { cpuBackendVariant: "zen4" },
     { stateSchemaVersion: 2 },

@@ -26,6 +26,11 @@ export type PrefillerTelemetryEvent =
     bytes: number;
     durationMs: number;
   }
+  /**
+   * The decoder granted credit back for this KV page, which it does once the page is staged
+   * (imported, uncommitted): proof, on this process's clock, that the page had arrived.
+   */
+  | { type: "chunk-staged"; atMs: number; seq: number; bytes: number }
   | { type: "manifest-sent"; atMs: number }
   | { type: "commit-ack"; atMs: number }
   /** The first token reached the client. */
@@ -69,6 +74,11 @@ export interface HandoffTelemetry {
   commitRoundTripMs: number | null;
   /** Share of KV bytes of all chunks but the last that left before the last chunk finished. */
   overlapFraction: number | null;
+  /**
+   * Share of KV bytes of all chunks but the last that the decoder had already staged (credit
+   * came back) before the last chunk finished: arrival, not just departure.
+   */
+  stagedBeforePrefillEndFraction: number | null;
   /** End of the last prefill chunk to CommitAck. */
   uncoveredTailMs: number | null;
   bandwidthBytesPerS: number | null;
@@ -160,6 +170,11 @@ function _prefillerSide(events: readonly PrefillerTelemetryEvent[]) {
     wireMs,
     commitRoundTripMs: _sub(commitAck, _first(events, "manifest-sent")),
     overlapFraction: overlapFraction(sent, prefillEnd),
+    stagedBeforePrefillEndFraction: overlapFraction(
+      events.flatMap((e) => e.type === "chunk-staged" ? [{ ...e, kind: "kv-page" as const }] : []),
+      prefillEnd,
+      sent.filter((e) => e.kind === "kv-page"),
+    ),
     uncoveredTailMs: _sub(commitAck, prefillEnd),
     achievedBytesPerS: wireMs > 0 ? (totalBytes / wireMs) * 1000 : null,
     retries: events.filter((e) => e.type === "retry").length,
@@ -182,13 +197,16 @@ function _prefillerSide(events: readonly PrefillerTelemetryEvent[]) {
 export function overlapFraction(
   sent: readonly { kind: ComponentKind; bytes: number; atMs: number; seq: number }[],
   prefillEndMs: number | null,
+  allPages: readonly { kind: ComponentKind; bytes: number; seq: number }[] = sent,
 ): number | null {
-  const pages = sent.filter((s) => s.kind === "kv-page").sort((a, b) => a.seq - b.seq);
+  const pages = allPages.filter((s) => s.kind === "kv-page").sort((a, b) => a.seq - b.seq);
   if (pages.length < 2 || prefillEndMs === null) return null;
   const nonLast = pages.slice(0, -1);
   const total = nonLast.reduce((s, p) => s + p.bytes, 0);
   if (total === 0) return null;
-  const early = nonLast.filter((p) => p.atMs <= prefillEndMs).reduce((s, p) => s + p.bytes, 0);
+  const lastSeq = pages[pages.length - 1].seq;
+  const early = sent.filter((p) => p.kind === "kv-page" && p.seq !== lastSeq && p.atMs <= prefillEndMs)
+    .reduce((s, p) => s + p.bytes, 0);
   return early / total;
 }
 
@@ -225,6 +243,9 @@ export function formatTelemetry(t: HandoffTelemetry): string {
   parts.push(
     `overlap ${t.overlapFraction === null ? "n/a" : `${Math.round(t.overlapFraction * 100)}%`}`,
   );
+  if (t.stagedBeforePrefillEndFraction !== null) {
+    parts.push(`staged early ${Math.round(t.stagedBeforePrefillEndFraction * 100)}%`);
+  }
   parts.push(`export ${_ms(t.exportMs)} queue ${_ms(t.queueMs)} wire ${_ms(t.wireMs)}`);
   if (t.achievedBytesPerS !== null) parts.push(`@ ${_gbps(t.achievedBytesPerS)}`);
   if (t.bandwidthBytesPerS !== null) parts.push(`link ${_gbps(t.bandwidthBytesPerS)}`);

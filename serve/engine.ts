@@ -30,6 +30,11 @@ export interface RuntimeConfig {
   cpuVariant?: string;
   /** Load the MTP layers (hybrid-moe-mtp models). */
   mtp?: boolean;
+  /**
+   * Size the sliding-window cache of ISWA models to the whole context (default false: the
+   * window plus one micro-batch, which keeps the handoff's SWA snapshot bounded).
+   */
+  swaFull?: boolean;
 }
 
 export const RUNTIME_DEFAULTS = {
@@ -40,6 +45,11 @@ export const RUNTIME_DEFAULTS = {
 
 /** Upper bound on prompt chunk size: one decode call's batch. */
 export const CHUNK_TOKENS_MAX = 8192;
+/**
+ * Physical micro-batch, fixed whatever the chunk size: it sizes the sliding-window ring of
+ * ISWA models, so it is part of the numerical identity.
+ */
+export const UBATCH_TOKENS = 512;
 
 /** Per-chunk progress report from `prefill`. */
 export interface ChunkDone {
@@ -70,11 +80,13 @@ export class Engine implements Disposable {
     const model = shared ?? await LlamaModel.load(lib, config.modelPath, { loadMtp: config.mtp });
     const ctx = await LlamaContext.create(model, {
       nCtx: config.nCtx,
-      nBatch: config.chunkTokens,
+      nBatch: Math.max(config.chunkTokens, UBATCH_TOKENS),
+      nUbatch: UBATCH_TOKENS,
       threads: config.threads,
       flashAttention: config.flashAttention,
       typeK: config.typeK,
       typeV: config.typeV,
+      swaFull: config.swaFull ?? false,
     });
     const engine = new Engine(lib, model, ctx, config);
     engine.#ownsModel = shared === undefined;

@@ -44,7 +44,10 @@ for (const family of ["dense", "iswa", "recurrent", "hybrid", "hybrid-moe-mtp"])
     const results = [];
     // 1000 tokens in one decode call vs chunks of 256 and of 100, same micro-batch size.
     for (const chunkTokens of [1000, 256, 100]) {
-      using engine = await Engine.open(await config(family, { chunkTokens }), shared);
+      // A window-sized ISWA ring places cells by batch, so chunking is part of its numerics;
+      // the full-size cache is not (see UBATCH_TOKENS and the identity's swaFull field).
+      const swaFull = family === "iswa";
+      using engine = await Engine.open(await config(family, { chunkTokens, swaFull }), shared);
       results.push(await greedyRun(engine, prompt, 4));
     }
     for (const r of results.slice(1)) {

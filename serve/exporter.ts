@@ -43,6 +43,8 @@ export interface ExportResult {
   firstToken: number;
   /** SHA-256 of the logits after decoding the first token: the continuation probe. */
   probeLogitsSha256: string;
+  /** SHA-256 of the prompt's last logits (the first token was sampled from them). */
+  firstLogitsSha256: string;
   /** Milliseconds each prefill chunk took, in order (telemetry). */
   chunkMs: number[];
 }
@@ -78,13 +80,16 @@ export class StateExporter {
     });
     const n = prompt.length;
     const firstToken = sampleToken(logits, sampling, sampler);
+    const firstLogitsSha256 = await payloadChecksum(
+      new Uint8Array(logits.buffer, logits.byteOffset, logits.byteLength),
+    );
     await this.#exportTail(n, prompt, firstToken, sampling, sampler, sink);
     // The probe: continue one token here so the decoder can prove it continues identically.
     const probeLogits = await this.engine.step(firstToken);
     const probeLogitsSha256 = await payloadChecksum(
       new Uint8Array(probeLogits.buffer, probeLogits.byteOffset, probeLogits.byteLength),
     );
-    return { nTokens: n, firstToken, probeLogitsSha256, chunkMs };
+    return { nTokens: n, firstToken, probeLogitsSha256, firstLogitsSha256, chunkMs };
   }
 
   async #exportTail(

@@ -12,7 +12,7 @@ import {
 } from "../core/mod.ts";
 import { fileDigest, tokenizerDigest } from "../ffi/mod.ts";
 import { type ModelSpec, readGgufFile, specFromGguf } from "../models/mod.ts";
-import type { Engine } from "./engine.ts";
+import { type Engine, UBATCH_TOKENS } from "./engine.ts";
 
 export interface ResolvedIdentity {
   numerical: NumericalIdentity;
@@ -62,6 +62,8 @@ export async function resolveIdentity(
     vType: c.typeV,
     flashAttention: c.flashAttention,
     kvUnified: true,
+    swaFull: c.swaFull ?? false,
+    nUbatch: UBATCH_TOKENS,
     threadCount: c.threads,
     cpuBackendVariant: engine.lib.cpuVariant,
     stateSchemaVersion: STATE_SCHEMA_VERSION,

@@ -40,6 +40,14 @@ export interface PrefillRequest {
   generateTokens: number;
   sampling: SamplingSpec;
   decode: PeerAddress;
+  /** Return the SHA-256 of the prompt's last logits (probe mode). */
+  probe: boolean;
+}
+
+/** Coordinator -> prefill worker: stop this handoff (the client went away or gave up). */
+export interface CancelRequest {
+  type: "CancelRequest";
+  handoffId: string;
 }
 
 /** Prefill worker -> coordinator: how the handoff ended. */
@@ -52,6 +60,8 @@ export interface PrefillOutcome {
   message: string | null;
   promptTokens: number;
   events: PrefillerTelemetryEvent[];
+  /** With `probe`: SHA-256 of the logits the first token was sampled from. */
+  firstLogitsSha256: string | null;
 }
 
 /** Coordinator -> decode worker: generate for a committed handoff, or colocated from a prompt. */
@@ -91,6 +101,7 @@ export interface GenerateDone {
 
 export type ServeMessage =
   | PrefillRequest
+  | CancelRequest
   | PrefillOutcome
   | GenerateRequest
   | TokenBatch
@@ -131,6 +142,7 @@ const CHECKS: Record<ServeMessage["type"], Checker> = {
       : !addressOk(m.decode)
       ? "decode"
       : null,
+  CancelRequest: (m) => !str(m.handoffId, 64) ? "handoffId" : null,
   PrefillOutcome: (m) =>
     !str(m.handoffId, 64)
       ? "handoffId"

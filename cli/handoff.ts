@@ -1,0 +1,82 @@
+/**
+ * `handoff --prefill <peer> --decode <peer> --prompt-file <f> -n N [--json]`: scripts one
+ * handoff from a shell, acting as its coordinator. Prints the generated text as it arrives and
+ * a one-line telemetry summary on stderr, or one JSON object with text, tokens and telemetry.
+ */
+import type { Command } from "commander";
+import { formatTelemetry } from "../core/telemetry.ts";
+import { runHandoff } from "../serve/coordinator.ts";
+import type { PeerAddress } from "../serve/messages.ts";
+import { Node } from "../serve/node.ts";
+import { intArg, numberArg, readPrompt } from "./_options.ts";
+import { peerArg } from "./_peers.ts";
+
+interface HandoffFlags {
+  prefill: PeerAddress;
+  decode: PeerAddress;
+  prompt?: string;
+  promptFile?: string;
+  n: number;
+  seed: number;
+  temperature: number;
+  topK: number;
+  topP: number;
+  tenant: string;
+  stateDir?: string;
+  timeoutMs: number;
+  json: boolean;
+  probe: boolean;
+}
+
+export function register(program: Command): void {
+  program
+    .command("handoff")
+    .description("run one prefill-to-decode handoff and generate (acts as the coordinator)")
+    .requiredOption("--prefill <peer>", "prefill worker, <node-id>@<host>:<port>", peerArg)
+    .requiredOption("--decode <peer>", "decode worker, <node-id>@<host>:<port>", peerArg)
+    .option("--prompt <text>", "prompt text")
+    .option("--prompt-file <file>", "read the prompt from a file")
+    .option("-n, --n <tokens>", "tokens to generate", intArg(1, 1 << 20), 32)
+    .option("--seed <n>", "sampling seed", intArg(0, 0xffffffff), 1)
+    .option("--temperature <t>", "sampling temperature (0 = greedy)", numberArg(0, 100), 0)
+    .option("--top-k <k>", "keep the k most likely tokens (0 = all)", intArg(0, 1 << 20), 40)
+    .option("--top-p <p>", "nucleus sampling threshold", numberArg(0, 1), 0.95)
+    .option("--tenant <id>", "tenant the request (and its state) belongs to", "default")
+    .option("--state-dir <dir>", "this client's node identity and trust list (default: per-user)")
+    .option("--timeout-ms <ms>", "the whole request must finish within this", intArg(1, 86_400_000), 120_000)
+    .option("--json", "print one JSON object with text, tokens and telemetry", false)
+    .option("--probe", "with --json: add a SHA-256 of every step's logits", false)
+    .action((flags: HandoffFlags) => runHandoffCommand(flags));
+}
+
+async function runHandoffCommand(flags: HandoffFlags): Promise<void> {
+  const prompt = await readPrompt(flags);
+  const node = await Node.open(flags.stateDir);
+  const out = new TextEncoder();
+  const controller = new AbortController();
+  const onSignal = () => controller.abort();
+  Deno.addSignalListener("SIGINT", onSignal);
+  try {
+    const result = await runHandoff(node, {
+      prefill: flags.prefill,
+      decode: flags.decode,
+      prompt,
+      generateTokens: flags.n,
+      sampling: { temperature: flags.temperature, topK: flags.topK, topP: flags.topP, seed: flags.seed },
+      tenantId: flags.tenant,
+      probe: flags.probe,
+      timeoutMs: flags.timeoutMs,
+      signal: controller.signal,
+      onText: flags.json ? undefined : (text) => Deno.stdout.writeSync(out.encode(text)),
+    });
+    if (flags.json) {
+      console.log(JSON.stringify(result, null, 2));
+      return;
+    }
+    Deno.stdout.writeSync(out.encode("\n"));
+    if (result.fallbackReason) console.error(`placement: colocated (${result.fallbackReason})`);
+    console.error(`telemetry: ${formatTelemetry(result.telemetry)}`);
+  } finally {
+    Deno.removeSignalListener("SIGINT", onSignal);
+  }
+}

@@ -1,0 +1,75 @@
+/**
+ * `serve --role prefill|decode|prefill+decode --listen <host:port> --model <gguf>`: runs a
+ * worker until interrupted. Prints one `ready` line (with the node id and address) once it
+ * accepts connections, then one line per handoff; never prompt content.
+ */
+import { type Command, Option } from "commander";
+import { ROLES, type Role } from "../transport/mod.ts";
+import { Worker } from "../serve/worker.ts";
+import { addRuntimeOptions, intArg, type RuntimeFlags, runtimeConfigFrom } from "./_options.ts";
+import { listenArg } from "./_peers.ts";
+import { numericsOf } from "./_report.ts";
+
+interface ServeFlags extends RuntimeFlags {
+  role: Role;
+  listen: { host: string; port: number };
+  stateDir?: string;
+  sessionsMax: number;
+  leaseMs: number;
+  commitTimeoutMs: number;
+  reserveTimeoutMs: number;
+  maxIdleTimeoutMs: number;
+  inflightBytesMax: number;
+  committedIdleMs: number;
+}
+
+export function register(program: Command): void {
+  const cmd = program
+    .command("serve")
+    .description("run a prefill and/or decode worker")
+    .addOption(new Option("--role <role>", "worker role").choices([...ROLES]).makeOptionMandatory())
+    .requiredOption("--listen <host:port>", "address to listen on (port 0: any free port)", listenArg)
+    .option("--state-dir <dir>", "node identity, certificate and trust list (default: per-user)")
+    .option("--sessions-max <n>", "requests served at once (one context each)", intArg(1, 64), 2)
+    .option("--lease-ms <ms>", "how long prefill state is retained awaiting CommitAck", intArg(1, 3_600_000), 30_000)
+    .option("--commit-timeout-ms <ms>", "how long to wait for CommitAck", intArg(1, 3_600_000), 10_000)
+    .option("--reserve-timeout-ms <ms>", "how long to wait for a reservation", intArg(1, 600_000), 2_000)
+    .option("--max-idle-timeout-ms <ms>", "a silent peer is declared dead after this", intArg(100, 600_000), 2_000)
+    .option("--inflight-bytes-max <bytes>", "handoff stream credit window", intArg(1 << 16, 2 ** 31), 64 << 20)
+    .option("--committed-idle-ms <ms>", "a committed session waits this long for its generate request", intArg(1, 3_600_000), 30_000);
+  addRuntimeOptions(cmd).action((flags: ServeFlags) => runServe(flags));
+}
+
+async function runServe(flags: ServeFlags): Promise<void> {
+  const runtime = await runtimeConfigFrom(flags);
+  const worker = await Worker.start({
+    role: flags.role,
+    hostname: flags.listen.host,
+    port: flags.listen.port,
+    runtime,
+    stateDir: flags.stateDir,
+    sessionsMax: flags.sessionsMax,
+    timing: {
+      leaseMs: flags.leaseMs,
+      commitTimeoutMs: flags.commitTimeoutMs,
+      reserveTimeoutMs: flags.reserveTimeoutMs,
+    },
+    link: { maxIdleTimeoutMs: flags.maxIdleTimeoutMs, inflightBytesMax: flags.inflightBytesMax },
+    committedIdleMs: flags.committedIdleMs,
+  });
+  const { hostname, port } = worker.addr;
+  console.log(JSON.stringify({
+    ready: true,
+    role: flags.role,
+    nodeId: worker.node.identity.nodeId,
+    address: `${hostname}:${port}`,
+    peer: `${worker.node.identity.nodeId}@${hostname}:${port}`,
+    numerics: numericsOf(runtime, worker.pool.model.lib),
+  }));
+  const stop = new Promise<void>((resolve) => {
+    for (const signal of ["SIGINT", "SIGTERM"] as const) Deno.addSignalListener(signal, () => resolve());
+  });
+  await stop;
+  console.error("serve: stopping");
+  await worker.close();
+}

@@ -1,0 +1,216 @@
+/**
+ * The coordinator of one scripted handoff (the `handoff` command): it connects to a prefill
+ * worker and a decode worker, checks they can hand off to each other, asks the prefill worker
+ * to prefill and hand the state over, and then asks the decode worker to generate, which now
+ * owns the request. When the handoff falls back, the decode worker recomputes the prompt
+ * itself (colocated); when it fails, the client gets a clear error. Every wait is bounded.
+ */
+import { HandoffAbortedError, LimitExceededError, PeerError } from "../core/mod.ts";
+import {
+  deriveTelemetry,
+  type HandoffTelemetry,
+} from "../core/telemetry.ts";
+import { eligibleForHandoff, type PeerConnection } from "../transport/mod.ts";
+import {
+  type GenerateDone,
+  type GenerateRequest,
+  parseMessage,
+  type PeerAddress,
+  type PrefillOutcome,
+  type PrefillRequest,
+  type SamplingSpec,
+  type TokenBatch,
+} from "./messages.ts";
+import type { Node } from "./node.ts";
+
+export interface HandoffRequest {
+  prefill: PeerAddress;
+  decode: PeerAddress;
+  prompt: string;
+  generateTokens: number;
+  sampling: SamplingSpec;
+  tenantId: string;
+  probe: boolean;
+  /** The whole request (handoff and generation) must finish within this. */
+  timeoutMs: number;
+  /** Called with each piece of generated text as it arrives. */
+  onText?: (text: string) => void;
+  /** Cancels the request (client gave up). */
+  signal?: AbortSignal;
+  handoffId?: string;
+}
+
+export interface HandoffResult {
+  handoffId: string;
+  /** `disaggregated`: the state moved; `colocated`: the decode worker recomputed the prompt. */
+  placement: "disaggregated" | "colocated";
+  /** Why it ran colocated, or null. */
+  fallbackReason: string | null;
+  text: string;
+  tokens: number[];
+  /** With `probe`: SHA-256 of each token's logits (first from the prefill worker). */
+  logitsSha256: string[];
+  promptTokens: number;
+  telemetry: HandoffTelemetry;
+  /** On the coordinator's clock: request sent to first token received, and to the end. */
+  ttftMs: number;
+  e2eMs: number;
+  mtpReady: boolean | null;
+}
+
+/** Runs one handoff end to end. Throws HandoffAbortedError / PeerError on a clear failure. */
+export async function runHandoff(node: Node, req: HandoffRequest): Promise<HandoffResult> {
+  const handoffId = req.handoffId ?? crypto.randomUUID();
+  const t0 = performance.now();
+  const deadline = AbortSignal.any([
+    AbortSignal.timeout(req.timeoutMs),
+    ...(req.signal ? [req.signal] : []),
+  ]);
+  const [prefillPeer, decodePeer] = await Promise.all([
+    node.connect(req.prefill),
+    node.connect(req.decode),
+  ]);
+  try {
+    const eligible = eligibleForHandoff(prefillPeer.peerCapabilities, decodePeer.peerCapabilities, "decode");
+    let outcome: PrefillOutcome | null = null;
+    let fallbackReason: string | null = null;
+    if (!eligible.ok) {
+      fallbackReason = `decode worker not eligible for a handoff: ${eligible.reason}`;
+    } else {
+      outcome = await prefillAndHandOff(prefillPeer, handoffId, req, deadline);
+      if (outcome.outcome === "failed") {
+        throw new HandoffAbortedError(outcome.reason ?? "failed", `Handoff failed: ${outcome.message ?? outcome.reason}`, {
+          hint: "check both workers are running and trust each other; see their logs",
+        });
+      }
+      if (outcome.outcome === "fallback") fallbackReason = outcome.message ?? outcome.reason;
+    }
+    const generation = await generate(decodePeer, {
+      type: "GenerateRequest",
+      handoffId,
+      tenantId: req.tenantId,
+      generateTokens: req.generateTokens,
+      mode: fallbackReason === null ? "committed" : "local",
+      prompt: fallbackReason === null ? null : req.prompt,
+      sampling: fallbackReason === null ? null : req.sampling,
+      probe: req.probe,
+    }, deadline, req.onText, t0);
+    const prefillEvents = outcome?.events ?? [];
+    return {
+      handoffId,
+      placement: fallbackReason === null ? "disaggregated" : "colocated",
+      fallbackReason,
+      text: generation.text,
+      tokens: generation.tokens,
+      logitsSha256: fallbackReason === null && outcome?.firstLogitsSha256
+        ? [outcome.firstLogitsSha256, ...generation.logitsSha256]
+        : generation.logitsSha256,
+      promptTokens: outcome?.promptTokens ?? 0,
+      telemetry: deriveTelemetry({ prefiller: prefillEvents, decoder: generation.done.events }),
+      ttftMs: generation.ttftMs,
+      e2eMs: performance.now() - t0,
+      mtpReady: generation.done.mtpReady,
+    };
+  } finally {
+    await Promise.allSettled([prefillPeer.close(), decodePeer.close()]);
+  }
+}
+
+async function prefillAndHandOff(
+  peer: PeerConnection,
+  handoffId: string,
+  req: HandoffRequest,
+  deadline: AbortSignal,
+): Promise<PrefillOutcome> {
+  const request: PrefillRequest = {
+    type: "PrefillRequest",
+    handoffId,
+    tenantId: req.tenantId,
+    prompt: req.prompt,
+    generateTokens: req.generateTokens,
+    sampling: req.sampling,
+    decode: req.decode,
+    probe: req.probe,
+  };
+  await peer.send(request as unknown as Record<string, unknown>);
+  const onAbort = () => {
+    peer.send({ type: "CancelRequest", handoffId }).catch(() => {});
+  };
+  deadline.addEventListener("abort", onAbort, { once: true });
+  try {
+    const header = await receiveOne(peer, deadline, "PrefillOutcome", handoffId);
+    return parseMessage<PrefillOutcome>(header);
+  } finally {
+    deadline.removeEventListener("abort", onAbort);
+  }
+}
+
+interface Generation {
+  text: string;
+  tokens: number[];
+  logitsSha256: string[];
+  done: GenerateDone;
+  ttftMs: number;
+}
+
+async function generate(
+  peer: PeerConnection,
+  request: GenerateRequest,
+  deadline: AbortSignal,
+  onText: ((text: string) => void) | undefined,
+  t0: number,
+): Promise<Generation> {
+  await peer.send(request as unknown as Record<string, unknown>);
+  const out: Generation = { text: "", tokens: [], logitsSha256: [], done: null!, ttftMs: NaN };
+  for (;;) {
+    const header = await receiveOne(peer, deadline, null, request.handoffId);
+    if (header.type === "TokenBatch") {
+      const batch = parseMessage<TokenBatch>(header);
+      if (out.tokens.length === 0) out.ttftMs = performance.now() - t0;
+      out.tokens.push(...batch.tokens);
+      out.text += batch.text;
+      out.logitsSha256.push(...(batch.logitsSha256 ?? []));
+      if (batch.text) onText?.(batch.text);
+      continue;
+    }
+    if (header.type === "GenerateDone") {
+      out.done = parseMessage<GenerateDone>(header);
+      if (!out.done.ok) {
+        throw new HandoffAbortedError("decode-failed", `Generation failed: ${out.done.message}`);
+      }
+      return out;
+    }
+  }
+}
+
+/** The next control message of `type` (any serve type if null) for this handoff, bounded. */
+async function receiveOne(
+  peer: PeerConnection,
+  deadline: AbortSignal,
+  type: string | null,
+  handoffId: string,
+): Promise<Record<string, unknown>> {
+  const aborted = new Promise<never>((_, reject) => {
+    const fail = () =>
+      reject(
+        deadline.reason instanceof DOMException && deadline.reason.name === "TimeoutError"
+          ? new LimitExceededError("The request did not finish within its timeout", {
+            hint: "raise --timeout-ms, or check the workers' logs",
+          })
+          : new HandoffAbortedError("cancelled", "The request was cancelled"),
+      );
+    if (deadline.aborted) fail();
+    deadline.addEventListener("abort", fail, { once: true });
+  });
+  for (;;) {
+    const msg = await Promise.race([peer.receive(), aborted]);
+    if (msg === null) {
+      throw new PeerError(`The worker ${peer.peerNodeId} closed the connection`, {
+        hint: "it may have stopped or crashed; see its log",
+      });
+    }
+    const header = msg.header as Record<string, unknown>;
+    if (header.handoffId !== handoffId) continue;
+    if (type === null || header.type === type) return header;
+  }
+}

@@ -1,0 +1,69 @@
+/**
+ * A bounded pool of engines (model contexts) on one loaded model: one per concurrent request.
+ * When every engine is busy, `tryAcquire` says so and the caller refuses the request (a
+ * reservation is rejected, a prompt waits): admission instead of allocation failure.
+ */
+import { LlamaModel, loadLlama } from "../ffi/mod.ts";
+import { Engine, type RuntimeConfig } from "./engine.ts";
+import { MtpDraft } from "./mtp.ts";
+
+export interface PooledEngine {
+  engine: Engine;
+  draft: MtpDraft | null;
+}
+
+export class EnginePool implements Disposable {
+  readonly #free: PooledEngine[] = [];
+  #created = 0;
+
+  private constructor(
+    readonly model: LlamaModel,
+    readonly config: RuntimeConfig,
+    readonly sessionsMax: number,
+    readonly withDraft: boolean,
+  ) {}
+
+  /** Loads the model once; contexts are created on demand up to `sessionsMax`. */
+  static async open(config: RuntimeConfig, sessionsMax: number): Promise<EnginePool> {
+    const lib = loadLlama({ cpuVariant: config.cpuVariant });
+    const model = await LlamaModel.load(lib, config.modelPath, { loadMtp: config.mtp });
+    const withDraft = config.mtp === true && model.info().nLayerNextn > 0;
+    return new EnginePool(model, config, sessionsMax, withDraft);
+  }
+
+  /** An idle engine with empty memory, or null when all `sessionsMax` are in use. */
+  async tryAcquire(): Promise<PooledEngine | null> {
+    const idle = this.#free.pop();
+    if (idle) return idle;
+    if (this.#created >= this.sessionsMax) return null;
+    this.#created++;
+    try {
+      const engine = await Engine.open(this.config, this.model);
+      const draft = this.withDraft ? await MtpDraft.open(engine) : null;
+      return { engine, draft };
+    } catch (error) {
+      this.#created--;
+      throw error;
+    }
+  }
+
+  /** Wipes (zeroes) the engine's state and returns it to the pool. */
+  release(item: PooledEngine): void {
+    item.engine.ctx.clearMemory();
+    item.draft?.ctx.clearMemory();
+    item.engine.adoptPosition(0);
+    this.#free.push(item);
+  }
+
+  get busy(): number {
+    return this.#created - this.#free.length;
+  }
+
+  [Symbol.dispose](): void {
+    for (const item of this.#free.splice(0)) {
+      item.draft?.ctx.free();
+      item.engine.ctx.free();
+    }
+    this.model.free();
+  }
+}

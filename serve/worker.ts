@@ -1,0 +1,183 @@
+/**
+ * A worker process: one loaded model, a bounded pool of contexts, a QUIC listener, and the
+ * roles it announces (`prefill`, `decode`, `prefill+decode`). It routes each authenticated
+ * peer's control messages and handoff streams to the prefill side (serve/prefill_role.ts) or
+ * the decode side (serve/decode_role.ts).
+ */
+import { type HandoffTiming, ProtocolError, resolveHandoffTiming } from "../core/mod.ts";
+import {
+  type Capabilities,
+  HANDOFF_PROTOCOL_VERSION,
+  type PeerConnection,
+  type PeerListener,
+  type Role,
+  roleCovers,
+} from "../transport/mod.ts";
+import { DecodeRole } from "./decode_role.ts";
+import { type DecodeLimits, DEFAULT_DECODE_LIMITS } from "./decode_session.ts";
+import type { RuntimeConfig } from "./engine.ts";
+import { type ResolvedIdentity, resolveIdentity } from "./identity.ts";
+import { type CancelRequest, isServeMessageType, parseMessage } from "./messages.ts";
+import { Node, type NodeLinkOptions } from "./node.ts";
+import { EnginePool } from "./pool.ts";
+import { DEFAULT_PREFILL_LIMITS, type PrefillLimits } from "./prefill_session.ts";
+import { PrefillRole } from "./prefill_role.ts";
+import { CORE_MESSAGE_TYPES } from "./wire.ts";
+import { SKIPPY_SHIM_ABI_VERSION } from "../ffi/shim/abi.ts";
+import { stateBackend } from "../ffi/state.ts";
+import { STATE_SCHEMA_VERSION } from "../core/mod.ts";
+
+export interface WorkerOptions {
+  role: Role;
+  hostname: string;
+  port: number;
+  runtime: RuntimeConfig;
+  /** Node identity, certificate and trust list; default per-user folder. */
+  stateDir?: string;
+  /** Requests this worker serves at once (one context each). */
+  sessionsMax: number;
+  timing?: Partial<HandoffTiming>;
+  prefillLimits?: Partial<PrefillLimits>;
+  decodeLimits?: Partial<DecodeLimits>;
+  link?: Partial<NodeLinkOptions>;
+  /** A committed session waits this long for its GenerateRequest before it is released. */
+  committedIdleMs?: number;
+  /** One line per event, no content (default: stderr). */
+  log?: (line: string) => void;
+}
+
+export class Worker {
+  #closed = false;
+  readonly #peers = new Set<PeerConnection>();
+
+  private constructor(
+    readonly options: WorkerOptions,
+    readonly node: Node,
+    readonly pool: EnginePool,
+    readonly identity: ResolvedIdentity,
+    readonly capabilities: Capabilities,
+    readonly listener: PeerListener,
+    readonly prefill: PrefillRole | null,
+    readonly decode: DecodeRole | null,
+  ) {}
+
+  /** Loads the model, opens the node and starts listening. */
+  static async start(options: WorkerOptions): Promise<Worker> {
+    const node = await Node.open(options.stateDir, options.link, [options.hostname]);
+    const pool = await EnginePool.open(options.runtime, options.sessionsMax);
+    const probe = await pool.tryAcquire();
+    let identity: ResolvedIdentity;
+    try {
+      const backend = await stateBackend(probe!.engine.ctx);
+      identity = await resolveIdentity(probe!.engine, {
+        digestCacheFile: `${node.stateDir}/digests.json`,
+        shimAbiVersion: backend.path === "shim" ? SKIPPY_SHIM_ABI_VERSION : 0,
+      });
+    } finally {
+      pool.release(probe!);
+    }
+    const { nCtx: _perWorker, ...exact } = identity.numerical;
+    const capabilities: Capabilities = {
+      protocolVersion: HANDOFF_PROTOCOL_VERSION,
+      roles: [options.role],
+      stateSchemaVersions: [STATE_SCHEMA_VERSION],
+      kvCodecs: ["llama-kv-cells"],
+      kvDtypes: [identity.numerical.kType],
+      numericalIdentity: exact as unknown as Record<string, unknown>,
+    };
+    const listener = node.listen(options.hostname, options.port, capabilities);
+    const timing = resolveHandoffTiming(options.timing);
+    const log = options.log ?? ((line: string) => console.error(line));
+    const prefill = roleCovers(options.role, "prefill")
+      ? new PrefillRole(node, pool, identity, capabilities, timing, {
+        ...DEFAULT_PREFILL_LIMITS,
+        ...options.prefillLimits,
+      }, log)
+      : null;
+    const decode = roleCovers(options.role, "decode")
+      ? new DecodeRole(node, pool, identity, timing, {
+        ...DEFAULT_DECODE_LIMITS,
+        ...options.decodeLimits,
+      }, options.committedIdleMs ?? 30_000, log)
+      : null;
+    const worker = new Worker(
+      options,
+      node,
+      pool,
+      identity,
+      capabilities,
+      listener,
+      prefill,
+      decode,
+    );
+    worker.#acceptLoop();
+    return worker;
+  }
+
+  get addr(): { hostname: string; port: number } {
+    return this.listener.addr;
+  }
+
+  async #acceptLoop(): Promise<void> {
+    for await (const peer of this.listener) {
+      if (this.#closed) {
+        await peer.close().catch(() => {});
+        continue;
+      }
+      this.#peers.add(peer);
+      this.#servePeer(peer).finally(() => this.#peers.delete(peer));
+    }
+  }
+
+  async #servePeer(peer: PeerConnection): Promise<void> {
+    this.decode?.watchStreams(peer);
+    try {
+      for await (const msg of peer) {
+        const header = msg.header as Record<string, unknown>;
+        const type = String(header.type);
+        try {
+          await this.#dispatch(peer, type, header);
+        } catch (error) {
+          this.#log(`peer ${peer.peerNodeId}: ${(error as Error).message}`);
+        }
+      }
+    } catch {
+      // Connection failed; sessions bound to it learn below.
+    }
+    this.decode?.peerGone(peer);
+    this.prefill?.peerGone(peer);
+  }
+
+  async #dispatch(peer: PeerConnection, type: string, header: Record<string, unknown>) {
+    if (CORE_MESSAGE_TYPES.has(type)) {
+      if (!this.decode) throw new ProtocolError(`This worker has no decode role ("${type}")`);
+      return await this.decode.onCoreMessage(peer, header);
+    }
+    if (type === "CancelRequest") return this.prefill?.cancel(parseMessage<CancelRequest>(header).handoffId);
+    if (!isServeMessageType(type)) throw new ProtocolError(`Unknown message "${type.slice(0, 40)}"`);
+    if (type === "PrefillRequest") {
+      if (!this.prefill) throw new ProtocolError("This worker has no prefill role");
+      this.prefill.onPrefillRequest(peer, parseMessage(header));
+      return;
+    }
+    if (type === "GenerateRequest") {
+      if (!this.decode) throw new ProtocolError("This worker has no decode role");
+      this.decode.onGenerateRequest(peer, parseMessage(header));
+      return;
+    }
+    throw new ProtocolError(`Unexpected message "${type}" for a worker`);
+  }
+
+  #log(line: string): void {
+    (this.options.log ?? ((l: string) => console.error(l)))(line);
+  }
+
+  /** Stops listening, closes peers, waits for nothing long: bounded by the close timeout. */
+  async close(): Promise<void> {
+    if (this.#closed) return;
+    this.#closed = true;
+    this.listener.close();
+    await Promise.allSettled([...this.#peers].map((p) => p.close()));
+    this.decode?.close();
+  }
+}
