@@ -5,6 +5,7 @@ import { register as registerModel } from "./model.ts";
 import { register as registerIdentity } from "./identity.ts";
 import { register as registerTrust } from "./trust.ts";
 import { register as registerState } from "./state.ts";
+import { register as registerCorrectness } from "./correctness.ts";
 import { register as registerServe } from "./serve.ts";
 import { register as registerHandoff } from "./handoff.ts";
 import { register as registerDemo } from "./demo.ts";
@@ -18,6 +19,7 @@ export const COMMANDS: RegisterCommand[] = [
   registerIdentity,
   registerTrust,
   registerState,
+  registerCorrectness,
   registerServe,
   registerHandoff,
   registerDemo,

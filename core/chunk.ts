@@ -172,7 +172,8 @@ function _checkPayloadBytes(
   if (rule.bytesPerToken > 0 && bytes !== rule.bytesPerToken * (p1 - p0)) {
     fail(`payload of ${bytes} bytes, expected ${rule.bytesPerToken} per token`);
   }
-  if (rule.order === "any" && bytes > bounds.metaBytesMax) {
+  // Token-sized components (history) are bounded by their token range above.
+  if (rule.order === "any" && rule.bytesPerToken === 0 && bytes > bounds.metaBytesMax) {
     fail(`payload of ${bytes} bytes exceeds metaBytesMax ${bounds.metaBytesMax}`);
   }
   const elementBytes = ELEMENT_BYTES[h.dtype as string];

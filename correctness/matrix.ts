@@ -17,6 +17,7 @@ import { summarizePage } from "../ffi/mod.ts";
 import { type Family, FAMILIES, type Preset } from "../models/mod.ts";
 import { RUNTIME_DEFAULTS, type RuntimeConfig } from "../serve/engine.ts";
 import {
+  adoptHandoff,
   assertUnusable,
   compareContinuations,
   type Continuation,
@@ -49,6 +50,8 @@ export interface MatrixOptions {
   /** Path of the model file of a family and preset (made on first use by the caller). */
   modelFor: (family: Family, preset: Preset) => Promise<string>;
   threads?: number;
+  /** Flash attention on both sides (default off, the Engine default). */
+  flashAttention?: boolean;
   digestCacheFile?: string;
 }
 
@@ -115,10 +118,10 @@ export function caseContextTokens(c: MatrixCase, steps: number): number {
   return Math.ceil((c.promptTokens + steps + 1) / 256) * 256;
 }
 
-/** The runtime both sides of `c` use (the Engine defaults: f16 K/V, no flash attention). */
+/** The runtime both sides of `c` use (the Engine defaults unless `options` say otherwise). */
 export async function caseConfig(
   c: MatrixCase,
-  options: Pick<MatrixOptions, "steps" | "modelFor" | "threads">,
+  options: Pick<MatrixOptions, "steps" | "modelFor" | "threads" | "flashAttention">,
 ): Promise<RuntimeConfig> {
   return {
     ...RUNTIME_DEFAULTS,
@@ -126,6 +129,7 @@ export async function caseConfig(
     nCtx: caseContextTokens(c, options.steps),
     chunkTokens: c.pageTokens,
     threads: options.threads ?? RUNTIME_DEFAULTS.threads,
+    flashAttention: options.flashAttention ?? RUNTIME_DEFAULTS.flashAttention,
     mtp: c.family === "hybrid-moe-mtp",
     swaFull: false,
   };
@@ -223,13 +227,13 @@ async function runVariant(
     const t = await stageAndCommit(imp, prefill.state, expected.plan);
     result.importPagesUs = t.pagesUs;
     result.importFinalUs = t.finalUs;
+    adoptHandoff(b, n, t.mtpHidden);
   } catch (error) {
     if (!(error instanceof SkippyError)) throw error;
     refusal = error;
   }
   if (refusal) return await refused(result, expected.refusal, refusal, imp, b);
   if (expected.refusal) return { ...result, verdict: "not-refused" };
-  b.engine.adoptPosition(n);
   const moved = await continueGreedy(b, prefill.firstToken, steps);
   const parity = compareContinuations(reference, moved);
   return {

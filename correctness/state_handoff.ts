@@ -136,12 +136,14 @@ export interface StagePlan {
   recurrent?: boolean;
 }
 
-/** Microseconds spent staging, split as the handoff's tail sees it. */
+/** Microseconds spent staging, split as the handoff's tail sees it, and what commit handed back. */
 export interface StageTimings {
   /** All KV (and MTP KV) page imports. */
   pagesUs: number;
   /** End-of-prompt components plus validation and commit: on the handoff's critical path. */
   finalUs: number;
+  /** The pending MTP hidden row, when a draft context was imported. */
+  mtpHidden: Float32Array | null;
 }
 
 /**
@@ -167,8 +169,17 @@ export async function stageAndCommit(
   if (state.recurrent && (plan.recurrent ?? true)) await imp.setRecurrent(state.recurrent);
   if (state.swa) await imp.setSwa(state.swa);
   if (state.mtpHidden) imp.setMtpHidden(state.mtpHidden);
-  await imp.commit();
-  return { pagesUs, finalUs: (performance.now() - t1) * 1000 };
+  const { mtpHidden } = await imp.commit();
+  return { pagesUs, finalUs: (performance.now() - t1) * 1000, mtpHidden };
+}
+
+/** After a commit: B continues from the prompt's end (and its draft from the pending row). */
+export function adoptHandoff(decoder: Side, nTokens: number, mtpHidden: Float32Array | null) {
+  decoder.engine.adoptPosition(nTokens);
+  if (decoder.draft) {
+    assert(mtpHidden !== null, "an MTP import commits with its pending row");
+    decoder.draft.adoptPending(mtpHidden);
+  }
 }
 
 /** A copy of `page` with one bit flipped in its last V rows (past the header and metadata). */

@@ -132,7 +132,7 @@ async function prefillAndHandOff(
     decode: req.decode,
     probe: req.probe,
   };
-  await peer.send(request as unknown as Record<string, unknown>);
+  await sendWithPrompt(peer, request);
   const onAbort = () => {
     peer.send({ type: "CancelRequest", handoffId }).catch(() => {});
   };
@@ -160,7 +160,7 @@ async function generate(
   onText: ((text: string) => void) | undefined,
   t0: number,
 ): Promise<Generation> {
-  await peer.send(request as unknown as Record<string, unknown>);
+  await sendWithPrompt(peer, request);
   const out: Generation = { text: "", tokens: [], logitsSha256: [], done: null!, ttftMs: NaN };
   for (;;) {
     const header = await receiveOne(peer, deadline, null, request.handoffId);
@@ -181,6 +181,16 @@ async function generate(
       return out;
     }
   }
+}
+
+/** Sends a request whose prompt travels as the frame's payload (headers are small). */
+async function sendWithPrompt(
+  peer: PeerConnection,
+  request: PrefillRequest | GenerateRequest,
+): Promise<void> {
+  const { prompt, ...header } = request;
+  const payload = prompt === null ? undefined : new TextEncoder().encode(prompt);
+  await peer.send({ ...header, prompt: null } as unknown as Record<string, unknown>, payload);
 }
 
 /** The next control message of `type` (any serve type if null) for this handoff, bounded. */

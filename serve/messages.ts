@@ -10,8 +10,10 @@ import { type AbortReason, isAbortReason, ProtocolError } from "../core/mod.ts";
 import type { PrefillerTelemetryEvent } from "../core/telemetry.ts";
 import type { DecoderTelemetryEvent } from "../core/telemetry.ts";
 
-/** Largest prompt a PrefillRequest may carry, in bytes of UTF-8 (control frames are bounded). */
-export const PROMPT_BYTES_MAX = 768 * 1024;
+/** Largest prompt a request may carry, in bytes of UTF-8 (it travels as a frame payload). */
+export const PROMPT_BYTES_MAX = 4 * 1024 * 1024;
+/** Control frames: small headers, payloads up to a prompt. */
+export const CONTROL_FRAME_LIMITS = { headerBytesMax: 64 * 1024, payloadBytesMax: PROMPT_BYTES_MAX };
 /** Largest number of tokens one request may ask to generate. */
 export const GENERATE_TOKENS_MAX = 1 << 20;
 

@@ -19,7 +19,7 @@ import {
   type TlsCertificate,
   TrustList,
 } from "../transport/mod.ts";
-import type { PeerAddress } from "./messages.ts";
+import { CONTROL_FRAME_LIMITS, type PeerAddress } from "./messages.ts";
 
 /** Transport bounds a node applies to every peer, each a named option with its unit. */
 export interface NodeLinkOptions {
@@ -64,6 +64,7 @@ export class Node {
       trust: this.trust,
       capabilities,
       handshakeTimeoutMs: this.link.handshakeTimeoutMs,
+      controlFrameLimits: CONTROL_FRAME_LIMITS,
       handoff: { inflightBytesMax: this.link.inflightBytesMax },
     };
   }

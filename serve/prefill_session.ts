@@ -95,6 +95,7 @@ export class PrefillHandoff {
   #binding: BindingContext | null = null;
   #outcome: PrefillOutcome | null = null;
   #stagedAcks = 0;
+  #decoderAlive = false;
 
   constructor(readonly input: PrefillHandoffInput) {
     const r = input.request;
@@ -162,6 +163,7 @@ export class PrefillHandoff {
       this.#decoder?.close().catch(() => {});
       const decoder = await this.input.connectDecoder();
       this.#decoder = decoder;
+      this.#decoderAlive = true;
       this.#listen(decoder);
       return true;
     } catch (error) {
@@ -184,7 +186,10 @@ export class PrefillHandoff {
       } catch {
         // The connection failed: reported below as ConnectionLost.
       }
-      if (this.#decoder === decoder) this.#events.tryPush({ type: "ConnectionLost" });
+      if (this.#decoder === decoder) {
+        this.#decoderAlive = false;
+        this.#events.tryPush({ type: "ConnectionLost" });
+      }
     })();
   }
 
@@ -299,14 +304,14 @@ export class PrefillHandoff {
     });
   }
 
-  /** A retry: reconnect if needed and feed every chunk again from seq 0. */
+  /** A retry: reconnect if the connection is gone, and feed every chunk again from seq 0. */
   async #restart(): Promise<void> {
     await this.#stream?.abort("retry").catch(() => {});
     this.#stream = null;
     this.#feedIndex = 0;
     this.#manifestFed = false;
     this.#stagedAcks = 0;
-    await this.#connect();
+    if (!this.#decoderAlive) await this.#connect();
   }
 
   /** Hands queued chunks (then the manifest) to the table while it can take them. */

@@ -136,6 +136,10 @@ export class Worker {
         const header = msg.header as Record<string, unknown>;
         const type = String(header.type);
         try {
+          if (type === "PrefillRequest" || type === "GenerateRequest") {
+            // The prompt travels as the frame's payload, not in the (small) header.
+            header.prompt = msg.payload.length > 0 ? new TextDecoder().decode(msg.payload) : null;
+          }
           await this.#dispatch(peer, type, header);
         } catch (error) {
           this.#log(`peer ${peer.peerNodeId}: ${(error as Error).message}`);

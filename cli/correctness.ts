@@ -1,0 +1,144 @@
+/**
+ * `correctness state-handoff`: runs the handoff parity matrix (correctness/) on the random-weight
+ * test models and prints one row per case; exits non-zero unless every continuation is
+ * bit-exact and every injected fault is refused.
+ */
+import { type Command, InvalidArgumentError, Option } from "commander";
+import { StateValidationError, UsageError } from "../core/errors.ts";
+import {
+  caseContextTokens,
+  type CaseResult,
+  DEFAULT_PAGE_TOKENS,
+  defaultPromptTokens,
+  formatNotes,
+  formatSummary,
+  formatTable,
+  type MatrixCase,
+  runMatrix,
+  type Variant,
+  VARIANTS,
+} from "../correctness/mod.ts";
+import { ensureModelFile, type Family, FAMILIES, familySpec, type Preset } from "../models/mod.ts";
+import { intArg } from "./_options.ts";
+import { cacheDir } from "./_paths.ts";
+
+interface HandoffFlags {
+  families: Family[];
+  promptTokens?: number[];
+  pageTokens: number[];
+  steps: number;
+  variants: Variant[];
+  preset: Preset;
+  threads: number;
+  json: boolean;
+}
+
+/** Parser for a comma-separated list whose items pass `item`. */
+function listArg<T>(item: (value: string) => T): (value: string) => T[] {
+  return (value: string) => {
+    const parts = value.split(",").map((s) => s.trim());
+    if (parts.some((s) => s === "")) {
+      throw new InvalidArgumentError(`expected a comma-separated list, got "${value}"`);
+    }
+    return parts.map(item);
+  };
+}
+
+function oneOf<T extends string>(names: readonly T[]): (value: string) => T {
+  return (value: string) => {
+    if (!(names as readonly string[]).includes(value)) {
+      throw new InvalidArgumentError(`"${value}" is not one of ${names.join(", ")}`);
+    }
+    return value as T;
+  };
+}
+
+export function register(program: Command): void {
+  const correctness = program.command("correctness").description("correctness harnesses");
+  correctness
+    .command("state-handoff")
+    .description(
+      "prefill, hand the state to a fresh context on another model instance, continue: " +
+        "bit-exact logits, and faults refused before commit",
+    )
+    .option("--families <list>", "model families", listArg(oneOf(FAMILIES)), [...FAMILIES])
+    .option(
+      "--prompt-tokens <list>",
+      "prompt lengths (default: 1024,8192,32000; hybrid also 64000)",
+      listArg(intArg(1, 1 << 20)),
+    )
+    .option(
+      "--page-tokens <list>",
+      "tokens per prefill chunk and KV page",
+      listArg(intArg(1, 8192)),
+      [...DEFAULT_PAGE_TOKENS],
+    )
+    .option("--steps <n>", "greedy tokens compared after the handoff", intArg(1, 4096), 16)
+    .option("--variants <list>", "variants per case", listArg(oneOf(VARIANTS)), [...VARIANTS])
+    .addOption(
+      new Option("--preset <name>", "model preset").choices(["tiny", "super-mini"]).default("tiny"),
+    )
+    .option("--threads <n>", "compute threads on both sides", intArg(1, 256), 2)
+    .option("--json", "print the results as JSON", false)
+    .action((flags: HandoffFlags) => runStateHandoff(flags));
+}
+
+/** The cases the flags ask for; a prompt that cannot fit a family's context is a UsageError. */
+export function casesFrom(flags: HandoffFlags): MatrixCase[] {
+  const cases: MatrixCase[] = [];
+  for (const family of flags.families) {
+    const limit = familySpec(family, flags.preset).contextLength;
+    for (const promptTokens of flags.promptTokens ?? defaultPromptTokens(family)) {
+      for (const pageTokens of flags.pageTokens) {
+        const c = { family, preset: flags.preset, promptTokens, pageTokens };
+        if (caseContextTokens(c, flags.steps) > limit) {
+          throw new UsageError(
+            `${promptTokens} prompt tokens plus ${flags.steps} steps do not fit ${family}'s context of ${limit} tokens`,
+            { hint: `use at most ${limit - flags.steps - 256} prompt tokens for ${family}` },
+          );
+        }
+        cases.push(c);
+      }
+    }
+  }
+  return cases;
+}
+
+async function runStateHandoff(flags: HandoffFlags): Promise<void> {
+  const cases = casesFrom(flags);
+  const dir = `${cacheDir()}/models`;
+  const progress = Deno.stderr.isTerminal() && !flags.json;
+  const t0 = performance.now();
+  const results = await runMatrix(cases, {
+    steps: flags.steps,
+    variants: flags.variants,
+    threads: flags.threads,
+    modelFor: (family, preset) => ensureModelFile(dir, { family, preset, seed: 0 }),
+    digestCacheFile: `${cacheDir()}/digests.json`,
+  }, (i, c) => {
+    if (!progress) return;
+    const line = `[${i + 1}/${cases.length}] ${c.family} ${c.promptTokens} tokens, pages of ${c.pageTokens}`;
+    Deno.stderr.writeSync(new TextEncoder().encode(`\r\x1b[K${line}`));
+  });
+  if (progress) Deno.stderr.writeSync(new TextEncoder().encode("\r\x1b[K"));
+  const wallMs = performance.now() - t0;
+  if (flags.json) console.log(JSON.stringify({ steps: flags.steps, wallMs, results }, null, 2));
+  else printReport(results, flags, wallMs);
+  const failed = results.filter((r) => !r.ok).length;
+  if (failed > 0) {
+    throw new StateValidationError(
+      `State handoff parity failed in ${failed} of ${results.length} cases`,
+      { hint: "see the rows marked FAIL; rerun one case with --families/--prompt-tokens" },
+    );
+  }
+}
+
+function printReport(results: CaseResult[], flags: HandoffFlags, wallMs: number): void {
+  console.log(
+    `state handoff: ${flags.steps} greedy steps per continuation, ${flags.threads} threads, ` +
+      "f16 K/V, flash attention off, ISWA ring window cache",
+  );
+  for (const line of formatTable(results, flags.variants)) console.log(line);
+  for (const note of formatNotes(results)) console.log(`note: ${note}`);
+  console.log(formatSummary(results, wallMs));
+}

@@ -1,0 +1,43 @@
+/**
+ * The state-handoff parity harness. Reading order: `state_handoff.ts` (sides, identity gate,
+ * staging, greedy continuation, bitwise comparison), `matrix.ts` (cases and variants),
+ * `report.ts` (tables).
+ */
+export {
+  adoptHandoff,
+  assertUnusable,
+  compareContinuations,
+  type Continuation,
+  continueGreedy,
+  DecoderModel,
+  flipped,
+  openHandoff,
+  type Parity,
+  prefillSide,
+  type PrefillResult,
+  Side,
+  stageAndCommit,
+  type StagePlan,
+  type StageTimings,
+  syntheticPrompt,
+} from "./state_handoff.ts";
+export {
+  caseConfig,
+  caseContextTokens,
+  type CaseResult,
+  type ComponentBytes,
+  componentBytes,
+  DEFAULT_PAGE_TOKENS,
+  defaultMatrix,
+  defaultPromptTokens,
+  type MatrixCase,
+  type MatrixOptions,
+  runCase,
+  runMatrix,
+  shuffle,
+  type Variant,
+  VARIANTS,
+  type VariantResult,
+  type Verdict,
+} from "./matrix.ts";
+export { formatNotes, formatSummary, formatTable, maxAbsDiff } from "./report.ts";
