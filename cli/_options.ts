@@ -69,7 +69,8 @@ export function addRuntimeOptions(cmd: Command): Command {
         .default(RUNTIME_DEFAULTS.typeK),
     )
     .option("--cpu-variant <name>", "CPU backend variant (default: best for this machine)")
-    .option("--mtp", "load the model's MTP layers (hybrid-moe-mtp models)", false);
+    .option("--mtp", "load the model's MTP layers (default: when the model has them)")
+    .option("--no-mtp", "do not load the model's MTP layers");
 }
 
 /** Turns parsed flags into a runtime config, making the default model if needed. */

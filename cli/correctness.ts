@@ -18,7 +18,7 @@ import {
   type Variant,
   VARIANTS,
 } from "../correctness/mod.ts";
-import { ensureModelFile, type Family, FAMILIES, familySpec, type Preset } from "../models/mod.ts";
+import { ensureModelFile, FAMILIES, type Family, familySpec, type Preset } from "../models/mod.ts";
 import { intArg } from "./_options.ts";
 import { cacheDir } from "./_paths.ts";
 
@@ -30,6 +30,8 @@ interface HandoffFlags {
   variants: Variant[];
   preset: Preset;
   threads: number;
+  flashAttn: boolean;
+  modelDir?: string;
   json: boolean;
 }
 
@@ -79,6 +81,8 @@ export function register(program: Command): void {
       new Option("--preset <name>", "model preset").choices(["tiny", "super-mini"]).default("tiny"),
     )
     .option("--threads <n>", "compute threads on both sides", intArg(1, 256), 2)
+    .option("--flash-attn", "flash attention on both sides", false)
+    .option("--model-dir <dir>", "folder of the test models, made on first use (default: cache)")
     .option("--json", "print the results as JSON", false)
     .action((flags: HandoffFlags) => runStateHandoff(flags));
 }
@@ -94,7 +98,7 @@ export function casesFrom(flags: HandoffFlags): MatrixCase[] {
         if (caseContextTokens(c, flags.steps) > limit) {
           throw new UsageError(
             `${promptTokens} prompt tokens plus ${flags.steps} steps do not fit ${family}'s context of ${limit} tokens`,
-            { hint: `use at most ${limit - flags.steps - 256} prompt tokens for ${family}` },
+            { hint: `use at most ${limit - flags.steps - 1} prompt tokens for ${family}` },
           );
         }
         cases.push(c);
@@ -106,18 +110,21 @@ export function casesFrom(flags: HandoffFlags): MatrixCase[] {
 
 async function runStateHandoff(flags: HandoffFlags): Promise<void> {
   const cases = casesFrom(flags);
-  const dir = `${cacheDir()}/models`;
+  const dir = flags.modelDir ?? `${cacheDir()}/models`;
   const progress = Deno.stderr.isTerminal() && !flags.json;
   const t0 = performance.now();
   const results = await runMatrix(cases, {
     steps: flags.steps,
     variants: flags.variants,
     threads: flags.threads,
+    flashAttention: flags.flashAttn,
     modelFor: (family, preset) => ensureModelFile(dir, { family, preset, seed: 0 }),
     digestCacheFile: `${cacheDir()}/digests.json`,
   }, (i, c) => {
     if (!progress) return;
-    const line = `[${i + 1}/${cases.length}] ${c.family} ${c.promptTokens} tokens, pages of ${c.pageTokens}`;
+    const line = `[${
+      i + 1
+    }/${cases.length}] ${c.family} ${c.promptTokens} tokens, pages of ${c.pageTokens}`;
     Deno.stderr.writeSync(new TextEncoder().encode(`\r\x1b[K${line}`));
   });
   if (progress) Deno.stderr.writeSync(new TextEncoder().encode("\r\x1b[K"));
@@ -136,7 +143,7 @@ async function runStateHandoff(flags: HandoffFlags): Promise<void> {
 function printReport(results: CaseResult[], flags: HandoffFlags, wallMs: number): void {
   console.log(
     `state handoff: ${flags.steps} greedy steps per continuation, ${flags.threads} threads, ` +
-      "f16 K/V, flash attention off, ISWA ring window cache",
+      `f16 K/V, flash attention ${flags.flashAttn ? "on" : "off"}, ISWA ring window cache`,
   );
   for (const line of formatTable(results, flags.variants)) console.log(line);
   for (const note of formatNotes(results)) console.log(`note: ${note}`);

@@ -13,8 +13,8 @@
  */
 import { SkippyError, StateValidationError } from "../core/errors.ts";
 import { formatRange } from "../core/schema.ts";
-import { summarizePage } from "../ffi/mod.ts";
-import { type Family, FAMILIES, type Preset } from "../models/mod.ts";
+import { type StagedImport, summarizePage } from "../ffi/mod.ts";
+import { FAMILIES, type Family, type Preset } from "../models/mod.ts";
 import { RUNTIME_DEFAULTS, type RuntimeConfig } from "../serve/engine.ts";
 import {
   adoptHandoff,
@@ -25,8 +25,8 @@ import {
   DecoderModel,
   openHandoff,
   type Parity,
-  prefillSide,
   type PrefillResult,
+  prefillSide,
   Side,
   stageAndCommit,
   type StagePlan,
@@ -86,6 +86,7 @@ export interface VariantResult {
 }
 
 export interface CaseResult extends MatrixCase {
+  /** KV pages A exported (one per prefill chunk; none for a recurrent model). */
   pages: number;
   bytes: ComponentBytes;
   prefillMs: number;
@@ -151,7 +152,7 @@ export async function runCase(c: MatrixCase, options: MatrixOptions): Promise<Ca
   const s = prefill.state;
   return {
     ...c,
-    pages: Math.ceil(c.promptTokens / c.pageTokens),
+    pages: s.pages.length,
     bytes: componentBytes(prefill),
     prefillMs: s.prefillMs,
     exportPagesUs: s.pageExportUs.reduce((n, x) => n + x, 0),
@@ -190,13 +191,18 @@ function expectation(variant: Variant, p: PrefillResult): Expectation | string {
   const mid = Math.floor(pages / 2);
   if (variant === "in-order") return { plan: {}, refusal: null };
   if (pages === 0) return "no KV pages: the state is the conv/ssm snapshot alone";
-  const range = pages > 0 ? summarizePage(p.state.pages[mid]) : null;
-  const what = range ? escape(`kv-page tokens ${formatRange([range.p0, range.p1])}`) : "";
+  const range = summarizePage(p.state.pages[mid]);
+  const what = escape(`kv-page tokens ${formatRange([range.p0, range.p1])}`);
   if (variant === "shuffled") {
-    return pages < 2 ? "one page: no other order" : { plan: { order: shuffle(all) }, refusal: null };
+    return pages < 2
+      ? "one page: no other order"
+      : { plan: { order: shuffle(all) }, refusal: null };
   }
   if (variant === "missing-page") {
-    return { plan: { order: all.filter((i) => i !== mid) }, refusal: new RegExp(`${what} missing`) };
+    return {
+      plan: { order: all.filter((i) => i !== mid) },
+      refusal: new RegExp(`${what} missing`),
+    };
   }
   return { plan: { flipPage: mid }, refusal: new RegExp(`${what}.*checksum`) };
 }
@@ -244,11 +250,15 @@ async function runVariant(
   };
 }
 
+/**
+ * A refusal: checks it is the expected one, that it left the import uncommitted and B unable to
+ * decode, that B evaluated nothing, and that aborting empties B's sequence.
+ */
 async function refused(
   result: VariantResult,
   expected: RegExp | null,
   error: Error,
-  imp: Awaited<ReturnType<typeof openHandoff>>,
+  imp: StagedImport,
   b: Side,
 ): Promise<VariantResult> {
   const matches = expected !== null && error instanceof StateValidationError &&
@@ -257,6 +267,12 @@ async function refused(
   await imp.abort();
   if (b.engine.ctx.seqPosMax(0) !== -1) {
     throw new StateValidationError("An aborted import left state in the decoder's sequence");
+  }
+  for (const ctx of [b.engine.ctx, b.draft?.ctx]) {
+    const perf = ctx?.perf();
+    if (perf && perf.promptMs + perf.evalMs !== 0) {
+      throw new StateValidationError("A refused handoff let the decoder evaluate tokens");
+    }
   }
   return { ...result, verdict: matches ? "refused" : "wrong-refusal", detail: error.message };
 }

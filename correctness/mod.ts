@@ -13,8 +13,8 @@ export {
   flipped,
   openHandoff,
   type Parity,
-  prefillSide,
   type PrefillResult,
+  prefillSide,
   Side,
   stageAndCommit,
   type StagePlan,
@@ -36,8 +36,8 @@ export {
   runMatrix,
   shuffle,
   type Variant,
-  VARIANTS,
   type VariantResult,
+  VARIANTS,
   type Verdict,
 } from "./matrix.ts";
 export { formatNotes, formatSummary, formatTable, maxAbsDiff } from "./report.ts";

@@ -54,7 +54,11 @@ function columns(variants: readonly Variant[]): Column[] {
     { head: "swa B", right: true, cell: b((r) => r.bytes.swa) },
     { head: "mtp B", right: true, cell: b((r) => r.bytes.mtpKv + r.bytes.mtpHidden) },
     { head: "prefill s", right: true, cell: (r) => (r.prefillMs / 1000).toFixed(2) },
-    { head: "export ms", right: true, cell: (r) => `${ms(r.exportPagesUs)}+${ms(r.exportFinalUs)}` },
+    {
+      head: "export ms",
+      right: true,
+      cell: (r) => `${ms(r.exportPagesUs)}+${ms(r.exportFinalUs)}`,
+    },
     {
       head: "import ms",
       right: true,
@@ -87,7 +91,10 @@ function columns(variants: readonly Variant[]): Column[] {
 }
 
 /** The results as an aligned table (header line first). */
-export function formatTable(results: readonly CaseResult[], variants: readonly Variant[]): string[] {
+export function formatTable(
+  results: readonly CaseResult[],
+  variants: readonly Variant[],
+): string[] {
   const cols = columns(variants);
   const cells = [cols.map((c) => c.head), ...results.map((r) => cols.map((c) => c.cell(r)))];
   const widths = cols.map((_, i) => Math.max(...cells.map((row) => row[i].length)));
@@ -120,9 +127,11 @@ export function formatNotes(results: readonly CaseResult[]): string[] {
     for (const v of r.variants) {
       if (v.verdict === "n/a" && v.detail) notes.add(`${r.family} ${v.variant}: n/a (${v.detail})`);
       if (v.verdict === "wrong-refusal" || v.verdict === "differs") {
-        notes.add(`${r.family}/${r.promptTokens}/${r.pageTokens} ${v.variant}: ${
-          v.detail ?? `first differing step ${v.parity?.firstDiffStep}`
-        }`);
+        notes.add(
+          `${r.family}/${r.promptTokens}/${r.pageTokens} ${v.variant}: ${
+            v.detail ?? `first differing step ${v.parity?.firstDiffStep}`
+          }`,
+        );
       }
     }
   }

@@ -26,7 +26,7 @@ import {
 } from "../ffi/mod.ts";
 import { SKIPPY_SHIM_ABI_VERSION } from "../ffi/shim/abi.ts";
 import { Engine, type RuntimeConfig } from "../serve/engine.ts";
-import { resolveIdentity, type ResolvedIdentity } from "../serve/identity.ts";
+import { type ResolvedIdentity, resolveIdentity } from "../serve/identity.ts";
 import { MtpDraft } from "../serve/mtp.ts";
 
 /** One side of a handoff: an engine (its own context), its MTP draft, and its identity. */
@@ -132,8 +132,6 @@ export interface StagePlan {
   order?: readonly number[];
   /** Index of a page whose copy gets one byte flipped inside its K/V rows. */
   flipPage?: number;
-  /** Stage the recurrent snapshot (default true). */
-  recurrent?: boolean;
 }
 
 /** Microseconds spent staging, split as the handoff's tail sees it, and what commit handed back. */
@@ -166,7 +164,7 @@ export async function stageAndCommit(
     pagesUs += (performance.now() - t0) * 1000;
   }
   const t1 = performance.now();
-  if (state.recurrent && (plan.recurrent ?? true)) await imp.setRecurrent(state.recurrent);
+  if (state.recurrent) await imp.setRecurrent(state.recurrent);
   if (state.swa) await imp.setSwa(state.swa);
   if (state.mtpHidden) imp.setMtpHidden(state.mtpHidden);
   const { mtpHidden } = await imp.commit();

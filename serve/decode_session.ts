@@ -11,22 +11,16 @@ import {
   type AbortReason,
   BoundedQueue,
   type ChunkHeader,
-  compareIdentity,
   createDecoder,
-  decodePositions,
-  decodeSampler,
-  decodeTokens,
   type DecoderState,
   decoderStep,
   type FinalManifest,
-  formatIdentityMismatches,
   type HandoffAction,
   type HandoffEvent,
   type HandoffTiming,
   IdentityMismatchError,
   LimitExceededError,
   newBindingKey,
-  type NumericalIdentity,
   payloadChecksum,
   type ReserveRequest,
   type SamplerPayload,
@@ -42,7 +36,9 @@ import {
 import type { BindingContext } from "../core/binding.ts";
 import type { DecoderTelemetryEvent } from "../core/telemetry.ts";
 import { StagedImport } from "../ffi/staged_import.ts";
-import type { HandoffReceiver, PeerConnection } from "../transport/mod.ts";
+import { FrameError, type HandoffReceiver, type PeerConnection } from "../transport/mod.ts";
+import { StagedTail } from "./_decode_tail.ts";
+import { checkReservation } from "./_reservation.ts";
 import type { Engine } from "./engine.ts";
 import type { ResolvedIdentity } from "./identity.ts";
 import type { MtpDraft } from "./mtp.ts";
@@ -76,17 +72,6 @@ export interface CommittedSession {
   mtpReady: boolean | null;
 }
 
-interface Tail {
-  conv?: Uint8Array;
-  ssm?: Uint8Array;
-  swa?: Uint8Array;
-  mtpHidden?: Uint8Array;
-  positions?: number;
-  sampler?: SamplerPayload;
-  history?: Int32Array;
-  firstToken?: number;
-}
-
 export interface DecodeHandoffInput {
   request: ReserveRequest;
   /** The prefill worker's connection (its control stream carries our replies). */
@@ -108,16 +93,20 @@ export class DecodeHandoff {
   #ledger: StagingLedger | null = null;
   #staged: StagedImport | null = null;
   #binding: BindingContext | null = null;
-  #tail: Tail = {};
+  readonly #tail: StagedTail;
+  #receiver: HandoffReceiver | null = null;
   #manifest: FinalManifest | null = null;
   #nextLogits: Float32Array | null = null;
   #done: { committed: boolean; reason: AbortReason | null; message: string | null } | null =
     null;
   #failure: string | null = null;
   #frameConsumed: (() => void) | null = null;
+  /** Set once the attempt has committed or been wiped. */
+  #ended = false;
 
   constructor(readonly input: DecodeHandoffInput) {
     this.#state = createDecoder(input.timing);
+    this.#tail = new StagedTail(input.request.promptTokens);
   }
 
   get handoffId(): string {
@@ -138,36 +127,67 @@ export class DecodeHandoff {
     this.#events.tryPush({ type: "ConnectionLost" });
   }
 
+  /** The coordinator or the prefiller gave up, or a newer attempt supersedes this one. */
+  cancel(): void {
+    this.#events.tryPush({ type: "Cancel" });
+  }
+
+  /** Bytes of state staged for this attempt and not yet committed; zero once it has ended. */
+  get stagedBytes(): number {
+    if (this.#ended) return 0;
+    let bytes = this.#ledger?.receivedBytes ?? 0;
+    for (const f of this.#frames.values()) bytes += f.payload.byteLength;
+    return bytes;
+  }
+
   /** Reads this attempt's handoff stream: chunks, then the manifest as the final frame. */
   attachStream(receiver: HandoffReceiver): void {
-    (async () => {
-      try {
-        for await (const frame of receiver) {
-          const h = frame.header as Record<string, unknown>;
-          if (h.type === "StateChunk") {
-            const header = h.header as ChunkHeader;
-            const seq = typeof header?.seq === "number" ? header.seq : -1;
-            if (this.#frames.has(seq)) {
-              // The same sequence number twice on one stream: a duplicated or replayed chunk.
-              this.#events.tryPush({ ...h } as unknown as HandoffEvent);
-              continue;
-            }
-            // One frame in hand at a time: the next is read only after this one was staged,
-            // so a fast sender is held back by transport credit, not by our memory.
-            const consumed = new Promise<void>((resolve) => this.#frameConsumed = resolve);
-            this.#frames.set(seq, { payload: frame.payload.slice(), tag: String(h.tag ?? "") });
-            this.#events.tryPush({ ...h } as unknown as HandoffEvent);
-            await consumed;
-            if (this.#done !== null) break;
-          } else if (h.type === "FinalManifest") {
-            this.#telemetry.push({ type: "manifest-received", atMs: performance.now() });
-            this.#events.tryPush({ ...h } as unknown as HandoffEvent);
-          }
-        }
-      } catch {
-        this.#events.tryPush({ type: "ConnectionLost" });
+    this.#receiver = receiver;
+    this.#readStream(receiver).catch((error) => this.#streamFailed(error));
+  }
+
+  async #readStream(receiver: HandoffReceiver): Promise<void> {
+    for await (const frame of receiver) {
+      if (this.#done !== null) return;
+      const h = frame.header as Record<string, unknown>;
+      if (h.handoffId !== this.handoffId || h.attempt !== this.attempt) {
+        // A frame of another handoff or attempt on this attempt's stream: replayed or spliced.
+        return this.#reject("binding-tag", "State frame of another handoff or attempt");
       }
-    })();
+      if (h.type === "FinalManifest") {
+        this.#telemetry.push({ type: "manifest-received", atMs: performance.now() });
+        this.#events.tryPush({ ...h } as unknown as HandoffEvent);
+        continue;
+      }
+      if (h.type !== "StateChunk") {
+        return this.#reject("protocol-error", `Unexpected "${String(h.type).slice(0, 40)}" frame`);
+      }
+      const header = h.header as ChunkHeader;
+      const seq = typeof header?.seq === "number" ? header.seq : -1;
+      // One frame in hand at a time: the next is read only after this one was staged, so a
+      // fast sender is held back by transport credit, not by our memory.
+      const consumed = new Promise<void>((resolve) => this.#frameConsumed = resolve);
+      this.#frames.set(seq, { payload: frame.payload.slice(), tag: String(h.tag ?? "") });
+      this.#events.tryPush({ ...h } as unknown as HandoffEvent);
+      await consumed;
+    }
+  }
+
+  /** The stream failed: a cut or lost connection, or a frame that breaks the framing. */
+  #streamFailed(error: unknown): void {
+    if (!(error instanceof FrameError) || error.kind.startsWith("ended-")) {
+      this.#events.tryPush({ type: "ConnectionLost" });
+      return;
+    }
+    // A corrupted frame may be a transient fault (the prefiller retries); anything else is a
+    // peer that does not follow the framing.
+    const reason = error.kind === "bad-checksum" ? "invalid-state" : "protocol-error";
+    this.#reject(reason, error.message);
+  }
+
+  #reject(reason: AbortReason, message: string): void {
+    this.#failure = `Handoff stream rejected: ${message}`;
+    this.#events.tryPush({ type: "ChunkRejected", reason });
   }
 
   /**
@@ -190,8 +210,17 @@ export class DecodeHandoff {
       clearInterval(ticker);
       this.#frameConsumed?.();
     }
-    if (this.#done?.committed) return this.#committed();
-    await this.#wipe();
+    if (this.#done?.committed) {
+      this.#ended = true;
+      return this.#committed();
+    }
+    // Stop the prefiller's sends at once (it may be waiting for credit), then wipe.
+    await this.#receiver?.abort(this.#done?.reason ?? "aborted").catch(() => {});
+    try {
+      await this.#wipe();
+    } finally {
+      this.#ended = true;
+    }
     return null;
   }
 
@@ -225,7 +254,8 @@ export class DecodeHandoff {
         return;
       case "release":
         if (this.#done === null) {
-          this.#done = { committed: false, reason: null, message: this.#failure };
+          const reason = this.#state.outcome?.reason ?? null;
+          this.#done = { committed: false, reason, message: this.#failure };
         }
         return;
       default:
@@ -254,17 +284,8 @@ export class DecodeHandoff {
   async #reserve(request: ReserveRequest): Promise<HandoffEvent> {
     const own = this.input.identity;
     try {
-      if (request.identityDigest !== own.digest) {
-        throw new IdentityMismatchError(this.#mismatchMessage());
-      }
-      if (request.destNodeId !== this.input.nodeId) {
-        throw new StateValidationError("Reservation is addressed to another decode worker");
-      }
-      if (request.contextTokensNeeded > this.input.engine.ctx.nCtx) {
-        throw new LimitExceededError(
-          `Request needs ${request.contextTokensNeeded} context tokens, this decoder has ${this.input.engine.ctx.nCtx}`,
-        );
-      }
+      const nCtx = this.input.engine.ctx.nCtx;
+      checkReservation(request, this.input.peer, { nodeId: this.input.nodeId, identity: own, nCtx });
       this.#staged = await StagedImport.open(this.input.engine.ctx, {
         nTokens: request.promptTokens,
         draft: this.input.draft?.ctx,
@@ -289,20 +310,6 @@ export class DecodeHandoff {
       creditBytes: this.input.limits.stagingBytesMax,
     });
     return { type: "Reserved", creditBytes: this.input.limits.stagingBytesMax, bindingKey };
-  }
-
-  #mismatchMessage(): string {
-    const remote = this.input.peer.peerCapabilities?.numericalIdentity;
-    if (remote && typeof remote === "object") {
-      const mismatches = compareIdentity(
-        this.input.identity.numerical,
-        remote as unknown as NumericalIdentity,
-      );
-      if (mismatches.length > 0) {
-        return `Numerical identity differs: ${formatIdentityMismatches(mismatches)}`;
-      }
-    }
-    return "Numerical identity digest differs from this decode worker's";
   }
 
   async #stage(raw: ChunkHeader): Promise<HandoffEvent> {
@@ -341,50 +348,19 @@ export class DecodeHandoff {
       this.#ledger!.grantCredit(credit);
       return { type: "ChunkStaged", creditBytes: credit };
     } catch (error) {
-      const reason = error instanceof LimitExceededError ? "credit-exceeded" : "invalid-state";
+      const reason = error instanceof LimitExceededError
+        ? "credit-exceeded"
+        : error instanceof IdentityMismatchError
+        ? "identity-mismatch"
+        : "invalid-state";
       return this.#fail("ChunkRejected", reason, error);
     }
   }
 
   async #stageComponent(h: ChunkHeader, payload: Uint8Array): Promise<void> {
-    const staged = this.#staged!;
-    const n = this.input.request.promptTokens;
-    switch (h.kind) {
-      case "kv-page":
-        return await staged.addPage(payload);
-      case "mtp-kv":
-        return await staged.addMtpPage(payload);
-      case "conv":
-        this.#tail.conv = payload;
-        return;
-      case "ssm":
-        this.#tail.ssm = payload;
-        return;
-      case "swa-kv":
-        this.#tail.swa = payload;
-        return;
-      case "mtp-hidden":
-        this.#tail.mtpHidden = payload;
-        return;
-      case "positions": {
-        const p = decodePositions(payload);
-        if (p.nPast !== n) throw new StateValidationError(`positions: n_past is not ${n}`);
-        this.#tail.positions = p.nPast;
-        return;
-      }
-      case "sampler":
-        this.#tail.sampler = decodeSampler(payload);
-        return;
-      case "history":
-        this.#tail.history = decodeTokens(payload, "history");
-        if (this.#tail.history.length !== n) {
-          throw new StateValidationError(`history: ${this.#tail.history.length} tokens, expected ${n}`);
-        }
-        return;
-      case "first-token":
-        this.#tail.firstToken = decodeTokens(payload, "first-token")[0];
-        return;
-    }
+    if (h.kind === "kv-page") return await this.#staged!.addPage(payload);
+    if (h.kind === "mtp-kv") return await this.#staged!.addMtpPage(payload);
+    this.#tail.take(h, payload);
   }
 
   async #verify(raw: FinalManifest): Promise<HandoffEvent> {
@@ -407,14 +383,7 @@ export class DecodeHandoff {
     const staged = this.#staged!;
     const t0 = performance.now();
     try {
-      const tail = this.#tail;
-      if (tail.conv && tail.ssm) await staged.setRecurrent({ layout: "split", conv: tail.conv, ssm: tail.ssm });
-      if (tail.swa) await staged.setSwa(tail.swa);
-      if (tail.mtpHidden) staged.setMtpHidden(tail.mtpHidden);
-      const missing = ["positions", "sampler", "history", "firstToken"].find((k) =>
-        tail[k as keyof Tail] === undefined
-      );
-      if (missing) throw new StateValidationError(`Cannot commit: ${missing} missing`);
+      await this.#tail.importInto(staged);
       await staged.validate();
       this.#telemetry.push({
         type: "import",
@@ -477,10 +446,7 @@ export class DecodeHandoff {
   async #wipe(): Promise<void> {
     for (const f of this.#frames.values()) f.payload.fill(0);
     this.#frames.clear();
-    for (const v of [this.#tail.conv, this.#tail.ssm, this.#tail.swa, this.#tail.mtpHidden]) {
-      v?.fill(0);
-    }
-    this.#tail = {};
+    this.#tail.wipe();
     await this.#staged?.abort().catch(() => {});
     this.input.engine.ctx.clearMemory();
     this.input.draft?.ctx.clearMemory();

@@ -71,9 +71,12 @@ export class StateExporter {
   ): Promise<ExportResult> {
     const ctx = this.engine.ctx;
     const chunkMs: number[] = [];
+    // A pure recurrent model has no attention cache: its whole state is the final snapshot.
+    const paged = this.identity.numerical.family !== "recurrent";
     const logits = await this.engine.prefill(prompt, async ({ p0, p1, computeMs }) => {
       chunkMs.push(computeMs);
       await this.draft?.catchUp(prompt.subarray(p0, p1), p0);
+      if (!paged) return;
       const t0 = performance.now();
       const page = await exportKvPage(ctx, p0, p1);
       await sink(await this.#chunk("kv-page", [p0, p1], page, false), performance.now() - t0);

@@ -11,6 +11,12 @@ import { startLocalCluster } from "./local_cluster.ts";
 import { LlamaModel, loadLlama } from "../ffi/mod.ts";
 
 const CTX = 32_768;
+/**
+ * One compute thread per process: two workers and this test share two cores, and llama.cpp's
+ * thread barriers stall badly when oversubscribed. Both sides use the same count (it is part
+ * of the numerical identity).
+ */
+const THREADS = 1;
 const SAMPLING = { temperature: 0, topK: 40, topP: 0.95, seed: 1 };
 
 const SENTENCE = "the quick brown fox jumps over the lazy dog and ";
@@ -23,7 +29,7 @@ async function promptOf(model: string, tokens: number): Promise<string> {
 }
 
 async function localRun(model: string, prompt: string, n: number) {
-  using engine = await Engine.open({ ...RUNTIME_DEFAULTS, modelPath: model, nCtx: CTX });
+  using engine = await Engine.open({ ...RUNTIME_DEFAULTS, modelPath: model, nCtx: CTX, threads: THREADS });
   const tokens = engine.model.vocab.tokenize(prompt);
   const first = await engine.prefill(tokens);
   const out = { tokens: [] as number[], digests: [] as string[], promptTokens: tokens.length };
@@ -36,12 +42,23 @@ async function localRun(model: string, prompt: string, n: number) {
   return out;
 }
 
-for (const family of ["hybrid", "dense"]) {
+/** Issue #4 asks for hybrid and dense at 1K and 32K; the other families run at 1K. */
+const CASES: [string, number[]][] = [
+  ["hybrid", [1024, 32_000]],
+  ["dense", [1024, 32_000]],
+  ["hybrid-moe-mtp", [1024]],
+  ["iswa", [1024]],
+  ["recurrent", [1024]],
+];
+
+for (const [family, sizes] of CASES) {
   Deno.test(`${family}: a handoff between two processes continues exactly like local generation`, async (t) => {
     const model = await testModel(family);
-    const cluster = await startLocalCluster({ args: ["--model", model, "--ctx", String(CTX)] });
+    const cluster = await startLocalCluster({
+      args: ["--model", model, "--ctx", String(CTX), "--threads", String(THREADS)],
+    });
     try {
-      for (const size of [1024, 32_000]) {
+      for (const size of sizes) {
         await t.step(`${size} prompt tokens`, async () => {
           const prompt = await promptOf(model, size);
           const result = await runHandoff(cluster.client, {

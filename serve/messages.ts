@@ -101,13 +101,47 @@ export interface GenerateDone {
   mtpReady: boolean | null;
 }
 
+/** Anyone trusted -> worker: report what you hold right now (counts only, no content). */
+export interface StatsRequest {
+  type: "StatsRequest";
+  /** Echoed in the answer. */
+  requestId: string;
+}
+
+/** What a worker holds: every count returns to zero once its handoffs have ended. */
+export interface WorkerCounters {
+  /** Prefill side: handoffs running, and bytes of exported state retained for them. */
+  prefillActive: number;
+  retainedBytes: number;
+  /** Decode side: uncommitted attempts, and bytes of state staged for them. */
+  decodeAttempts: number;
+  stagedBytes: number;
+  /** Committed sessions waiting for their GenerateRequest, and generations running. */
+  committedSessions: number;
+  generating: number;
+  /** Contexts taken from the pool (at most sessionsMax). */
+  contextsBusy: number;
+  /** Since start: reservations accepted, and attempts committed or aborted. */
+  reservationsTotal: number;
+  commitsTotal: number;
+  abortsTotal: number;
+}
+
+/** Worker -> requester: the answer to StatsRequest. */
+export interface WorkerStats extends WorkerCounters {
+  type: "WorkerStats";
+  requestId: string;
+}
+
 export type ServeMessage =
   | PrefillRequest
   | CancelRequest
   | PrefillOutcome
   | GenerateRequest
   | TokenBatch
-  | GenerateDone;
+  | GenerateDone
+  | StatsRequest
+  | WorkerStats;
 
 type Checker = (m: Record<string, unknown>) => string | null;
 
@@ -177,7 +211,26 @@ const CHECKS: Record<ServeMessage["type"], Checker> = {
       : null,
   GenerateDone: (m) =>
     !str(m.handoffId, 64) ? "handoffId" : typeof m.ok !== "boolean" ? "ok" : null,
+  StatsRequest: (m) => !str(m.requestId, 64) ? "requestId" : null,
+  WorkerStats: (m) =>
+    !str(m.requestId, 64)
+      ? "requestId"
+      : COUNTER_FIELDS.find((f) => !count(m[f])) ?? null,
 };
+
+/** The fields of WorkerCounters, for checks and for summing. */
+export const COUNTER_FIELDS: readonly (keyof WorkerCounters)[] = [
+  "prefillActive",
+  "retainedBytes",
+  "decodeAttempts",
+  "stagedBytes",
+  "committedSessions",
+  "generating",
+  "contextsBusy",
+  "reservationsTotal",
+  "commitsTotal",
+  "abortsTotal",
+];
 
 /** True when `type` is one of this file's message types. */
 export function isServeMessageType(type: string): type is ServeMessage["type"] {

@@ -15,6 +15,7 @@ import {
   type PeerConnection,
   type PeerListener,
   type PeerOptions,
+  type RawConnection,
   resolveStateDir,
   type TlsCertificate,
   TrustList,
@@ -36,13 +37,27 @@ export const DEFAULT_NODE_LINK: Readonly<NodeLinkOptions> = {
   inflightBytesMax: 64 * 1024 * 1024,
 };
 
+/**
+ * Test hooks: wrap each raw connection before authentication (fault injection with
+ * `withFaults`, taps). `index` counts this node's outgoing (or accepted) connections from 0.
+ * Nothing in the product sets them.
+ */
+export interface NodeFaults {
+  connect?: (raw: RawConnection, index: number) => RawConnection;
+  accept?: (raw: RawConnection, index: number) => RawConnection;
+}
+
 export class Node {
+  #connects = 0;
+  #accepts = 0;
+
   private constructor(
     readonly stateDir: string,
     readonly identity: NodeIdentity,
     readonly certificate: TlsCertificate,
     readonly trust: TrustList,
     readonly link: NodeLinkOptions,
+    readonly faults: NodeFaults,
   ) {}
 
   /** Loads (or creates on first start) the node in `stateDir` (default: per-user folder). */
@@ -50,12 +65,13 @@ export class Node {
     stateDir?: string,
     link: Partial<NodeLinkOptions> = {},
     hostnames: string[] = [],
+    faults: NodeFaults = {},
   ): Promise<Node> {
     const dir = resolveStateDir(stateDir);
     const { identity } = await loadOrCreateNodeIdentity(dir);
     const { certificate } = await loadOrCreateTlsCertificate(dir, { hostnames });
     const trust = await TrustList.load(dir);
-    return new Node(dir, identity, certificate, trust, { ...DEFAULT_NODE_LINK, ...link });
+    return new Node(dir, identity, certificate, trust, { ...DEFAULT_NODE_LINK, ...link }, faults);
   }
 
   peerOptions(capabilities?: Capabilities): PeerOptions {
@@ -76,6 +92,7 @@ export class Node {
       certificate: this.certificate,
       maxIdleTimeoutMs: this.link.maxIdleTimeoutMs,
       ...this.peerOptions(capabilities),
+      wrapRaw: this.faults.accept && ((raw) => this.faults.accept!(raw, this.#accepts++)),
     });
   }
 
@@ -99,6 +116,7 @@ export class Node {
       maxIdleTimeoutMs: this.link.maxIdleTimeoutMs,
       expectedServerNodeId: to.nodeId,
       ...this.peerOptions(capabilities),
+      wrapRaw: this.faults.connect && ((raw) => this.faults.connect!(raw, this.#connects++)),
     });
   }
 }

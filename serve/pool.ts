@@ -4,6 +4,7 @@
  * reservation is rejected, a prompt waits): admission instead of allocation failure.
  */
 import { LlamaModel, loadLlama } from "../ffi/mod.ts";
+import { readGgufFile, specFromGguf } from "../models/mod.ts";
 import { Engine, type RuntimeConfig } from "./engine.ts";
 import { MtpDraft } from "./mtp.ts";
 
@@ -26,9 +27,13 @@ export class EnginePool implements Disposable {
   /** Loads the model once; contexts are created on demand up to `sessionsMax`. */
   static async open(config: RuntimeConfig, sessionsMax: number): Promise<EnginePool> {
     const lib = loadLlama({ cpuVariant: config.cpuVariant });
-    const model = await LlamaModel.load(lib, config.modelPath, { loadMtp: config.mtp });
-    const withDraft = config.mtp === true && model.info().nLayerNextn > 0;
-    return new EnginePool(model, config, sessionsMax, withDraft);
+    // MTP layers are loaded when the model has them, unless turned off: a handoff of an MTP
+    // model carries the draft context's state.
+    const spec = specFromGguf(await readGgufFile(config.modelPath), config.modelPath);
+    const mtp = config.mtp ?? spec.nextnLayers > 0;
+    const model = await LlamaModel.load(lib, config.modelPath, { loadMtp: mtp });
+    const withDraft = mtp && model.info().nLayerNextn > 0;
+    return new EnginePool(model, { ...config, mtp }, sessionsMax, withDraft);
   }
 
   /** An idle engine with empty memory, or null when all `sessionsMax` are in use. */

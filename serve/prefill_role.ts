@@ -20,6 +20,8 @@ import { PrefillHandoff, type PrefillLimits } from "./prefill_session.ts";
 interface Active {
   controller: AbortController;
   peer: PeerConnection;
+  /** Set once the handoff runs (after a context was taken and the decoder reached). */
+  handoff: PrefillHandoff | null;
 }
 
 export class PrefillRole {
@@ -41,8 +43,9 @@ export class PrefillRole {
       return;
     }
     const controller = new AbortController();
-    this.#active.set(request.handoffId, { controller, peer });
-    this.#run(peer, request, controller.signal)
+    const active: Active = { controller, peer, handoff: null };
+    this.#active.set(request.handoffId, active);
+    this.#run(peer, request, active)
       .catch((error) => failed(request, (error as Error).message, 0))
       .then((outcome) => this.#reply(peer, outcome))
       .finally(() => this.#active.delete(request.handoffId));
@@ -57,7 +60,15 @@ export class PrefillRole {
     for (const [id, active] of this.#active) if (active.peer === peer) this.cancel(id);
   }
 
-  async #run(peer: PeerConnection, request: PrefillRequest, cancel: AbortSignal) {
+  /** Handoffs running, and the bytes of exported state they retain. */
+  get counters(): { prefillActive: number; retainedBytes: number } {
+    let retainedBytes = 0;
+    for (const active of this.#active.values()) retainedBytes += active.handoff?.retainedBytes ?? 0;
+    return { prefillActive: this.#active.size, retainedBytes };
+  }
+
+  async #run(peer: PeerConnection, request: PrefillRequest, active: Active) {
+    const cancel = active.controller.signal;
     const pooled = await this.pool.tryAcquire();
     if (!pooled) return failed(request, "The prefill worker is busy (all sessions in use)", 0);
     const prompt = pooled.engine.model.vocab.tokenize(request.prompt);
@@ -102,6 +113,7 @@ export class PrefillRole {
         limits: this.limits,
         cancel,
       });
+      active.handoff = handoff;
       const outcome = await handoff.run();
       const summary = formatTelemetry(deriveTelemetry({ prefiller: outcome.events, decoder: [] }));
       this.log(`handoff ${request.handoffId}: ${outcome.outcome}` +

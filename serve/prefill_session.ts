@@ -22,7 +22,6 @@ import {
   type HandoffEvent,
   type HandoffTiming,
   isAbortReason,
-  LimitExceededError,
   type PrefillerState,
   prefillerCanExport,
   prefillerStep,
@@ -33,6 +32,7 @@ import type { PrefillerTelemetryEvent } from "../core/telemetry.ts";
 import type { HandoffSender, PeerConnection } from "../transport/mod.ts";
 import type { Engine } from "./engine.ts";
 import { type ExportedChunk, reexportPage, StateExporter } from "./exporter.ts";
+import { ExportStopped, RetainedState } from "./_retained_state.ts";
 import type { ResolvedIdentity } from "./identity.ts";
 import type { PrefillOutcome, PrefillRequest } from "./messages.ts";
 import type { MtpDraft } from "./mtp.ts";
@@ -57,12 +57,6 @@ export const DEFAULT_PREFILL_LIMITS: Readonly<PrefillLimits> = {
 /** Pending events are few by construction (one chunk held, control messages bounded). */
 const EVENTS_MAX = 4096;
 
-interface LogEntry {
-  chunk: ExportedChunk;
-  /** Payload still held (end-of-prompt components, and KV pages not yet sent). */
-  held: boolean;
-}
-
 export interface PrefillHandoffInput {
   request: PrefillRequest;
   prompt: Int32Array;
@@ -81,11 +75,10 @@ export class PrefillHandoff {
   #state: PrefillerState;
   readonly #events = new BoundedQueue<HandoffEvent>(EVENTS_MAX);
   readonly #telemetry: PrefillerTelemetryEvent[] = [];
-  readonly #log: LogEntry[] = [];
+  readonly #retained: RetainedState;
+  /** The attempt each ConnectionLost event was raised in: older ones are stale. */
+  readonly #lostIn = new WeakMap<HandoffEvent, number>();
   #feedIndex = 0;
-  #unsentBytes = 0;
-  #retainedBytes = 0;
-  #spaceWaiters: (() => void)[] = [];
   #exportDone: { manifest: Omit<FinalManifest, "tag">; firstLogitsSha256: string } | null =
     null;
   #exportError: unknown = null;
@@ -95,9 +88,9 @@ export class PrefillHandoff {
   #binding: BindingContext | null = null;
   #outcome: PrefillOutcome | null = null;
   #stagedAcks = 0;
-  #decoderAlive = false;
 
   constructor(readonly input: PrefillHandoffInput) {
+    this.#retained = new RetainedState(input.limits);
     const r = input.request;
     const n = input.prompt.length;
     this.#state = createPrefiller({
@@ -127,6 +120,7 @@ export class PrefillHandoff {
     );
     const onCancel = () => this.#events.tryPush({ type: "Cancel" });
     this.input.cancel.addEventListener("abort", onCancel, { once: true });
+    if (this.input.cancel.aborted) onCancel(); // cancelled while a context or connection was awaited
     const exporting = this.#runExporter();
     try {
       if (!await this.#connect()) return this.#finish();
@@ -136,19 +130,36 @@ export class PrefillHandoff {
         if (this.#outcome !== null) break;
         const event = await this.#events.shift();
         if (event === undefined) break;
+        if (this.#isStale(event)) continue;
         await this.#feed(event);
       }
     } finally {
       clearInterval(ticker);
       this.input.cancel.removeEventListener("abort", onCancel);
-      this.#stopExport();
+      this.#retained.stop();
       await exporting;
     }
     return this.#finish();
   }
 
+  /** Bytes of exported state this handoff holds now (zero once it has ended). */
+  get retainedBytes(): number {
+    return this.#retained.heldBytes;
+  }
+
+  /** A connection loss seen by an earlier attempt: the retry already dealt with it. */
+  #isStale(event: HandoffEvent): boolean {
+    return event.type === "ConnectionLost" && this.#lostIn.get(event) !== this.#state.attempt;
+  }
+
+  #connectionLost(): void {
+    const event: HandoffEvent = { type: "ConnectionLost" };
+    this.#lostIn.set(event, this.#state.attempt);
+    this.#events.tryPush(event);
+  }
+
   #finish(): PrefillOutcome {
-    this.#eraseRetained();
+    this.#retained.erase();
     const o = this.#outcome ?? this.#result("failed", "protocol-error", "handoff ended early");
     const probe = this.input.request.probe && o.outcome === "committed";
     return {
@@ -159,15 +170,17 @@ export class PrefillHandoff {
   }
 
   async #connect(): Promise<boolean> {
+    const previous = this.#decoder;
+    this.#decoder = null;
+    previous?.close().catch(() => {});
     try {
-      this.#decoder?.close().catch(() => {});
       const decoder = await this.input.connectDecoder();
       this.#decoder = decoder;
-      this.#decoderAlive = true;
       this.#listen(decoder);
       return true;
     } catch (error) {
-      this.#outcome = this.#result("failed", "connection-lost", (error as Error).message);
+      const again = previous ? "Cannot reconnect to the decode worker for a retry: " : "";
+      this.#outcome = this.#result("failed", "connection-lost", again + (error as Error).message);
       return false;
     }
   }
@@ -186,23 +199,20 @@ export class PrefillHandoff {
       } catch {
         // The connection failed: reported below as ConnectionLost.
       }
-      if (this.#decoder === decoder) {
-        this.#decoderAlive = false;
-        this.#events.tryPush({ type: "ConnectionLost" });
-      }
+      if (this.#decoder === decoder) this.#connectionLost();
     })();
   }
 
   #noteStaged(): void {
     // The decoder grants credit back once per KV page it has imported, in page order, so the
     // k-th grant proves page k arrived and was staged (on this process's clock).
-    const page = this.#log.filter((e) => e.chunk.header.kind === "kv-page")[this.#stagedAcks++];
+    const page = this.#retained.headers().filter((h) => h.kind === "kv-page")[this.#stagedAcks++];
     if (page) {
       this.#telemetry.push({
         type: "chunk-staged",
         atMs: performance.now(),
-        seq: page.chunk.header.seq,
-        bytes: page.chunk.header.payloadBytes,
+        seq: page.seq,
+        bytes: page.payloadBytes,
       });
     }
   }
@@ -222,9 +232,9 @@ export class PrefillHandoff {
         return await this.#bind(a.bindingKey);
       case "retry":
         this.#telemetry.push({ type: "retry", atMs: now, reason: a.reason });
-        return await this.#restart();
+        return await this.#restart(a.reason);
       case "erase-retained":
-        return this.#eraseRetained();
+        return this.#retained.erase();
       case "release":
         await this.#stream?.abort("released").catch(() => {});
         this.#stream = null;
@@ -251,18 +261,19 @@ export class PrefillHandoff {
         this.#telemetry.push({ type: "manifest-sent", atMs: performance.now() });
         return;
       }
-      await this.#decoder!.send({ ...msg } as unknown as Record<string, unknown>);
+      if (!this.#decoder) throw new Error("no connection to the decode worker");
+      await this.#decoder.send({ ...msg } as unknown as Record<string, unknown>);
     } catch {
-      this.#events.tryPush({ type: "ConnectionLost" });
+      // The stream or connection is gone (or the decoder aborted the stream after failing the
+      // attempt; its AbortNotice, already queued, then decides).
+      this.#connectionLost();
     }
   }
 
   async #sendChunk(seq: number): Promise<void> {
-    const entry = this.#log[seq];
-    const { header } = entry.chunk;
-    const payload = entry.held
-      ? entry.chunk.payload
-      : await reexportPage(this.input.engine.ctx, header);
+    const header = this.#retained.header(seq);
+    const payload = this.#retained.payload(seq) ??
+      await reexportPage(this.input.engine.ctx, header);
     const tag = await computeChunkTag(this.#binding!, header);
     const t0 = performance.now();
     await this.#stream!.send({
@@ -281,13 +292,8 @@ export class PrefillHandoff {
       bytes: header.payloadBytes,
       durationMs: atMs - t0,
     });
-    if (header.kind === "kv-page" && entry.held) {
-      // Sent: the context still holds these cells; a retry exports them again.
-      payload.fill(0);
-      entry.held = false;
-      this.#unsentBytes -= header.payloadBytes;
-      for (const wake of this.#spaceWaiters.splice(0)) wake();
-    }
+    // Sent: the context still holds a KV page's cells; a retry exports them again.
+    this.#retained.markSent(seq);
   }
 
   async #bind(bindingKey: Uint8Array): Promise<void> {
@@ -304,14 +310,19 @@ export class PrefillHandoff {
     });
   }
 
-  /** A retry: reconnect if the connection is gone, and feed every chunk again from seq 0. */
-  async #restart(): Promise<void> {
+  /**
+   * A retry: a fresh handoff stream (and, after a connection loss, a fresh connection), and
+   * every chunk fed again from seq 0 under the new reservation's binding key.
+   */
+  async #restart(reason: AbortReason): Promise<void> {
     await this.#stream?.abort("retry").catch(() => {});
     this.#stream = null;
+    this.#binding = null;
     this.#feedIndex = 0;
     this.#manifestFed = false;
     this.#stagedAcks = 0;
-    if (!this.#decoderAlive) await this.#connect();
+    // A connection that failed once is not trusted again, even if its reader has not noticed.
+    if (reason === "connection-lost" || this.#decoder === null) await this.#connect();
   }
 
   /** Hands queued chunks (then the manifest) to the table while it can take them. */
@@ -320,8 +331,8 @@ export class PrefillHandoff {
       this.#exportError = null;
       return await this.#feed({ type: "ExportFailed" });
     }
-    while (prefillerCanExport(this.#state) && this.#feedIndex < this.#log.length) {
-      const { header } = this.#log[this.#feedIndex++].chunk;
+    while (prefillerCanExport(this.#state) && this.#feedIndex < this.#retained.length) {
+      const header = this.#retained.header(this.#feedIndex++);
       this.#telemetry.push({
         type: "chunk-queued",
         atMs: performance.now(),
@@ -331,7 +342,7 @@ export class PrefillHandoff {
       });
       await this.#feed({ type: "ChunkReady", header });
     }
-    const allFed = this.#feedIndex === this.#log.length;
+    const allFed = this.#feedIndex === this.#retained.length;
     if (this.#exportDone && allFed && !this.#manifestFed && prefillerCanExport(this.#state)) {
       if (this.#binding === null) return; // signed once the reservation's key is known
       this.#manifestFed = true;
@@ -362,7 +373,7 @@ export class PrefillHandoff {
           handoffId: r.handoffId,
           identityDigest: this.input.identity.digest,
           family: this.input.identity.numerical.family,
-          components: this.#log.map((e) => componentOf(e.chunk.header)),
+          components: this.#retained.headers().map(componentOf),
           logical: { position: n, tokenCount: n },
           probe: { logitsSha256: result.probeLogitsSha256 },
         }),
@@ -374,49 +385,23 @@ export class PrefillHandoff {
     this.#events.tryPush({ type: "Tick", elapsedMs: 0 }); // wake the loop
   }
 
-  /** The exporter's sink: log the chunk, then wait while too many bytes are unsent. */
+  /** The exporter's sink: retain the chunk, then wait while too many bytes are unsent. */
   async #accept(chunk: ExportedChunk, exportMs: number): Promise<void> {
     const now = performance.now();
-    if (chunk.header.kind === "kv-page") {
-      this.#telemetry.push({ type: "prefill-chunk-done", atMs: now - exportMs, tokens: chunk.header.tokenRange[1] - chunk.header.tokenRange[0], cached: false });
+    const h = chunk.header;
+    if (h.kind === "kv-page") {
+      const tokens = h.tokenRange[1] - h.tokenRange[0];
+      this.#telemetry.push({ type: "prefill-chunk-done", atMs: now - exportMs, tokens, cached: false });
     }
     this.#telemetry.push({
       type: "export",
       atMs: now,
-      kind: chunk.header.kind,
-      bytes: chunk.header.payloadBytes,
+      kind: h.kind,
+      bytes: h.payloadBytes,
       durationMs: exportMs,
     });
-    if (chunk.header.kind === "kv-page") this.#unsentBytes += chunk.header.payloadBytes;
-    else this.#retainedBytes += chunk.header.payloadBytes;
-    if (this.#retainedBytes > this.input.limits.retainedBytesMax) {
-      throw new LimitExceededError(
-        `End-of-prompt state of ${this.#retainedBytes} bytes exceeds retainedBytesMax`,
-      );
-    }
-    this.#log.push({ chunk, held: true });
-    this.#events.tryPush({ type: "Tick", elapsedMs: 0 }); // wake the loop to feed it
-    while (this.#unsentBytes > this.input.limits.exportQueueBytesMax && !this.#stopped) {
-      await new Promise<void>((resolve) => this.#spaceWaiters.push(resolve));
-    }
-    if (this.#stopped) throw new ExportStopped();
-  }
-
-  #stopped = false;
-
-  #stopExport(): void {
-    this.#stopped = true;
-    for (const wake of this.#spaceWaiters.splice(0)) wake();
-  }
-
-  /** Zeroes and drops every retained payload and the context's KV data. */
-  #eraseRetained(): void {
-    for (const entry of this.#log) {
-      if (entry.held) entry.chunk.payload.fill(0);
-      entry.held = false;
-    }
-    this.#retainedBytes = 0;
-    this.#unsentBytes = 0;
+    // Wake the loop to feed the chunk to the table.
+    await this.#retained.add(chunk, () => this.#events.tryPush({ type: "Tick", elapsedMs: 0 }));
   }
 
   #result(
@@ -441,8 +426,6 @@ export class PrefillHandoff {
     return this.#decoder;
   }
 }
-
-class ExportStopped extends Error {}
 
 const REASON_TEXT: Partial<Record<AbortReason, string>> = {
   "identity-mismatch": "the decode worker's numerical identity differs from this worker's",

@@ -12,6 +12,7 @@ import { assert } from "../core/errors.ts";
 import { randomInt, seededRandom } from "./_prng.ts";
 import { type ByteChannel, CloseCode, type RawConnection } from "./channel.ts";
 import { FRAME_PREFIX_BYTES, parseFramePrefix } from "./frame.ts";
+import { unpackMsgpack } from "./_msgpack.ts";
 
 /** What goes wrong, where. Byte offsets count the faulted direction of the chosen stream. */
 export interface FaultPlan {
@@ -27,6 +28,12 @@ export interface FaultPlan {
   endStreamAfterBytes?: number;
   /** The byte at this offset arrives with its bits flipped. */
   corruptByteAt?: number;
+  /**
+   * The connection dies just before the first frame whose header `type` is this (e.g.
+   * "CommitAck"): that frame and everything after it are lost, and the sender's write still
+   * succeeds, as a write into a connection that is dying does.
+   */
+  dropConnectionBeforeFrameType?: string;
   /** Frame number N (0-based) arrives twice. */
   duplicateFrameIndex?: number;
   /** Every chunk is held this long before delivery (order is kept). */
@@ -75,6 +82,11 @@ class _FrameCopier {
 
   constructor(readonly target: number) {}
 
+  /** True when the next byte fed starts a frame. */
+  get atFrameStart(): boolean {
+    return this.#fill === 0;
+  }
+
   /** Feeds bytes; returns the target frame's bytes once, when it completes. */
   feed(bytes: Uint8Array): Uint8Array[] | null {
     let done: Uint8Array[] | null = null;
@@ -108,6 +120,23 @@ class _FrameCopier {
   }
 }
 
+/** The header `type` of a frame whose head starts `bytes` (as FrameWriter writes it), or null. */
+function _frameType(bytes: Uint8Array): string | null {
+  if (bytes.length < FRAME_PREFIX_BYTES) return null;
+  try {
+    const p = parseFramePrefix(bytes.subarray(0, FRAME_PREFIX_BYTES), {
+      headerBytesMax: 2 ** 32,
+      payloadBytesMax: 2 ** 32,
+    });
+    const end = FRAME_PREFIX_BYTES + p.headerBytes;
+    if (bytes.length < end) return null;
+    const header = unpackMsgpack(bytes.subarray(FRAME_PREFIX_BYTES, end)) as { type?: unknown };
+    return typeof header?.type === "string" ? header.type : null;
+  } catch {
+    return null;
+  }
+}
+
 /** Wraps the writable of a faulted stream: bytes pass through `plan`'s faults on their way. */
 export function faultyWritable(
   inner: WritableStream<Uint8Array>,
@@ -116,9 +145,11 @@ export function faultyWritable(
 ): WritableStream<Uint8Array> {
   const writer = inner.getWriter();
   const random = seededRandom(plan.seed ?? 1);
-  const copier = plan.duplicateFrameIndex === undefined
+  const dropBefore = plan.dropConnectionBeforeFrameType;
+  // Target -1: only tracks frame boundaries (for dropBefore), never copies.
+  const copier = plan.duplicateFrameIndex === undefined && dropBefore === undefined
     ? null
-    : new _FrameCopier(plan.duplicateFrameIndex);
+    : new _FrameCopier(plan.duplicateFrameIndex ?? -1);
   let offset = 0;
   let dead = false;
   const cut = plan.dropConnectionAfterBytes ?? plan.endStreamAfterBytes ?? plan.killPeerAfterBytes;
@@ -133,6 +164,11 @@ export function faultyWritable(
         await new Promise((r) =>
           setTimeout(r, (plan.delayMs ?? 0) + random() * (plan.delayJitterMs ?? 0))
         );
+      }
+      if (dropBefore !== undefined && copier!.atFrameStart && _frameType(chunk) === dropBefore) {
+        dead = true;
+        hooks.dropConnection();
+        return;
       }
       let bytes = chunk;
       if (cut !== undefined && offset + bytes.length >= cut) {

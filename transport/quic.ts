@@ -37,6 +37,12 @@ export interface QuicTransportOptions {
   maxConcurrentBidirectionalStreams?: number;
 }
 
+/**
+ * Test hook: wraps each raw connection before authentication, e.g. with `withFaults`
+ * (fault_plan.ts) or a tap. Nothing in the product passes one.
+ */
+export type RawConnectionWrapper = (raw: RawConnection) => RawConnection;
+
 /** Where and with what certificate to listen. */
 export interface QuicServerOptions extends QuicTransportOptions {
   /** Default 127.0.0.1: listening on other interfaces is an explicit choice. */
@@ -231,6 +237,7 @@ export function listenQuic(
     /** Handshakes in progress at once; further connections are closed as busy. */
     pendingHandshakesMax?: number;
     onRefused?: (error: Error) => void;
+    wrapRaw?: RawConnectionWrapper;
   },
 ): PeerListener {
   const raw = listenQuicRaw(options);
@@ -253,7 +260,7 @@ export function listenQuic(
       const connection = await raw.accept();
       if (connection === null) break;
       if (pending >= pendingMax) connection.close(CloseCode.normal, "busy: too many handshakes");
-      else handshake(connection);
+      else handshake(options.wrapRaw ? options.wrapRaw(connection) : connection);
     }
     peers.close();
   })();
@@ -273,7 +280,11 @@ export function listenQuic(
 
 /** Connects to a peer and authenticates it (and this node to it). */
 export async function connectQuic(
-  options: QuicClientOptions & PeerOptions & { expectedServerNodeId?: string },
+  options: QuicClientOptions & PeerOptions & {
+    expectedServerNodeId?: string;
+    wrapRaw?: RawConnectionWrapper;
+  },
 ): Promise<PeerConnection> {
-  return await establishPeer(await connectQuicRaw(options), "client", options);
+  const raw = await connectQuicRaw(options);
+  return await establishPeer(options.wrapRaw ? options.wrapRaw(raw) : raw, "client", options);
 }
