@@ -83,7 +83,12 @@ export class StagedTail {
   /** Zeroes and drops everything held. */
   wipe(): void {
     for (const v of [this.conv, this.ssm, this.swa, this.mtpHidden, this.history]) v?.fill(0);
-    this.conv = this.ssm = this.swa = this.mtpHidden = this.history = undefined;
+    this.conv =
+      this.ssm =
+      this.swa =
+      this.mtpHidden =
+      this.history =
+        undefined;
     this.positions = this.sampler = this.firstToken = undefined;
   }
 }

@@ -56,7 +56,9 @@ export class RetainedState {
     if (!page && this.#tailBytes + bytes > this.limits.retainedBytesMax) {
       chunk.payload.fill(0);
       throw new LimitExceededError(
-        `End-of-prompt state of ${this.#tailBytes + bytes} bytes exceeds retainedBytesMax (${this.limits.retainedBytesMax})`,
+        `End-of-prompt state of ${
+          this.#tailBytes + bytes
+        } bytes exceeds retainedBytesMax (${this.limits.retainedBytesMax})`,
         { hint: "raise retainedBytesMax, or serve this model colocated" },
       );
     }

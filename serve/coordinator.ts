@@ -3,14 +3,16 @@
  * worker and a decode worker, checks they can hand off to each other, asks the prefill worker
  * to prefill and hand the state over, and then asks the decode worker to generate, which now
  * owns the request. When the handoff falls back, the decode worker recomputes the prompt
- * itself (colocated); when it fails, the client gets a clear error. Every wait is bounded.
+ * itself (colocated); so it does when the prefill worker is lost before it reported (its
+ * partial state never commits: the decoder wipes it). When the handoff fails, the client
+ * gets a clear error. Every wait is bounded.
  */
 import { HandoffAbortedError, LimitExceededError, PeerError } from "../core/mod.ts";
 import {
   deriveTelemetry,
   type HandoffTelemetry,
 } from "../core/telemetry.ts";
-import { eligibleForHandoff, type PeerConnection } from "../transport/mod.ts";
+import { eligibleForHandoff, type PeerConnection, roleCovers } from "../transport/mod.ts";
 import {
   type GenerateDone,
   type GenerateRequest,
@@ -37,6 +39,8 @@ export interface HandoffRequest {
   onText?: (text: string) => void;
   /** Cancels the request (client gave up). */
   signal?: AbortSignal;
+  /** Skip the handoff: the decode worker prefills the prompt itself (the baseline). */
+  colocated?: boolean;
   handoffId?: string;
 }
 
@@ -67,17 +71,29 @@ export async function runHandoff(node: Node, req: HandoffRequest): Promise<Hando
     ...(req.signal ? [req.signal] : []),
   ]);
   const [prefillPeer, decodePeer] = await Promise.all([
-    node.connect(req.prefill),
+    req.colocated ? null : node.connect(req.prefill),
     node.connect(req.decode),
   ]);
   try {
-    const eligible = eligibleForHandoff(prefillPeer.peerCapabilities, decodePeer.peerCapabilities, "decode");
     let outcome: PrefillOutcome | null = null;
     let fallbackReason: string | null = null;
-    if (!eligible.ok) {
+    const eligible = eligibleForHandoff(
+      prefillPeer?.peerCapabilities ?? {},
+      decodePeer.peerCapabilities,
+      "decode",
+    );
+    const prefillRoles = prefillPeer?.peerCapabilities?.roles ?? [];
+    if (prefillPeer && !prefillRoles.some((r) => roleCovers(r, "prefill"))) {
+      throw new PeerError(`The peer ${prefillPeer.peerNodeId} does not serve the prefill role`, {
+        hint: "pass a worker started with --role prefill (or prefill+decode) as --prefill",
+      });
+    }
+    if (!prefillPeer) {
+      fallbackReason = "colocated placement requested";
+    } else if (!eligible.ok) {
       fallbackReason = `decode worker not eligible for a handoff: ${eligible.reason}`;
     } else {
-      outcome = await prefillAndHandOff(prefillPeer, handoffId, req, deadline);
+      outcome = await prefillAndHandOff(prefillPeer!, handoffId, req, deadline);
       if (outcome.outcome === "failed") {
         throw new HandoffAbortedError(outcome.reason ?? "failed", `Handoff failed: ${outcome.message ?? outcome.reason}`, {
           hint: "check both workers are running and trust each other; see their logs",
@@ -112,7 +128,7 @@ export async function runHandoff(node: Node, req: HandoffRequest): Promise<Hando
       mtpReady: generation.done.mtpReady,
     };
   } finally {
-    await Promise.allSettled([prefillPeer.close(), decodePeer.close()]);
+    await Promise.allSettled([prefillPeer?.close(), decodePeer.close()]);
   }
 }
 
@@ -140,6 +156,19 @@ async function prefillAndHandOff(
   try {
     const header = await receiveOne(peer, deadline, "PrefillOutcome", handoffId);
     return parseMessage<PrefillOutcome>(header);
+  } catch (error) {
+    if (!(error instanceof PeerError)) throw error;
+    // The prefill worker died or dropped us: recompute on the decode worker.
+    return {
+      type: "PrefillOutcome",
+      handoffId,
+      outcome: "fallback",
+      reason: "connection-lost",
+      message: `the prefill worker was lost: ${error.message}`,
+      promptTokens: 0,
+      events: [],
+      firstLogitsSha256: null,
+    };
   } finally {
     deadline.removeEventListener("abort", onAbort);
   }

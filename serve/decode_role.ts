@@ -3,24 +3,29 @@
  * attempt (serve/decode_session.ts), matches handoff streams to them, keeps committed
  * sessions until their GenerateRequest arrives (bounded by `committedIdleMs`), and generates,
  * from a committed session or, as the fallback, by prefilling the prompt itself.
+ *
+ * Attempts of one handoff: at most one runs per handoff id. A reservation for an id that
+ * already has a running or committed attempt is refused, unless it comes from the same
+ * authenticated source worker, for the same tenant, with a higher attempt number: then it is
+ * a retry (the prefiller never saw the earlier attempt's CommitAck, so the coordinator never
+ * moved the request here) and the earlier attempt is cancelled or released first.
  */
-import type { HandoffTiming } from "../core/mod.ts";
-import { createHash } from "node:crypto";
+import type { HandoffTiming, ReserveRequest } from "../core/mod.ts";
 import type { PeerConnection } from "../transport/mod.ts";
-import { PieceDecoder } from "../ffi/mod.ts";
-import { type CommittedSession, DecodeHandoff, type DecodeLimits } from "./decode_session.ts";
-import { continueSession, type GeneratedStep } from "./generation.ts";
+import { DecodeHandoff, type DecodeLimits } from "./decode_session.ts";
+import { type CommittedSession, continueSession, type GeneratedStep } from "./generation.ts";
 import type { ResolvedIdentity } from "./identity.ts";
-import type { GenerateDone, GenerateRequest, TokenBatch } from "./messages.ts";
+import type { GenerateRequest, WorkerCounters } from "./messages.ts";
 import type { Node } from "./node.ts";
 import type { EnginePool, PooledEngine } from "./pool.ts";
 import type { DecoderTelemetryEvent } from "../core/telemetry.ts";
+import { sendDone, streamTokens } from "./token_stream.ts";
+import { atMost } from "./_deadline.ts";
 
-/** Tokens per TokenBatch message, and the longest a token waits to be sent. */
-const BATCH_TOKENS_MAX = 16;
-const BATCH_WAIT_MS = 20;
 /** How long a GenerateRequest waits for an attempt still importing. */
 const ATTEMPT_WAIT_MS = 30_000;
+/** How long a superseding request waits for the attempt it cancelled to wipe its context. */
+const SUPERSEDE_WAIT_MS = 2_000;
 
 interface Attempt {
   handoff: DecodeHandoff;
@@ -32,11 +37,20 @@ interface Held {
   session: CommittedSession;
   pooled: PooledEngine;
   timer: ReturnType<typeof setTimeout>;
+  sourceNodeId: string;
+  attempt: number;
 }
 
+type DecodeCounters = Omit<WorkerCounters, "prefillActive" | "retainedBytes" | "contextsBusy">;
+
 export class DecodeRole {
+  /** The running attempt of each handoff id. */
   readonly #attempts = new Map<string, Attempt>();
+  /** Every attempt not yet ended (a cancelled one may still be wiping). */
+  readonly #live = new Set<Attempt>();
   readonly #committed = new Map<string, Held>();
+  #generating = 0;
+  readonly #totals = { reservationsTotal: 0, commitsTotal: 0, abortsTotal: 0 };
 
   constructor(
     readonly node: Node,
@@ -48,26 +62,50 @@ export class DecodeRole {
     readonly log: (line: string) => void,
   ) {}
 
+  /** What the decode side holds now, and what it did since start. */
+  get counters(): DecodeCounters {
+    let stagedBytes = 0;
+    for (const a of this.#live) stagedBytes += a.handoff.stagedBytes;
+    return {
+      decodeAttempts: this.#live.size,
+      stagedBytes,
+      committedSessions: this.#committed.size,
+      generating: this.#generating,
+      ...this.#totals,
+    };
+  }
+
   async onCoreMessage(peer: PeerConnection, header: Record<string, unknown>): Promise<void> {
-    const id = String(header.handoffId ?? "");
     if (header.type === "ReserveRequest") return await this.#reserve(peer, header);
+    const id = String(header.handoffId ?? "");
     const attempt = this.#attempts.get(id);
     if (attempt && attempt.peer === peer && attempt.handoff.attempt === header.attempt) {
-      attempt.handoff.deliver(header);
+      return attempt.handoff.deliver(header);
+    }
+    const held = this.#committed.get(id);
+    const fromSource = held?.sourceNodeId === peer.peerNodeId && held.attempt === header.attempt;
+    if (header.type === "AbortNotice" && fromSource) {
+      // The prefiller gave up before it saw our CommitAck (cancelled, lease expired): the
+      // coordinator never moved the request here, so nobody will ask for this session.
+      this.log(`handoff ${id}: committed session released: the prefiller aborted`);
+      this.#release(id);
     }
   }
 
   async #reserve(peer: PeerConnection, header: Record<string, unknown>): Promise<void> {
-    const id = String(header.handoffId ?? "");
-    const attemptNo = Number(header.attempt ?? 0);
-    if (this.#committed.has(id)) {
-      // A replayed reservation for a handoff this decoder already committed: refuse it.
-      return await this.#refuse(peer, id, attemptNo);
+    const request = header as unknown as ReserveRequest;
+    const id = request.handoffId;
+    if (typeof id !== "string" || id.length === 0 || id.length > 64) {
+      this.log(`peer ${peer.peerNodeId}: reservation without a valid handoff id ignored`);
+      return;
     }
+    const refusal = await this.#clearEarlier(peer, request);
+    if (refusal) return await this.#refuse(peer, request, refusal);
     const pooled = await this.pool.tryAcquire();
-    if (!pooled) return await this.#refuse(peer, id, attemptNo);
+    if (!pooled) return await this.#refuse(peer, request, "all sessions in use");
+    this.#totals.reservationsTotal++;
     const handoff = new DecodeHandoff({
-      request: header as never,
+      request,
       peer,
       engine: pooled.engine,
       draft: pooled.draft,
@@ -76,29 +114,86 @@ export class DecodeRole {
       timing: this.timing,
       limits: this.limits,
     });
-    const result = handoff.run().then((session) => {
-      if (this.#attempts.get(id)?.handoff === handoff) this.#attempts.delete(id);
-      if (session) this.#hold(session, pooled);
-      else {
-        this.log(`handoff ${id}: attempt ${attemptNo} not committed: ${handoff.failure ?? "aborted"}`);
-        this.pool.release(pooled);
+    const attempt = { handoff, peer } as Attempt;
+    this.#attempts.set(id, attempt);
+    this.#live.add(attempt);
+    attempt.result = this.#runAttempt(attempt, pooled);
+  }
+
+  /** Makes room for `r`: ends the earlier attempt it supersedes, or says why it may not. */
+  async #clearEarlier(peer: PeerConnection, r: ReserveRequest): Promise<string | null> {
+    const held = this.#committed.get(r.handoffId);
+    const running = this.#attempts.get(r.handoffId);
+    const earlier = held
+      ? { source: held.sourceNodeId, tenant: held.session.tenantId, attempt: held.attempt }
+      : running
+      ? {
+        source: running.peer.peerNodeId,
+        tenant: running.handoff.input.request.tenantId,
+        attempt: running.handoff.attempt,
       }
+      : null;
+    if (!earlier) return null;
+    const retry = peer.peerNodeId === earlier.source && r.tenantId === earlier.tenant &&
+      Number.isSafeInteger(r.attempt) && r.attempt > earlier.attempt;
+    if (!retry) return `handoff already ${held ? "committed" : "in progress"} (a replay?)`;
+    this.log(`handoff ${r.handoffId}: attempt ${r.attempt} supersedes attempt ${earlier.attempt}`);
+    if (held) this.#release(r.handoffId);
+    if (running) {
+      running.handoff.cancel();
+      await atMost(running.result, SUPERSEDE_WAIT_MS);
+    }
+    return null;
+  }
+
+  async #runAttempt(attempt: Attempt, pooled: PooledEngine): Promise<CommittedSession | null> {
+    const { handoff } = attempt;
+    let session: CommittedSession | null = null;
+    try {
+      session = await handoff.run();
+    } catch (error) {
+      this.log(`handoff ${handoff.handoffId}: attempt failed: ${(error as Error).message}`);
+    }
+    this.#live.delete(attempt);
+    const current = this.#attempts.get(handoff.handoffId) === attempt;
+    if (current) this.#attempts.delete(handoff.handoffId);
+    if (session && current) {
+      this.#totals.commitsTotal++;
+      this.#hold(session, pooled, attempt);
       return session;
-    });
-    this.#attempts.set(id, { handoff, peer, result });
+    }
+    this.#totals.abortsTotal++;
+    const why = session ? "superseded" : handoff.failure ?? "aborted";
+    this.log(`handoff ${handoff.handoffId}: attempt ${handoff.attempt} not committed: ${why}`);
+    this.pool.release(pooled);
+    return null;
   }
 
-  async #refuse(peer: PeerConnection, handoffId: string, attempt: number): Promise<void> {
-    await peer.send({ type: "AbortNotice", handoffId, attempt, reason: "reserve-rejected" })
-      .catch(() => {});
+  async #refuse(peer: PeerConnection, r: ReserveRequest, why: string): Promise<void> {
+    this.log(`handoff ${r.handoffId}: reservation (attempt ${r.attempt}) refused: ${why}`);
+    const attempt = Number.isSafeInteger(r.attempt) ? r.attempt : 0;
+    await peer.send({
+      type: "AbortNotice",
+      handoffId: r.handoffId,
+      attempt,
+      reason: "reserve-rejected",
+    }).catch(() => {});
   }
 
-  #hold(session: CommittedSession, pooled: PooledEngine): void {
+  #hold(session: CommittedSession, pooled: PooledEngine, attempt: Attempt): void {
+    this.#release(session.handoffId); // never two sessions under one id
     const timer = setTimeout(() => {
       this.log(`handoff ${session.handoffId}: released after ${this.committedIdleMs} ms idle`);
       this.#release(session.handoffId);
     }, this.committedIdleMs);
-    this.#committed.set(session.handoffId, { session, pooled, timer });
+    const sourceNodeId = attempt.peer.peerNodeId;
+    this.#committed.set(session.handoffId, {
+      session,
+      pooled,
+      timer,
+      sourceNodeId,
+      attempt: attempt.handoff.attempt,
+    });
   }
 
   #release(handoffId: string): void {
@@ -125,49 +220,66 @@ export class DecodeRole {
   }
 
   peerGone(peer: PeerConnection): void {
-    for (const attempt of this.#attempts.values()) {
-      if (attempt.peer === peer) attempt.handoff.connectionLost();
-    }
+    for (const attempt of this.#live) if (attempt.peer === peer) attempt.handoff.connectionLost();
   }
 
   onGenerateRequest(peer: PeerConnection, request: GenerateRequest): void {
     const run = request.mode === "committed" ? this.#generateCommitted : this.#generateLocal;
+    this.#generating++;
     run.call(this, peer, request).catch(async (error) => {
-      await this.#done(peer, request.handoffId, false, (error as Error).message, [], null);
-    });
+      await sendDone(peer, request.handoffId, { ok: false, message: (error as Error).message });
+    }).finally(() => this.#generating--);
   }
 
   async #generateCommitted(peer: PeerConnection, request: GenerateRequest): Promise<void> {
     const inFlight = this.#attempts.get(request.handoffId);
-    if (inFlight) {
-      await Promise.race([inFlight.result, new Promise((r) => setTimeout(r, ATTEMPT_WAIT_MS))]);
-    }
+    if (inFlight) await atMost(inFlight.result, ATTEMPT_WAIT_MS);
     const held = this.#committed.get(request.handoffId);
     if (!held) {
-      return await this.#done(peer, request.handoffId, false,
-        "No committed session for this handoff on this decode worker", [], null);
+      const message = "No committed session for this handoff on this decode worker";
+      return await sendDone(peer, request.handoffId, { ok: false, message });
     }
     if (held.session.tenantId !== request.tenantId) {
       // Another tenant's request: refuse it, and leave the session to its own tenant.
-      return await this.#done(peer, request.handoffId, false,
-        "This handoff belongs to another tenant", [], null);
+      const message = "This handoff belongs to another tenant";
+      return await sendDone(peer, request.handoffId, { ok: false, message });
     }
     clearTimeout(held.timer);
     this.#committed.delete(request.handoffId);
     try {
-      const events = [...held.session.events];
-      await this.#stream(peer, request, continueSession(held.session, request.generateTokens), events, held.pooled);
-      await this.#done(peer, request.handoffId, true, null, events, held.session.mtpReady);
+      const { session } = held;
+      const events = [...session.events];
+      const steps = continueSession(session, request.generateTokens);
+      await streamTokens(peer, request, steps, events, session.engine.model.vocab);
+      await sendDone(
+        peer,
+        request.handoffId,
+        { ok: true, message: null },
+        events,
+        session.mtpReady,
+      );
     } finally {
       this.pool.release(held.pooled);
     }
   }
 
+  /**
+   * The colocated fallback: prefill the prompt here. An attempt or committed session of the
+   * same handoff and tenant is of no further use (the coordinator chose to recompute) and is
+   * ended first, so its context returns to the pool.
+   */
   async #generateLocal(peer: PeerConnection, request: GenerateRequest): Promise<void> {
+    const running = this.#attempts.get(request.handoffId);
+    if (running && running.handoff.input.request.tenantId === request.tenantId) {
+      running.handoff.cancel();
+      await atMost(running.result, SUPERSEDE_WAIT_MS);
+    }
+    const held = this.#committed.get(request.handoffId);
+    if (held && held.session.tenantId === request.tenantId) this.#release(request.handoffId);
     const pooled = await this.pool.tryAcquire();
     if (!pooled) {
-      return await this.#done(peer, request.handoffId, false,
-        "The decode worker is busy (all sessions in use)", [], null);
+      const message = "The decode worker is busy (all sessions in use)";
+      return await sendDone(peer, request.handoffId, { ok: false, message });
     }
     try {
       const engine = pooled.engine;
@@ -176,68 +288,19 @@ export class DecodeRole {
       const params = { temperature: s.temperature, topK: s.topK, topP: s.topP };
       const logits = await engine.prefill(prompt);
       const steps = async function* (): AsyncGenerator<GeneratedStep> {
-        for await (const step of engine.generate(logits, request.generateTokens, params, { seed: s.seed, draws: 0 })) {
-          yield step;
-        }
+        yield* engine.generate(logits, request.generateTokens, params, { seed: s.seed, draws: 0 });
       };
       const events: DecoderTelemetryEvent[] = [];
-      await this.#stream(peer, request, steps(), events, pooled);
-      await this.#done(peer, request.handoffId, true, null, events, null);
+      await streamTokens(peer, request, steps(), events, engine.model.vocab);
+      await sendDone(peer, request.handoffId, { ok: true, message: null }, events);
     } finally {
       this.pool.release(pooled);
     }
   }
 
-  async #stream(
-    peer: PeerConnection,
-    request: GenerateRequest,
-    steps: AsyncGenerator<GeneratedStep>,
-    events: DecoderTelemetryEvent[],
-    pooled: PooledEngine,
-  ): Promise<void> {
-    const pieces = new PieceDecoder(pooled.engine.model.vocab);
-    let batch: TokenBatch = this.#emptyBatch(request.handoffId);
-    let since = performance.now();
-    for await (const step of steps) {
-      events.push({ type: "token", atMs: performance.now() });
-      batch.tokens.push(step.token);
-      batch.text += pieces.push(step.token);
-      if (request.probe && step.logits) batch.logitsSha256.push(sha256(step.logits));
-      if (batch.tokens.length >= BATCH_TOKENS_MAX || performance.now() - since >= BATCH_WAIT_MS) {
-        await peer.send(batch as unknown as Record<string, unknown>);
-        batch = this.#emptyBatch(request.handoffId);
-        since = performance.now();
-      }
-    }
-    batch.text += pieces.flush();
-    if (batch.tokens.length > 0 || batch.text) await peer.send(batch as unknown as Record<string, unknown>);
-  }
-
-  #emptyBatch(handoffId: string): TokenBatch {
-    return { type: "TokenBatch", handoffId, tokens: [], text: "", logitsSha256: [] };
-  }
-
-  async #done(
-    peer: PeerConnection,
-    handoffId: string,
-    ok: boolean,
-    message: string | null,
-    events: DecoderTelemetryEvent[],
-    mtpReady: boolean | null,
-  ): Promise<void> {
-    const done: GenerateDone = { type: "GenerateDone", handoffId, ok, message, events, mtpReady };
-    await peer.send(done as unknown as Record<string, unknown>).catch(() => {});
-  }
-
+  /** Cancels running attempts and releases committed sessions. */
   close(): void {
+    for (const attempt of this.#live) attempt.handoff.cancel();
     for (const id of [...this.#committed.keys()]) this.#release(id);
   }
 }
-
-function sha256(values: Float32Array): string {
-  return createHash("sha256").update(
-    new Uint8Array(values.buffer, values.byteOffset, values.byteLength),
-  ).digest("hex");
-}
-
-

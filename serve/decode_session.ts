@@ -23,7 +23,6 @@ import {
   newBindingKey,
   payloadChecksum,
   type ReserveRequest,
-  type SamplerPayload,
   StagingLedger,
   StateValidationError,
   trunkLayerCount,
@@ -39,6 +38,7 @@ import { StagedImport } from "../ffi/staged_import.ts";
 import { FrameError, type HandoffReceiver, type PeerConnection } from "../transport/mod.ts";
 import { StagedTail } from "./_decode_tail.ts";
 import { checkReservation } from "./_reservation.ts";
+import type { CommittedSession } from "./generation.ts";
 import type { Engine } from "./engine.ts";
 import type { ResolvedIdentity } from "./identity.ts";
 import type { MtpDraft } from "./mtp.ts";
@@ -56,21 +56,6 @@ export const DEFAULT_DECODE_LIMITS: Readonly<DecodeLimits> = {
 };
 
 const EVENTS_MAX = 4096;
-
-/** A committed session, ready to generate: everything the decode loop continues from. */
-export interface CommittedSession {
-  handoffId: string;
-  tenantId: string;
-  engine: Engine;
-  draft: MtpDraft | null;
-  history: Int32Array;
-  firstToken: number;
-  /** Logits after decoding the first token (from the probe): the second token samples these. */
-  nextLogits: Float32Array;
-  sampler: SamplerPayload;
-  events: DecoderTelemetryEvent[];
-  mtpReady: boolean | null;
-}
 
 export interface DecodeHandoffInput {
   request: ReserveRequest;
@@ -226,7 +211,8 @@ export class DecodeHandoff {
 
   /** Why the attempt failed (one line, no content), after `run` resolved null. */
   get failure(): string | null {
-    return this.#failure ?? this.#done?.message ?? null;
+    const reason = this.#done?.reason;
+    return this.#failure ?? this.#done?.message ?? (reason ? `aborted (${reason})` : null);
   }
 
   async #feed(event: HandoffEvent): Promise<void> {

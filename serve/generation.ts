@@ -3,8 +3,25 @@
  * the logits after it came from the continuation probe, and from there the loop is the same
  * as colocated generation (serve/engine.ts).
  */
-import { sampleToken } from "../core/mod.ts";
-import type { CommittedSession } from "./decode_session.ts";
+import { type SamplerPayload, sampleToken } from "../core/mod.ts";
+import type { DecoderTelemetryEvent } from "../core/telemetry.ts";
+import type { Engine } from "./engine.ts";
+import type { MtpDraft } from "./mtp.ts";
+
+/** A committed session, ready to generate: everything the decode loop continues from. */
+export interface CommittedSession {
+  handoffId: string;
+  tenantId: string;
+  engine: Engine;
+  draft: MtpDraft | null;
+  history: Int32Array;
+  firstToken: number;
+  /** Logits after decoding the first token (from the probe): the second token samples these. */
+  nextLogits: Float32Array;
+  sampler: SamplerPayload;
+  events: DecoderTelemetryEvent[];
+  mtpReady: boolean | null;
+}
 
 export interface GeneratedStep {
   token: number;

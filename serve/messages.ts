@@ -232,6 +232,26 @@ export const COUNTER_FIELDS: readonly (keyof WorkerCounters)[] = [
   "abortsTotal",
 ];
 
+const ABORT_TEXT: Partial<Record<AbortReason, string>> = {
+  "identity-mismatch": "the decode worker's numerical identity differs from this worker's",
+  "capability-missing": "the decode worker lacks the capabilities for this handoff",
+  "connection-lost": "the connection to the decode worker was lost",
+  "commit-timeout": "the decode worker did not acknowledge the commit in time",
+  "lease-expired": "the retained state's lease expired before the commit",
+  "probe-failed": "the decode worker's continuation probe did not match",
+  "cancelled": "the request was cancelled",
+  "reserve-timeout": "the decode worker did not answer the reservation in time",
+  "reserve-rejected": "the decode worker refused the reservation (busy, or a replay)",
+  "binding-tag": "the decode worker rejected state bound to another handoff, tenant or worker",
+  "invalid-state": "the decode worker rejected the state as invalid",
+  "protocol-error": "the handoff broke protocol (see both workers' logs)",
+};
+
+/** A one-line description of an abort reason for PrefillOutcome.message (no content). */
+export function describeAbort(reason: AbortReason): string {
+  return ABORT_TEXT[reason] ?? `handoff aborted: ${isAbortReason(reason) ? reason : "unknown"}`;
+}
+
 /** True when `type` is one of this file's message types. */
 export function isServeMessageType(type: string): type is ServeMessage["type"] {
   return Object.hasOwn(CHECKS, type);

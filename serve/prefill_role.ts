@@ -45,7 +45,7 @@ export class PrefillRole {
     const controller = new AbortController();
     const active: Active = { controller, peer, handoff: null };
     this.#active.set(request.handoffId, active);
-    this.#run(peer, request, active)
+    this.#run(request, active)
       .catch((error) => failed(request, (error as Error).message, 0))
       .then((outcome) => this.#reply(peer, outcome))
       .finally(() => this.#active.delete(request.handoffId));
@@ -67,7 +67,7 @@ export class PrefillRole {
     return { prefillActive: this.#active.size, retainedBytes };
   }
 
-  async #run(peer: PeerConnection, request: PrefillRequest, active: Active) {
+  async #run(request: PrefillRequest, active: Active) {
     const cancel = active.controller.signal;
     const pooled = await this.pool.tryAcquire();
     if (!pooled) return failed(request, "The prefill worker is busy (all sessions in use)", 0);

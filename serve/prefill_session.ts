@@ -19,13 +19,15 @@ import {
   createPrefiller,
   type FinalManifest,
   type HandoffAction,
+  HandoffAbortedError,
   type HandoffEvent,
   type HandoffTiming,
-  isAbortReason,
+  LimitExceededError,
   type PrefillerState,
   prefillerCanExport,
   prefillerStep,
   signManifest,
+  StateValidationError,
 } from "../core/mod.ts";
 import type { BindingContext } from "../core/binding.ts";
 import type { PrefillerTelemetryEvent } from "../core/telemetry.ts";
@@ -33,8 +35,9 @@ import type { HandoffSender, PeerConnection } from "../transport/mod.ts";
 import type { Engine } from "./engine.ts";
 import { type ExportedChunk, reexportPage, StateExporter } from "./exporter.ts";
 import { ExportStopped, RetainedState } from "./_retained_state.ts";
+import { within } from "./_deadline.ts";
 import type { ResolvedIdentity } from "./identity.ts";
-import type { PrefillOutcome, PrefillRequest } from "./messages.ts";
+import { describeAbort, type PrefillOutcome, type PrefillRequest } from "./messages.ts";
 import type { MtpDraft } from "./mtp.ts";
 import { CORE_MESSAGE_TYPES } from "./wire.ts";
 
@@ -88,6 +91,8 @@ export class PrefillHandoff {
   #binding: BindingContext | null = null;
   #outcome: PrefillOutcome | null = null;
   #stagedAcks = 0;
+  /** Why a local step failed (one line, no content), for the outcome's message. */
+  #localFailure: string | null = null;
 
   constructor(readonly input: PrefillHandoffInput) {
     this.#retained = new RetainedState(input.limits);
@@ -123,16 +128,7 @@ export class PrefillHandoff {
     if (this.input.cancel.aborted) onCancel(); // cancelled while a context or connection was awaited
     const exporting = this.#runExporter();
     try {
-      if (!await this.#connect()) return this.#finish();
-      await this.#feed({ type: "Start" });
-      while (this.#outcome === null) {
-        await this.#pumpExport();
-        if (this.#outcome !== null) break;
-        const event = await this.#events.shift();
-        if (event === undefined) break;
-        if (this.#isStale(event)) continue;
-        await this.#feed(event);
-      }
+      if (await this.#connect()) await this.#loop();
     } finally {
       clearInterval(ticker);
       this.input.cancel.removeEventListener("abort", onCancel);
@@ -140,6 +136,20 @@ export class PrefillHandoff {
       await exporting;
     }
     return this.#finish();
+  }
+
+  async #loop(): Promise<void> {
+    await this.#feed({ type: "Start" });
+    while (this.#outcome === null) {
+      await this.#pumpExport();
+      if (this.#outcome !== null) return;
+      // Every waiting event before the next chunk: a cancel must not queue behind timers.
+      do {
+        const event = await this.#events.shift();
+        if (event === undefined) return;
+        if (!this.#isStale(event)) await this.#feed(event);
+      } while (this.#events.size > 0 && this.#outcome === null);
+    }
   }
 
   /** Bytes of exported state this handoff holds now (zero once it has ended). */
@@ -174,7 +184,14 @@ export class PrefillHandoff {
     this.#decoder = null;
     previous?.close().catch(() => {});
     try {
-      const decoder = await this.input.connectDecoder();
+      // A retry gets as long to reach the decoder as a reservation gets to be answered (a
+      // QUIC connect to a dead host would otherwise take its own 3 s).
+      const connecting = this.input.connectDecoder();
+      const ms = this.input.timing.reserveTimeoutMs;
+      const decoder = previous === null ? await connecting : await within(connecting, ms, () => {
+        connecting.then((late) => late.close(), () => {}).catch(() => {});
+        return new LimitExceededError(`No connection within reserveTimeoutMs (${ms} ms)`);
+      });
       this.#decoder = decoder;
       this.#listen(decoder);
       return true;
@@ -245,12 +262,16 @@ export class PrefillHandoff {
         return;
       case "fallback":
         this.#telemetry.push({ type: "fallback", atMs: now, reason: a.reason });
-        this.#outcome = this.#result("fallback", a.reason, describe(a.reason));
+        this.#outcome = this.#result("fallback", a.reason, this.#why(a.reason));
         return;
       case "fail":
-        this.#outcome = this.#result("failed", a.reason, describe(a.reason));
+        this.#outcome = this.#result("failed", a.reason, this.#why(a.reason));
         return;
     }
+  }
+
+  #why(reason: AbortReason): string {
+    return this.#localFailure ?? describeAbort(reason);
   }
 
   async #send(msg: HandoffEvent & { type: string }): Promise<void> {
@@ -263,10 +284,18 @@ export class PrefillHandoff {
       }
       if (!this.#decoder) throw new Error("no connection to the decode worker");
       await this.#decoder.send({ ...msg } as unknown as Record<string, unknown>);
-    } catch {
-      // The stream or connection is gone (or the decoder aborted the stream after failing the
-      // attempt; its AbortNotice, already queued, then decides).
-      this.#connectionLost();
+    } catch (error) {
+      if (error instanceof LimitExceededError || error instanceof StateValidationError) {
+        // A local bound or check (a frame too big for the decoder's credit window, a page
+        // that cannot be exported again): no retry can help.
+        this.#localFailure = (error as Error).message;
+        this.#events.tryPush({ type: "ExportFailed" });
+        return;
+      }
+      // The decoder failed the attempt and dropped its stream: its AbortNotice, sent first on
+      // the control stream, says why (a lost connection is reported by #listen).
+      if (error instanceof HandoffAbortedError && error.reason === "receiver-aborted") return;
+      this.#connectionLost(); // the stream or the connection is gone
     }
   }
 
@@ -328,10 +357,15 @@ export class PrefillHandoff {
   /** Hands queued chunks (then the manifest) to the table while it can take them. */
   async #pumpExport(): Promise<void> {
     if (this.#exportError !== null) {
+      this.#localFailure = `Prefill or export failed: ${(this.#exportError as Error)?.message}`;
       this.#exportError = null;
       return await this.#feed({ type: "ExportFailed" });
     }
+    // One chunk at a time while events wait: a cancel, an abort or a timer must not sit
+    // behind a backlog of sends on a slow link.
+    let fed = 0;
     while (prefillerCanExport(this.#state) && this.#feedIndex < this.#retained.length) {
+      if (fed++ > 0 && this.#events.size > 0) return;
       const header = this.#retained.header(this.#feedIndex++);
       this.#telemetry.push({
         type: "chunk-queued",
@@ -404,42 +438,11 @@ export class PrefillHandoff {
     await this.#retained.add(chunk, () => this.#events.tryPush({ type: "Tick", elapsedMs: 0 }));
   }
 
-  #result(
-    outcome: PrefillOutcome["outcome"],
-    reason: AbortReason | null,
-    message: string | null,
-  ): PrefillOutcome {
-    return {
-      type: "PrefillOutcome",
-      handoffId: this.input.request.handoffId,
-      outcome,
-      reason,
-      message,
-      promptTokens: this.input.prompt.length,
-      events: [],
-      firstLogitsSha256: null,
-    };
+  #result(outcome: PrefillOutcome["outcome"], reason: AbortReason | null, message: string | null) {
+    const { handoffId } = this.input.request;
+    const promptTokens = this.input.prompt.length;
+    const head = { type: "PrefillOutcome" as const, handoffId, outcome, reason, message };
+    const out: PrefillOutcome = { ...head, promptTokens, events: [], firstLogitsSha256: null };
+    return out;
   }
-
-  /** The decoder connection (for closing by the owner). */
-  get decoder(): PeerConnection | null {
-    return this.#decoder;
-  }
-}
-
-const REASON_TEXT: Partial<Record<AbortReason, string>> = {
-  "identity-mismatch": "the decode worker's numerical identity differs from this worker's",
-  "capability-missing": "the decode worker lacks the capabilities for this handoff",
-  "connection-lost": "the connection to the decode worker was lost",
-  "commit-timeout": "the decode worker did not acknowledge the commit in time",
-  "lease-expired": "the retained state's lease expired before the commit",
-  "probe-failed": "the decode worker's continuation probe did not match",
-  "cancelled": "the request was cancelled",
-  "reserve-timeout": "the decode worker did not answer the reservation in time",
-  "reserve-rejected": "the decode worker refused the reservation",
-};
-
-/** A one-line description of an abort reason (no content). */
-export function describe(reason: AbortReason): string {
-  return REASON_TEXT[reason] ?? `handoff aborted: ${isAbortReason(reason) ? reason : "unknown"}`;
 }

@@ -17,8 +17,17 @@ import { DecodeRole } from "./decode_role.ts";
 import { type DecodeLimits, DEFAULT_DECODE_LIMITS } from "./decode_session.ts";
 import type { RuntimeConfig } from "./engine.ts";
 import { type ResolvedIdentity, resolveIdentity } from "./identity.ts";
-import { type CancelRequest, isServeMessageType, parseMessage } from "./messages.ts";
-import { Node, type NodeLinkOptions } from "./node.ts";
+import {
+  type CancelRequest,
+  isServeMessageType,
+  parseMessage,
+  type PrefillOutcome,
+  type StatsRequest,
+  type WorkerCounters,
+  type WorkerStats,
+} from "./messages.ts";
+import { Node, type NodeFaults, type NodeLinkOptions } from "./node.ts";
+import { sendDone } from "./token_stream.ts";
 import { EnginePool } from "./pool.ts";
 import { DEFAULT_PREFILL_LIMITS, type PrefillLimits } from "./prefill_session.ts";
 import { PrefillRole } from "./prefill_role.ts";
@@ -44,6 +53,13 @@ export interface WorkerOptions {
   committedIdleMs?: number;
   /** One line per event, no content (default: stderr). */
   log?: (line: string) => void;
+  /**
+   * Tests only: false makes the worker announce no capabilities at all, as an older build
+   * would; it then serves colocated requests only.
+   */
+  announceCapabilities?: boolean;
+  /** Tests only: fault injection on this worker's connections (see NodeFaults). */
+  faults?: NodeFaults;
 }
 
 export class Worker {
@@ -63,7 +79,8 @@ export class Worker {
 
   /** Loads the model, opens the node and starts listening. */
   static async start(options: WorkerOptions): Promise<Worker> {
-    const node = await Node.open(options.stateDir, options.link, [options.hostname]);
+    const hostnames = [options.hostname];
+    const node = await Node.open(options.stateDir, options.link, hostnames, options.faults);
     const pool = await EnginePool.open(options.runtime, options.sessionsMax);
     const probe = await pool.tryAcquire();
     let identity: ResolvedIdentity;
@@ -85,7 +102,8 @@ export class Worker {
       kvDtypes: [identity.numerical.kType],
       numericalIdentity: exact as unknown as Record<string, unknown>,
     };
-    const listener = node.listen(options.hostname, options.port, capabilities);
+    const announced = options.announceCapabilities === false ? {} : capabilities;
+    const listener = node.listen(options.hostname, options.port, announced);
     const timing = resolveHandoffTiming(options.timing);
     const log = options.log ?? ((line: string) => console.error(line));
     const prefill = roleCovers(options.role, "prefill")
@@ -118,6 +136,24 @@ export class Worker {
     return this.listener.addr;
   }
 
+  /** What this worker holds now (counts only): every one but the totals returns to zero. */
+  stats(): WorkerCounters {
+    return {
+      prefillActive: 0,
+      retainedBytes: 0,
+      decodeAttempts: 0,
+      stagedBytes: 0,
+      committedSessions: 0,
+      generating: 0,
+      reservationsTotal: 0,
+      commitsTotal: 0,
+      abortsTotal: 0,
+      ...this.prefill?.counters,
+      ...this.decode?.counters,
+      contextsBusy: this.pool.busy,
+    };
+  }
+
   async #acceptLoop(): Promise<void> {
     for await (const peer of this.listener) {
       if (this.#closed) {
@@ -143,6 +179,7 @@ export class Worker {
           await this.#dispatch(peer, type, header);
         } catch (error) {
           this.#log(`peer ${peer.peerNodeId}: ${(error as Error).message}`);
+          await this.#answerRefusal(peer, type, header, (error as Error).message);
         }
       }
     } catch {
@@ -157,7 +194,14 @@ export class Worker {
       if (!this.decode) throw new ProtocolError(`This worker has no decode role ("${type}")`);
       return await this.decode.onCoreMessage(peer, header);
     }
-    if (type === "CancelRequest") return this.prefill?.cancel(parseMessage<CancelRequest>(header).handoffId);
+    if (type === "CancelRequest") {
+      return this.prefill?.cancel(parseMessage<CancelRequest>(header).handoffId);
+    }
+    if (type === "StatsRequest") {
+      const { requestId } = parseMessage<StatsRequest>(header);
+      const stats: WorkerStats = { type: "WorkerStats", requestId, ...this.stats() };
+      return await peer.send(stats as unknown as Record<string, unknown>);
+    }
     if (!isServeMessageType(type)) throw new ProtocolError(`Unknown message "${type.slice(0, 40)}"`);
     if (type === "PrefillRequest") {
       if (!this.prefill) throw new ProtocolError("This worker has no prefill role");
@@ -170,6 +214,35 @@ export class Worker {
       return;
     }
     throw new ProtocolError(`Unexpected message "${type}" for a worker`);
+  }
+
+  /**
+   * A request this worker could not take (malformed, wrong role) still gets an answer when it
+   * names a handoff, so the client fails at once instead of at its timeout.
+   */
+  async #answerRefusal(
+    peer: PeerConnection,
+    type: string,
+    header: Record<string, unknown>,
+    message: string,
+  ): Promise<void> {
+    const handoffId = header.handoffId;
+    if (typeof handoffId !== "string" || handoffId.length === 0 || handoffId.length > 64) return;
+    if (type === "GenerateRequest") {
+      return await sendDone(peer, handoffId, { ok: false, message });
+    }
+    if (type !== "PrefillRequest") return;
+    const outcome: PrefillOutcome = {
+      type: "PrefillOutcome",
+      handoffId,
+      outcome: "failed",
+      reason: "protocol-error",
+      message,
+      promptTokens: 0,
+      events: [],
+      firstLogitsSha256: null,
+    };
+    await peer.send(outcome as unknown as Record<string, unknown>).catch(() => {});
   }
 
   #log(line: string): void {

@@ -1,0 +1,153 @@
+/**
+ * Issue #4, a worker process killed (SIGKILL) while pages stream: the survivor notices through
+ * the QUIC idle timeout, frees everything it held for the handoff, and the client gets a
+ * defined outcome within a stated deadline. The victim runs as a child process (a real
+ * death); the survivor runs in this process, where a slowed link makes sure the kill lands
+ * mid-transfer and its counters can be read directly.
+ */
+import assert from "node:assert/strict";
+import { HandoffAbortedError } from "../core/mod.ts";
+import { testModel } from "../testing/models.ts";
+import { type RawConnection, withFaults } from "../transport/mod.ts";
+import {
+  assertWithin,
+  IDLE_MS,
+  makeNodes,
+  promptOf,
+  SAMPLING,
+  startChild,
+  startInProcess,
+  type TestWorker,
+  timed,
+  waitForIdle,
+  waitForStats,
+  withTimeout,
+} from "./_failure_harness.ts";
+import { type HandoffRequest, runHandoff } from "./coordinator.ts";
+import type { Node } from "./node.ts";
+
+const PROMPT = promptOf(50); // about 1,150 tokens: 18 KV pages
+/** The survivor notices a silent peer after IDLE_MS; everything else is local and fast. */
+const OUTCOME_DEADLINE_MS = 4 * IDLE_MS + 2_000;
+const IDLE_DEADLINE_MS = 2 * IDLE_MS + 1_500;
+
+function request(client: Node, prefill: TestWorker, decode: TestWorker) {
+  return (over: Partial<HandoffRequest> = {}) =>
+    runHandoff(client, {
+      prefill: prefill.peer,
+      decode: decode.peer,
+      prompt: PROMPT,
+      generateTokens: 8,
+      sampling: SAMPLING,
+      tenantId: "tenant-a",
+      probe: false,
+      timeoutMs: 20_000,
+      ...over,
+    });
+}
+
+/** Slows the stream at `streamIndex` of the wrapped connections while `slow.on` is set. */
+function slowLink(slow: { on: boolean }, streamIndex: number, delayMs: number) {
+  return (raw: RawConnection) => slow.on ? withFaults(raw, { streamIndex, delayMs }) : raw;
+}
+
+function kill(w: TestWorker): void {
+  w.child!.process.kill("SIGKILL");
+}
+
+Deno.test({
+  name:
+    "decode worker killed mid-transfer: the client gets a clear error, the prefill worker frees its state",
+  sanitizeOps: false,
+  sanitizeResources: false,
+  fn: async () => {
+    const model = await testModel("hybrid");
+    const { dir, nodes } = await makeNodes(["prefill", "decode", "client"]);
+    const client = nodes.get("client")!;
+    const slow = { on: false };
+    const decode = await startChild("decode", "decode", `${dir}/decode`, model, client);
+    const prefill = await startInProcess("prefill", "prefill", `${dir}/prefill`, model, {
+      faults: { connect: slowLink(slow, 1, 30) }, // the handoff stream's writes
+    });
+    try {
+      const run = request(client, prefill, decode);
+      assert.equal((await run()).placement, "disaggregated");
+      slow.on = true;
+      const running = timed(() => run());
+      await waitForStats(decode, (s) => s.stagedBytes > 0, 10_000, "pages staged");
+      kill(decode);
+      const killedAt = performance.now();
+      const r = await running;
+      assert.ok(r.error instanceof HandoffAbortedError, String(r.error));
+      assert.match(r.error.message, /decode worker/);
+      assertWithin(performance.now() - killedAt, OUTCOME_DEADLINE_MS, "the client's error");
+      await waitForIdle(prefill, IDLE_DEADLINE_MS); // it frees its state before it answers
+      assertWithin(performance.now() - killedAt, OUTCOME_DEADLINE_MS, "freeing state");
+    } finally {
+      await Promise.allSettled([prefill.stop(), decode.stop()]);
+      await Deno.remove(dir, { recursive: true }).catch(() => {});
+    }
+  },
+});
+
+Deno.test({
+  name:
+    "prefill worker killed mid-transfer: the decoder wipes its uncommitted session and recomputes",
+  sanitizeOps: false,
+  sanitizeResources: false,
+  fn: async () => {
+    const model = await testModel("hybrid");
+    const { dir, nodes } = await makeNodes(["prefill", "decode", "client"]);
+    const client = nodes.get("client")!;
+    const slow = { on: false };
+    // A small credit window whose grants come late: the prefiller can only trickle pages.
+    const decode = await startInProcess("decode", "decode", `${dir}/decode`, model, {
+      link: { inflightBytesMax: 256 * 1024 },
+      faults: { accept: slowLink(slow, 1, 100) },
+    });
+    const prefill = await startChild("prefill", "prefill", `${dir}/prefill`, model, client);
+    try {
+      const run = request(client, prefill, decode);
+      const baseline = await run();
+      assert.equal(baseline.placement, "disaggregated");
+      const before = await decode.stats();
+      slow.on = true;
+      const handoffId = crypto.randomUUID();
+      const running = timed(() => run({ handoffId }));
+      await waitForStats(decode, (s) => s.stagedBytes > 0, 10_000, "pages staged");
+      kill(prefill);
+      const killedAt = performance.now();
+      const idle = await waitForIdle(decode, IDLE_DEADLINE_MS);
+      assertWithin(idle, IDLE_DEADLINE_MS, "wiping the uncommitted session");
+      const r = await running;
+      assert.ifError(r.error);
+      assertWithin(performance.now() - killedAt, OUTCOME_DEADLINE_MS, "the recomputed answer");
+      assert.equal(r.value!.placement, "colocated");
+      assert.match(r.value!.fallbackReason!, /prefill worker was lost/);
+      assert.deepEqual(r.value!.tokens, baseline.tokens);
+      const after = await decode.stats();
+      assert.equal(after.commitsTotal, before.commitsTotal); // nothing partial ever committed
+      assert.equal(after.abortsTotal - before.abortsTotal, 1);
+      // The partial state is gone: asking to continue it is refused.
+      const conn = await client.connect(decode.peer);
+      await conn.send({
+        type: "GenerateRequest",
+        handoffId,
+        tenantId: "tenant-a",
+        generateTokens: 4,
+        mode: "committed",
+        prompt: null,
+        sampling: null,
+        probe: false,
+      });
+      const done = (await withTimeout(conn.receive(), 2_000, "GenerateDone"))!.header;
+      await conn.close();
+      assert.equal(done.ok, false);
+      assert.match(String(done.message), /No committed session/);
+      await waitForIdle(decode, IDLE_DEADLINE_MS);
+    } finally {
+      await Promise.allSettled([prefill.stop(), decode.stop()]);
+      await Deno.remove(dir, { recursive: true }).catch(() => {});
+    }
+  },
+});
