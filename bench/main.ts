@@ -43,7 +43,19 @@ const SECTIONS: Record<string, Section> = {
       name: "handoff",
       rows: r,
       table: table(
-        ["prompt", "state MB", "prefill ms", "handoff MB/s", "raw QUIC MB/s", "ratio", "overlap", "staged early", "tail ms", "TTFT disagg ms", "TTFT coloc ms"],
+        [
+          "prompt",
+          "state MB",
+          "prefill ms",
+          "handoff MB/s",
+          "raw QUIC MB/s",
+          "ratio",
+          "overlap",
+          "staged early",
+          "tail ms",
+          "TTFT disagg ms",
+          "TTFT coloc ms",
+        ],
         r.rows.map((x) => [
           x.promptTokens,
           x.stateBytes / 1e6,
@@ -61,17 +73,33 @@ const SECTIONS: Record<string, Section> = {
       notes: [
         `${r.family} ${r.preset}; two worker processes and the client share 2 cores on loopback, so TTFT disaggregated cannot beat colocated here: this measures the handoff's cost.`,
         "handoff MB/s: payload bytes over summed stream write time; raw QUIC: one stream, same run (transport bench).",
-        `Authentication + capabilities: ${r.transport.authenticationMsMedian.toFixed(2)} ms per connection; framing encode ${r.transport.encodeMBps.toFixed(0)} MB/s, decode ${r.transport.decodeMBps.toFixed(0)} MB/s.`,
+        `Authentication + capabilities: ${
+          r.transport.authenticationMsMedian.toFixed(2)
+        } ms per connection; framing encode ${r.transport.encodeMBps.toFixed(0)} MB/s, decode ${
+          r.transport.decodeMBps.toFixed(0)
+        } MB/s.`,
       ],
       charts: {
         "handoff-ttft.svg": barChart(r.rows.map((x) => String(x.promptTokens)), [
           { name: "disaggregated", values: r.rows.map((x) => x.ttftDisaggregatedMs) },
           { name: "colocated", values: r.rows.map((x) => x.ttftColocatedMs) },
-        ], { title: "Time to first token on one 2-core machine", xLabel: "prompt tokens", yLabel: "ms" }),
+        ], {
+          title: "Time to first token on one 2-core machine",
+          xLabel: "prompt tokens",
+          yLabel: "ms",
+        }),
         "handoff-tail.svg": lineChart([
-          { name: "uncovered tail", points: r.rows.map((x) => ({ x: x.promptTokens, y: x.uncoveredTailMs })) },
+          {
+            name: "uncovered tail",
+            points: r.rows.map((x) => ({ x: x.promptTokens, y: x.uncoveredTailMs })),
+          },
           { name: "prefill", points: r.rows.map((x) => ({ x: x.promptTokens, y: x.prefillMs })) },
-        ], { title: "Prefill time and the handoff's uncovered tail", xLabel: "prompt tokens", yLabel: "ms", logX: true }),
+        ], {
+          title: "Prefill time and the handoff's uncovered tail",
+          xLabel: "prompt tokens",
+          yLabel: "ms",
+          logX: true,
+        }),
       },
     };
   },
@@ -122,7 +150,9 @@ async function main(): Promise<void> {
   const names = values.only ? values.only.split(",") : Object.keys(SECTIONS);
   for (const n of names) {
     if (!SECTIONS[n]) {
-      console.error(`error: unknown bench section "${n}" (use: ${Object.keys(SECTIONS).join(", ")})`);
+      console.error(
+        `error: unknown bench section "${n}" (use: ${Object.keys(SECTIONS).join(", ")})`,
+      );
       Deno.exit(2);
     }
   }

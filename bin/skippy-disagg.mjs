@@ -16,6 +16,14 @@ try {
   console.error("error: the pinned Deno is not installed: run `npm ci` in " + root);
   process.exit(1);
 }
-const args = ["run", "-A", "--unstable-net", "--config", join(root, "deno.json"), join(root, "main.ts"), ...process.argv.slice(2)];
+const args = [
+  "run",
+  "-A",
+  "--unstable-net",
+  "--config",
+  join(root, "deno.json"),
+  join(root, "main.ts"),
+  ...process.argv.slice(2),
+];
 const result = spawnSync(process.execPath, [denoBin, ...args], { stdio: "inherit" });
 process.exit(result.status ?? 1);

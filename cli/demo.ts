@@ -50,8 +50,10 @@ async function runDemo(flags: DemoFlags): Promise<void> {
   step("starting a decode worker and a prefill worker on 127.0.0.1 (fresh identities)");
   const cluster = await startLocalCluster({ args: ["--model", model] });
   try {
-    step(`prefill ${cluster.prefill.peer.nodeId}@${cluster.prefill.peer.port}, ` +
-      `decode ${cluster.decode.peer.nodeId}@${cluster.decode.peer.port}; running one handoff`);
+    step(
+      `prefill ${cluster.prefill.peer.nodeId}@${cluster.prefill.peer.port}, ` +
+        `decode ${cluster.decode.peer.nodeId}@${cluster.decode.peer.port}; running one handoff`,
+    );
     const sampling = { temperature: 0, topK: 40, topP: 0.95, seed: 1 };
     const result = await runHandoff(cluster.client, {
       prefill: cluster.prefill.peer,
@@ -64,17 +66,23 @@ async function runDemo(flags: DemoFlags): Promise<void> {
       timeoutMs: 120_000,
     });
     console.log(result.text);
-    step(`placement: ${result.placement}` +
-      (result.fallbackReason ? ` (${result.fallbackReason})` : ""));
+    step(
+      `placement: ${result.placement}` +
+        (result.fallbackReason ? ` (${result.fallbackReason})` : ""),
+    );
     step(`telemetry: ${formatTelemetry(result.telemetry)}`);
-    step(`client clock: first token after ${result.ttftMs.toFixed(0)} ms, done after ${
-      result.e2eMs.toFixed(0)
-    } ms`);
+    step(
+      `client clock: first token after ${result.ttftMs.toFixed(0)} ms, done after ${
+        result.e2eMs.toFixed(0)
+      } ms`,
+    );
     const local = await localTokens(model, prompt, flags.n);
     const same = local.length === result.tokens.length &&
       local.every((t, i) => t === result.tokens[i]);
-    step(`same tokens as local generation on one machine: ${same ? "yes" : "NO"} ` +
-      `(${result.tokens.length} tokens)`);
+    step(
+      `same tokens as local generation on one machine: ${same ? "yes" : "NO"} ` +
+        `(${result.tokens.length} tokens)`,
+    );
     if (!same) throw new Error("The handoff's continuation differs from local generation");
   } finally {
     await cluster.stop();

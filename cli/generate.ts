@@ -11,8 +11,8 @@ import {
   intArg,
   numberArg,
   readPrompt,
-  type RuntimeFlags,
   runtimeConfigFrom,
+  type RuntimeFlags,
 } from "./_options.ts";
 import { numericsReport } from "./_report.ts";
 

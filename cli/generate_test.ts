@@ -15,7 +15,16 @@ function assertCleanError(r: { code: number; stderr: string }, code: number, pat
 
 Deno.test("generate from the tiny hybrid model prints text and JSON with numerics", async () => {
   const model = await testModel("hybrid");
-  const r = await runCliProcess(["generate", "--model", model, "--prompt", "Once upon a time", "-n", "8", "--json"]);
+  const r = await runCliProcess([
+    "generate",
+    "--model",
+    model,
+    "--prompt",
+    "Once upon a time",
+    "-n",
+    "8",
+    "--json",
+  ]);
   assert.equal(r.code, 0, r.stderr);
   const json = JSON.parse(r.stdout);
   assert.equal(json.tokens.length, 8);
@@ -23,7 +32,15 @@ Deno.test("generate from the tiny hybrid model prints text and JSON with numeric
   assert.equal(json.numerics.flashAttention, false);
   assert.equal(json.numerics.typeK, "f16");
   assert.equal(typeof json.numerics.cpuVariant, "string");
-  const text = await runCliProcess(["generate", "--model", model, "--prompt", "Once upon a time", "-n", "8"]);
+  const text = await runCliProcess([
+    "generate",
+    "--model",
+    model,
+    "--prompt",
+    "Once upon a time",
+    "-n",
+    "8",
+  ]);
   assert.equal(text.code, 0);
   assert.equal(text.stdout.trimEnd(), json.text.trimEnd());
 });
@@ -50,24 +67,50 @@ Deno.test("a truncated GGUF says llama.cpp could not load it", async () => {
 
 Deno.test("an unsupported architecture is named in the error", async () => {
   const path = await Deno.makeTempFile({ suffix: ".gguf" });
-  await writeChunksToFile(path, encodeGguf([["general.architecture", gv.str("skippy-unknown")]], []));
+  await writeChunksToFile(
+    path,
+    encodeGguf([["general.architecture", gv.str("skippy-unknown")]], []),
+  );
   const r = await runCliProcess(["generate", "--model", path, "--prompt", "x"]);
   assertCleanError(r, 1, /architecture .*"skippy-unknown"/);
 });
 
 Deno.test("a context larger than the model's training context is refused", async () => {
-  const r = await runCliProcess(["generate", "--model", await testModel("dense"), "--ctx", "1000000", "--prompt", "x"]);
+  const r = await runCliProcess([
+    "generate",
+    "--model",
+    await testModel("dense"),
+    "--ctx",
+    "1000000",
+    "--prompt",
+    "x",
+  ]);
   assertCleanError(r, 2, /exceeds the model's training context/);
 });
 
 Deno.test("wrong flags exit with code 2 and say what was wrong", async () => {
-  assertCleanError(await runCliProcess(["generate", "--threads", "abc", "--prompt", "x"]), 2, /--threads/);
+  assertCleanError(
+    await runCliProcess(["generate", "--threads", "abc", "--prompt", "x"]),
+    2,
+    /--threads/,
+  );
   assertCleanError(await runCliProcess(["generate", "--bogus"]), 2, /unknown option '--bogus'/);
-  assertCleanError(await runCliProcess(["generate", "--prompt", "a", "--prompt-file", "b"]), 2, /exactly one/);
+  assertCleanError(
+    await runCliProcess(["generate", "--prompt", "a", "--prompt-file", "b"]),
+    2,
+    /exactly one/,
+  );
 });
 
 Deno.test("--debug shows the stack trace", async () => {
-  const r = await runCliProcess(["--debug", "generate", "--model", "/nonexistent.gguf", "--prompt", "x"]);
+  const r = await runCliProcess([
+    "--debug",
+    "generate",
+    "--model",
+    "/nonexistent.gguf",
+    "--prompt",
+    "x",
+  ]);
   assert.equal(r.code, 1);
   assert.match(r.stderr, /\n\s+at /);
 });

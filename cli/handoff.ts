@@ -43,7 +43,12 @@ export function register(program: Command): void {
     .option("--top-p <p>", "nucleus sampling threshold", numberArg(0, 1), 0.95)
     .option("--tenant <id>", "tenant the request (and its state) belongs to", "default")
     .option("--state-dir <dir>", "this client's node identity and trust list (default: per-user)")
-    .option("--timeout-ms <ms>", "the whole request must finish within this", intArg(1, 86_400_000), 120_000)
+    .option(
+      "--timeout-ms <ms>",
+      "the whole request must finish within this",
+      intArg(1, 86_400_000),
+      120_000,
+    )
     .option("--json", "print one JSON object with text, tokens and telemetry", false)
     .option("--probe", "with --json: add a SHA-256 of every step's logits", false)
     .action((flags: HandoffFlags) => runHandoffCommand(flags));
@@ -62,7 +67,12 @@ async function runHandoffCommand(flags: HandoffFlags): Promise<void> {
       decode: flags.decode,
       prompt,
       generateTokens: flags.n,
-      sampling: { temperature: flags.temperature, topK: flags.topK, topP: flags.topP, seed: flags.seed },
+      sampling: {
+        temperature: flags.temperature,
+        topK: flags.topK,
+        topP: flags.topP,
+        seed: flags.seed,
+      },
       tenantId: flags.tenant,
       probe: flags.probe,
       timeoutMs: flags.timeoutMs,

@@ -4,9 +4,9 @@
  * accepts connections, then one line per handoff; never prompt content.
  */
 import { type Command, Option } from "commander";
-import { ROLES, type Role } from "../transport/mod.ts";
+import { type Role, ROLES } from "../transport/mod.ts";
 import { Worker } from "../serve/worker.ts";
-import { addRuntimeOptions, intArg, type RuntimeFlags, runtimeConfigFrom } from "./_options.ts";
+import { addRuntimeOptions, intArg, runtimeConfigFrom, type RuntimeFlags } from "./_options.ts";
 import { listenArg } from "./_peers.ts";
 import { numericsOf } from "./_report.ts";
 
@@ -28,15 +28,49 @@ export function register(program: Command): void {
     .command("serve")
     .description("run a prefill and/or decode worker")
     .addOption(new Option("--role <role>", "worker role").choices([...ROLES]).makeOptionMandatory())
-    .requiredOption("--listen <host:port>", "address to listen on (port 0: any free port)", listenArg)
+    .requiredOption(
+      "--listen <host:port>",
+      "address to listen on (port 0: any free port)",
+      listenArg,
+    )
     .option("--state-dir <dir>", "node identity, certificate and trust list (default: per-user)")
     .option("--sessions-max <n>", "requests served at once (one context each)", intArg(1, 64), 2)
-    .option("--lease-ms <ms>", "how long prefill state is retained awaiting CommitAck", intArg(1, 3_600_000), 30_000)
-    .option("--commit-timeout-ms <ms>", "how long to wait for CommitAck", intArg(1, 3_600_000), 10_000)
-    .option("--reserve-timeout-ms <ms>", "how long to wait for a reservation", intArg(1, 600_000), 2_000)
-    .option("--max-idle-timeout-ms <ms>", "a silent peer is declared dead after this", intArg(100, 600_000), 2_000)
-    .option("--inflight-bytes-max <bytes>", "handoff stream credit window", intArg(1 << 16, 2 ** 31), 64 << 20)
-    .option("--committed-idle-ms <ms>", "a committed session waits this long for its generate request", intArg(1, 3_600_000), 30_000);
+    .option(
+      "--lease-ms <ms>",
+      "how long prefill state is retained awaiting CommitAck",
+      intArg(1, 3_600_000),
+      30_000,
+    )
+    .option(
+      "--commit-timeout-ms <ms>",
+      "how long to wait for CommitAck",
+      intArg(1, 3_600_000),
+      10_000,
+    )
+    .option(
+      "--reserve-timeout-ms <ms>",
+      "how long to wait for a reservation",
+      intArg(1, 600_000),
+      2_000,
+    )
+    .option(
+      "--max-idle-timeout-ms <ms>",
+      "a silent peer is declared dead after this",
+      intArg(100, 600_000),
+      2_000,
+    )
+    .option(
+      "--inflight-bytes-max <bytes>",
+      "handoff stream credit window",
+      intArg(1 << 16, 2 ** 31),
+      64 << 20,
+    )
+    .option(
+      "--committed-idle-ms <ms>",
+      "a committed session waits this long for its generate request",
+      intArg(1, 3_600_000),
+      30_000,
+    );
   addRuntimeOptions(cmd).action((flags: ServeFlags) => runServe(flags));
 }
 
@@ -67,7 +101,9 @@ async function runServe(flags: ServeFlags): Promise<void> {
     numerics: numericsOf(runtime, worker.pool.model.lib),
   }));
   const stop = new Promise<void>((resolve) => {
-    for (const signal of ["SIGINT", "SIGTERM"] as const) Deno.addSignalListener(signal, () => resolve());
+    for (const signal of ["SIGINT", "SIGTERM"] as const) {
+      Deno.addSignalListener(signal, () => resolve());
+    }
   });
   await stop;
   console.error("serve: stopping");

@@ -205,7 +205,9 @@ export function overlapFraction(
   const total = nonLast.reduce((s, p) => s + p.bytes, 0);
   if (total === 0) return null;
   const lastSeq = pages[pages.length - 1].seq;
-  const early = sent.filter((p) => p.kind === "kv-page" && p.seq !== lastSeq && p.atMs <= prefillEndMs)
+  const early = sent.filter((p) =>
+    p.kind === "kv-page" && p.seq !== lastSeq && p.atMs <= prefillEndMs
+  )
     .reduce((s, p) => s + p.bytes, 0);
   return early / total;
 }

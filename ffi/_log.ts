@@ -8,10 +8,11 @@
 import type { LlamaSymbols } from "./llama.ts";
 
 const GGML_LOG_LEVEL_WARN = 3;
-const GGML_LOG_LEVEL_ERROR = 4;
 const GGML_LOG_LEVEL_CONT = 5;
 /** How many recent native warning/error lines we keep. */
 export const NATIVE_LOG_LINES_MAX = 32;
+
+const LIVE_CALLBACKS: unknown[] = [];
 
 export interface NativeLog {
   attach(symbols: LlamaSymbols, echo: boolean): void;
@@ -25,8 +26,6 @@ export function installLogger(): NativeLog {
   const lines: string[] = [];
   let lastLevel = 0;
   let echo = false;
-  // Held here so the callback is not garbage-collected while llama.cpp keeps its pointer.
-  let callback: unknown = null;
   const push = (level: number, text: string) => {
     const effective = level === GGML_LOG_LEVEL_CONT ? lastLevel : level;
     lastLevel = effective;
@@ -47,7 +46,8 @@ export function installLogger(): NativeLog {
         },
       );
       cb.unref();
-      callback = cb;
+      // Held for the life of the process: llama.cpp keeps the pointer.
+      LIVE_CALLBACKS.push(cb);
       symbols.llama_log_set(cb.pointer, null);
     },
     recent: () => [...lines],

@@ -5,8 +5,19 @@
  */
 import { assert } from "../core/errors.ts";
 
-export type CFieldType = "i8" | "u8" | "bool" | "i32" | "u32" | "f32" | "i64" | "u64" | "f64" |
-  "pointer" | "usize" | "function";
+export type CFieldType =
+  | "i8"
+  | "u8"
+  | "bool"
+  | "i32"
+  | "u32"
+  | "f32"
+  | "i64"
+  | "u64"
+  | "f64"
+  | "pointer"
+  | "usize"
+  | "function";
 
 const SIZE: Record<CFieldType, number> = {
   i8: 1,

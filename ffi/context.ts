@@ -16,9 +16,9 @@ import {
   ggml_threadpool_params,
   GGML_TYPE,
   type KvType,
+  llama_context_params,
   LLAMA_CONTEXT_TYPE,
   LLAMA_FLASH_ATTN_TYPE,
-  llama_context_params,
   llama_perf_context_data,
 } from "./llama.ts";
 import type { LlamaModel } from "./model.ts";

@@ -14,15 +14,15 @@ import {
   GGML_BASE_SYMBOLS,
   GGML_CPU_SYMBOLS,
   GGML_CPU_VARIANT_SYMBOLS,
-  type GgmlCpuSymbols,
   GGML_SYMBOLS,
   type GgmlBaseSymbols,
-  LLAMA_CPP_RELEASE,
-  LLAMA_PACKAGE_VERSION,
-  LLAMA_SYMBOLS,
+  type GgmlCpuSymbols,
   llama_batch,
   llama_context_params,
+  LLAMA_CPP_RELEASE,
   llama_model_params,
+  LLAMA_PACKAGE_VERSION,
+  LLAMA_SYMBOLS,
   type LlamaSymbols,
 } from "./llama.ts";
 import { type LlamaPlatform, platformFor, supportedPlatforms } from "./platform.ts";
@@ -191,7 +191,9 @@ function checkStructSizes(symbols: LlamaSymbols): void {
     const key = name as keyof typeof EXPECTED_STRUCT_SIZES;
     if (found[key] !== expected || ours[key] !== expected) {
       throw new RuntimeLibraryError(
-        `Struct "${name}" is ${found[key]} bytes in the library and ${ours[key]} in the bindings, expected ${expected}`,
+        `Struct "${name}" is ${found[key]} bytes in the library and ${
+          ours[key]
+        } in the bindings, expected ${expected}`,
         { hint: "the bindings do not match this llama.cpp build" },
       );
     }

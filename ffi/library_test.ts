@@ -2,7 +2,12 @@ import assert from "node:assert/strict";
 import { RuntimeLibraryError } from "../core/errors.ts";
 import { readBinaryId } from "./_binary_id.ts";
 import { checkBuild, loadLlama } from "./library.ts";
-import { EXPECTED_STRUCT_SIZES, llama_batch, llama_context_params, llama_model_params } from "./llama.ts";
+import {
+  EXPECTED_STRUCT_SIZES,
+  llama_batch,
+  llama_context_params,
+  llama_model_params,
+} from "./llama.ts";
 import { platformFor } from "./platform.ts";
 
 Deno.test("struct layouts computed from the header match the sizes llama.cpp uses", () => {
@@ -35,7 +40,10 @@ Deno.test("checkBuild() refuses a library of another build and says what it foun
   const dir = Deno.makeTempDirSync();
   try {
     // Another ELF file under libllama's name: right format, wrong build.
-    Deno.copyFileSync(`${lib.libDir}/${lib.platform.ggmlBaseFile}`, `${dir}/${lib.platform.llamaFile}`);
+    Deno.copyFileSync(
+      `${lib.libDir}/${lib.platform.ggmlBaseFile}`,
+      `${dir}/${lib.platform.llamaFile}`,
+    );
     assert.throws(() => checkBuild(lib.platform, dir), (e: Error) => {
       assert.ok(e instanceof RuntimeLibraryError);
       assert.match(e.message, /not the llama.cpp build these bindings were written for/);

@@ -29,92 +29,116 @@ export const LLAMA_LOAD_MODE = { AUTO: -1, NONE: 0, MMAP: 1 } as const;
 export const LLAMA_VOCAB_TYPE = ["none", "spm", "bpe", "wpm", "ugm", "rwkv", "plamo2"] as const;
 
 /** `enum ggml_type` values for the K/V cache types we expose. */
-export const GGML_TYPE = { f32: 0, f16: 1, q4_0: 2, q4_1: 3, q5_0: 6, q5_1: 7, q8_0: 8, bf16: 30 } as const;
+export const GGML_TYPE = {
+  f32: 0,
+  f16: 1,
+  q4_0: 2,
+  q4_1: 3,
+  q5_0: 6,
+  q5_1: 7,
+  q8_0: 8,
+  bf16: 30,
+} as const;
 export type KvType = keyof typeof GGML_TYPE;
 
-export const llama_model_params = new StructLayout("llama_model_params", [
-  ["devices", "pointer"],
-  ["tensor_buft_overrides", "pointer"],
-  ["n_gpu_layers", "i32"],
-  ["split_mode", "i32"],
-  ["load_mode", "i32"],
-  ["lazy_mode", "i32"],
-  ["main_gpu", "i32"],
-  ["tensor_split", "pointer"],
-  ["progress_callback", "function"],
-  ["progress_callback_user_data", "pointer"],
-  ["kv_overrides", "pointer"],
-  ["vocab_only", "bool"],
-  ["check_tensors", "bool"],
-  ["use_extra_bufts", "bool"],
-  ["no_host", "bool"],
-  ["no_alloc", "bool"],
-  ["load_mtp", "bool"],
-] as const);
+export const llama_model_params = new StructLayout(
+  "llama_model_params",
+  [
+    ["devices", "pointer"],
+    ["tensor_buft_overrides", "pointer"],
+    ["n_gpu_layers", "i32"],
+    ["split_mode", "i32"],
+    ["load_mode", "i32"],
+    ["lazy_mode", "i32"],
+    ["main_gpu", "i32"],
+    ["tensor_split", "pointer"],
+    ["progress_callback", "function"],
+    ["progress_callback_user_data", "pointer"],
+    ["kv_overrides", "pointer"],
+    ["vocab_only", "bool"],
+    ["check_tensors", "bool"],
+    ["use_extra_bufts", "bool"],
+    ["no_host", "bool"],
+    ["no_alloc", "bool"],
+    ["load_mtp", "bool"],
+  ] as const,
+);
 
-export const llama_context_params = new StructLayout("llama_context_params", [
-  ["n_ctx", "u32"],
-  ["n_batch", "u32"],
-  ["n_ubatch", "u32"],
-  ["n_seq_max", "u32"],
-  ["n_rs_seq", "u32"],
-  ["n_outputs_max", "u32"],
-  ["n_outputs_max_per_seq", "u32"],
-  ["n_threads", "i32"],
-  ["n_threads_batch", "i32"],
-  ["ctx_type", "i32"],
-  ["rope_scaling_type", "i32"],
-  ["pooling_type", "i32"],
-  ["attention_type", "i32"],
-  ["flash_attn_type", "i32"],
-  ["rope_freq_base", "f32"],
-  ["rope_freq_scale", "f32"],
-  ["yarn_ext_factor", "f32"],
-  ["yarn_attn_factor", "f32"],
-  ["yarn_beta_fast", "f32"],
-  ["yarn_beta_slow", "f32"],
-  ["yarn_orig_ctx", "u32"],
-  ["defrag_thold", "f32"],
-  ["cb_eval", "function"],
-  ["cb_eval_user_data", "pointer"],
-  ["type_k", "i32"],
-  ["type_v", "i32"],
-  ["abort_callback", "function"],
-  ["abort_callback_data", "pointer"],
-  ["embeddings", "bool"],
-  ["offload_kqv", "bool"],
-  ["no_perf", "bool"],
-  ["op_offload", "bool"],
-  ["swa_full", "bool"],
-  ["kv_unified", "bool"],
-  ["samplers", "pointer"],
-  ["n_samplers", "usize"],
-  ["ctx_other", "pointer"],
-] as const);
+export const llama_context_params = new StructLayout(
+  "llama_context_params",
+  [
+    ["n_ctx", "u32"],
+    ["n_batch", "u32"],
+    ["n_ubatch", "u32"],
+    ["n_seq_max", "u32"],
+    ["n_rs_seq", "u32"],
+    ["n_outputs_max", "u32"],
+    ["n_outputs_max_per_seq", "u32"],
+    ["n_threads", "i32"],
+    ["n_threads_batch", "i32"],
+    ["ctx_type", "i32"],
+    ["rope_scaling_type", "i32"],
+    ["pooling_type", "i32"],
+    ["attention_type", "i32"],
+    ["flash_attn_type", "i32"],
+    ["rope_freq_base", "f32"],
+    ["rope_freq_scale", "f32"],
+    ["yarn_ext_factor", "f32"],
+    ["yarn_attn_factor", "f32"],
+    ["yarn_beta_fast", "f32"],
+    ["yarn_beta_slow", "f32"],
+    ["yarn_orig_ctx", "u32"],
+    ["defrag_thold", "f32"],
+    ["cb_eval", "function"],
+    ["cb_eval_user_data", "pointer"],
+    ["type_k", "i32"],
+    ["type_v", "i32"],
+    ["abort_callback", "function"],
+    ["abort_callback_data", "pointer"],
+    ["embeddings", "bool"],
+    ["offload_kqv", "bool"],
+    ["no_perf", "bool"],
+    ["op_offload", "bool"],
+    ["swa_full", "bool"],
+    ["kv_unified", "bool"],
+    ["samplers", "pointer"],
+    ["n_samplers", "usize"],
+    ["ctx_other", "pointer"],
+  ] as const,
+);
 
-export const llama_batch = new StructLayout("llama_batch", [
-  ["n_tokens", "i32"],
-  ["token", "pointer"],
-  ["embd", "pointer"],
-  ["pos", "pointer"],
-  ["n_seq_id", "pointer"],
-  ["seq_id", "pointer"],
-  ["logits", "pointer"],
-] as const);
+export const llama_batch = new StructLayout(
+  "llama_batch",
+  [
+    ["n_tokens", "i32"],
+    ["token", "pointer"],
+    ["embd", "pointer"],
+    ["pos", "pointer"],
+    ["n_seq_id", "pointer"],
+    ["seq_id", "pointer"],
+    ["logits", "pointer"],
+  ] as const,
+);
 
-export const llama_sampler_chain_params = new StructLayout("llama_sampler_chain_params", [
-  ["no_perf", "bool"],
-] as const);
+export const llama_sampler_chain_params = new StructLayout(
+  "llama_sampler_chain_params",
+  [
+    ["no_perf", "bool"],
+  ] as const,
+);
 
-export const llama_perf_context_data = new StructLayout("llama_perf_context_data", [
-  ["t_start_ms", "f64"],
-  ["t_load_ms", "f64"],
-  ["t_p_eval_ms", "f64"],
-  ["t_eval_ms", "f64"],
-  ["n_p_eval", "i32"],
-  ["n_eval", "i32"],
-  ["n_reused", "i32"],
-] as const);
+export const llama_perf_context_data = new StructLayout(
+  "llama_perf_context_data",
+  [
+    ["t_start_ms", "f64"],
+    ["t_load_ms", "f64"],
+    ["t_p_eval_ms", "f64"],
+    ["t_eval_ms", "f64"],
+    ["n_p_eval", "i32"],
+    ["n_eval", "i32"],
+    ["n_reused", "i32"],
+  ] as const,
+);
 
 /** Struct sizes measured from the header on LP64 platforms, asserted at load. */
 export const EXPECTED_STRUCT_SIZES = {

@@ -25,7 +25,9 @@ function main() {
   );
   const last = `${result.stderr ?? ""}`.trim().split("\n").filter(Boolean).at(-1) ?? "";
   if (result.error) return `not built (${result.error.message})`;
-  if (result.status !== 0) return `${last.replace(/^shim: /, "") || `not built (exit ${result.status})`}`;
+  if (result.status !== 0) {
+    return `${last.replace(/^shim: /, "") || `not built (exit ${result.status})`}`;
+  }
   return last.replace(/^shim: /, "");
 }
 
@@ -35,5 +37,9 @@ try {
 } catch (error) {
   line = `not built (${error instanceof Error ? error.message : String(error)})`;
 }
-console.log(`skippy-disagg: native state shim ${line}${/^ready/.test(line) ? "" : "; llama.cpp's public state API will be used"}`);
+console.log(
+  `skippy-disagg: native state shim ${line}${
+    /^ready/.test(line) ? "" : "; llama.cpp's public state API will be used"
+  }`,
+);
 process.exit(0);

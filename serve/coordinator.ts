@@ -8,10 +8,7 @@
  * gets a clear error. Every wait is bounded.
  */
 import { HandoffAbortedError, LimitExceededError, PeerError } from "../core/mod.ts";
-import {
-  deriveTelemetry,
-  type HandoffTelemetry,
-} from "../core/telemetry.ts";
+import { deriveTelemetry, type HandoffTelemetry } from "../core/telemetry.ts";
 import { eligibleForHandoff, type PeerConnection, roleCovers } from "../transport/mod.ts";
 import {
   type GenerateDone,
@@ -95,22 +92,32 @@ export async function runHandoff(node: Node, req: HandoffRequest): Promise<Hando
     } else {
       outcome = await prefillAndHandOff(prefillPeer!, handoffId, req, deadline);
       if (outcome.outcome === "failed") {
-        throw new HandoffAbortedError(outcome.reason ?? "failed", `Handoff failed: ${outcome.message ?? outcome.reason}`, {
-          hint: "check both workers are running and trust each other; see their logs",
-        });
+        throw new HandoffAbortedError(
+          outcome.reason ?? "failed",
+          `Handoff failed: ${outcome.message ?? outcome.reason}`,
+          {
+            hint: "check both workers are running and trust each other; see their logs",
+          },
+        );
       }
       if (outcome.outcome === "fallback") fallbackReason = outcome.message ?? outcome.reason;
     }
-    const generation = await generate(decodePeer, {
-      type: "GenerateRequest",
-      handoffId,
-      tenantId: req.tenantId,
-      generateTokens: req.generateTokens,
-      mode: fallbackReason === null ? "committed" : "local",
-      prompt: fallbackReason === null ? null : req.prompt,
-      sampling: fallbackReason === null ? null : req.sampling,
-      probe: req.probe,
-    }, deadline, req.onText, t0);
+    const generation = await generate(
+      decodePeer,
+      {
+        type: "GenerateRequest",
+        handoffId,
+        tenantId: req.tenantId,
+        generateTokens: req.generateTokens,
+        mode: fallbackReason === null ? "committed" : "local",
+        prompt: fallbackReason === null ? null : req.prompt,
+        sampling: fallbackReason === null ? null : req.sampling,
+        probe: req.probe,
+      },
+      deadline,
+      req.onText,
+      t0,
+    );
     const prefillEvents = outcome?.events ?? [];
     return {
       handoffId,

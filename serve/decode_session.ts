@@ -82,8 +82,7 @@ export class DecodeHandoff {
   #receiver: HandoffReceiver | null = null;
   #manifest: FinalManifest | null = null;
   #nextLogits: Float32Array | null = null;
-  #done: { committed: boolean; reason: AbortReason | null; message: string | null } | null =
-    null;
+  #done: { committed: boolean; reason: AbortReason | null; message: string | null } | null = null;
   #failure: string | null = null;
   #frameConsumed: (() => void) | null = null;
   /** Set once the attempt has committed or been wiped. */
@@ -261,8 +260,11 @@ export class DecodeHandoff {
     }
   }
 
-  #fail(type: "ReserveFailed" | "ChunkRejected" | "VerifyFailed" | "ImportFailed" | "ProbeFailed",
-    reason: AbortReason, error: unknown): HandoffEvent {
+  #fail(
+    type: "ReserveFailed" | "ChunkRejected" | "VerifyFailed" | "ImportFailed" | "ProbeFailed",
+    reason: AbortReason,
+    error: unknown,
+  ): HandoffEvent {
     this.#failure = error instanceof Error ? error.message : String(error);
     return { type, reason };
   }
@@ -271,14 +273,20 @@ export class DecodeHandoff {
     const own = this.input.identity;
     try {
       const nCtx = this.input.engine.ctx.nCtx;
-      checkReservation(request, this.input.peer, { nodeId: this.input.nodeId, identity: own, nCtx });
+      checkReservation(request, this.input.peer, {
+        nodeId: this.input.nodeId,
+        identity: own,
+        nCtx,
+      });
       this.#staged = await StagedImport.open(this.input.engine.ctx, {
         nTokens: request.promptTokens,
         draft: this.input.draft?.ctx,
         stagedBytesMax: this.input.limits.stagingBytesMax,
       });
     } catch (error) {
-      const reason = error instanceof IdentityMismatchError ? "identity-mismatch" : "reserve-rejected";
+      const reason = error instanceof IdentityMismatchError
+        ? "identity-mismatch"
+        : "reserve-rejected";
       return this.#fail("ReserveFailed", reason, error);
     }
     const bindingKey = newBindingKey();
@@ -391,13 +399,17 @@ export class DecodeHandoff {
   async #probe(): Promise<HandoffEvent> {
     try {
       const committed = await this.#staged!.commit();
-      if (committed.mtpHidden && this.input.draft) this.input.draft.adoptPending(committed.mtpHidden);
+      if (committed.mtpHidden && this.input.draft) {
+        this.input.draft.adoptPending(committed.mtpHidden);
+      }
       const engine = this.input.engine;
       engine.adoptPosition(this.input.request.promptTokens);
       const logits = await engine.step(this.#tail.firstToken!);
       const want = this.#manifest?.probe?.logitsSha256;
       if (want !== undefined) {
-        const got = await payloadChecksum(new Uint8Array(logits.buffer, logits.byteOffset, logits.byteLength));
+        const got = await payloadChecksum(
+          new Uint8Array(logits.buffer, logits.byteOffset, logits.byteLength),
+        );
         if (got !== want) {
           return this.#fail("ProbeFailed", "probe-failed", "continuation probe logits differ");
         }

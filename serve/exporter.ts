@@ -20,12 +20,12 @@ import {
   payloadChecksum,
   type Range,
   type SamplerState,
-  type SamplingParams,
   sampleToken,
+  type SamplingParams,
   STATE_SCHEMA_VERSION,
   StateValidationError,
 } from "../core/mod.ts";
-import { exportKvPage, exportMtpHidden, exportRecurrent, exportSwa } from "../ffi/state.ts";
+import { exportKvPage, exportRecurrent, exportSwa } from "../ffi/state.ts";
 import type { LlamaContext } from "../ffi/mod.ts";
 import type { Engine } from "./engine.ts";
 import type { ResolvedIdentity } from "./identity.ts";
@@ -124,7 +124,9 @@ export class StateExporter {
       await timed("conv", [0, n], () => Promise.resolve(snapshot.conv));
       await timed("ssm", [0, n], () => Promise.resolve(snapshot.ssm));
     }
-    if (this.draft) await timed("mtp-hidden", [n - 1, n], () => Promise.resolve(this.draft!.pendingBytes()));
+    if (this.draft) {
+      await timed("mtp-hidden", [n - 1, n], () => Promise.resolve(this.draft!.pendingBytes()));
+    }
     const positions = { nPast: n, seqId: 0, nPosPerToken: 1 };
     await timed("positions", [0, n], () => Promise.resolve(encodePositions(positions)));
     const samplerPayload = { params: sampling, state: { ...sampler } };

@@ -12,11 +12,11 @@ import { LlamaModel, loadLlama } from "../ffi/mod.ts";
 
 const CTX = 32_768;
 /**
- * One compute thread per process: two workers and this test share two cores, and llama.cpp's
- * thread barriers stall badly when oversubscribed. Both sides use the same count (it is part
- * of the numerical identity).
+ * Compute threads per process. Two workers and this test share two cores; they rarely compute
+ * at the same time (the decoder only imports while the prefiller computes). Both sides use the
+ * same count: it is part of the numerical identity.
  */
-const THREADS = 1;
+const THREADS = 2;
 const SAMPLING = { temperature: 0, topK: 40, topP: 0.95, seed: 1 };
 
 const SENTENCE = "the quick brown fox jumps over the lazy dog and ";
@@ -29,14 +29,21 @@ async function promptOf(model: string, tokens: number): Promise<string> {
 }
 
 async function localRun(model: string, prompt: string, n: number) {
-  using engine = await Engine.open({ ...RUNTIME_DEFAULTS, modelPath: model, nCtx: CTX, threads: THREADS });
+  using engine = await Engine.open({
+    ...RUNTIME_DEFAULTS,
+    modelPath: model,
+    nCtx: CTX,
+    threads: THREADS,
+  });
   const tokens = engine.model.vocab.tokenize(prompt);
   const first = await engine.prefill(tokens);
   const out = { tokens: [] as number[], digests: [] as string[], promptTokens: tokens.length };
   for await (const s of engine.generate(first, n, { temperature: 0 }, { seed: 1, draws: 0 })) {
     out.tokens.push(s.token);
     out.digests.push(
-      createHash("sha256").update(new Uint8Array(s.logits.buffer, s.logits.byteOffset, s.logits.byteLength)).digest("hex"),
+      createHash("sha256").update(
+        new Uint8Array(s.logits.buffer, s.logits.byteOffset, s.logits.byteLength),
+      ).digest("hex"),
     );
   }
   return out;

@@ -67,8 +67,20 @@ export async function startWorker(
   args: string[],
 ): Promise<LocalWorker> {
   const process = new Deno.Command(Deno.execPath(), {
-    args: ["run", "-A", "--unstable-net", MAIN, "serve", "--role", role, "--listen",
-      "127.0.0.1:0", "--state-dir", stateDir, ...args],
+    args: [
+      "run",
+      "-A",
+      "--unstable-net",
+      MAIN,
+      "serve",
+      "--role",
+      role,
+      "--listen",
+      "127.0.0.1:0",
+      "--state-dir",
+      stateDir,
+      ...args,
+    ],
     stdout: "piped",
     stderr: "piped",
   }).spawn();

@@ -13,7 +13,10 @@ import type { DecoderTelemetryEvent } from "../core/telemetry.ts";
 /** Largest prompt a request may carry, in bytes of UTF-8 (it travels as a frame payload). */
 export const PROMPT_BYTES_MAX = 4 * 1024 * 1024;
 /** Control frames: small headers, payloads up to a prompt. */
-export const CONTROL_FRAME_LIMITS = { headerBytesMax: 64 * 1024, payloadBytesMax: PROMPT_BYTES_MAX };
+export const CONTROL_FRAME_LIMITS = {
+  headerBytesMax: 64 * 1024,
+  payloadBytesMax: PROMPT_BYTES_MAX,
+};
 /** Largest number of tokens one request may ask to generate. */
 export const GENERATE_TOKENS_MAX = 1 << 20;
 
@@ -213,9 +216,7 @@ const CHECKS: Record<ServeMessage["type"], Checker> = {
     !str(m.handoffId, 64) ? "handoffId" : typeof m.ok !== "boolean" ? "ok" : null,
   StatsRequest: (m) => !str(m.requestId, 64) ? "requestId" : null,
   WorkerStats: (m) =>
-    !str(m.requestId, 64)
-      ? "requestId"
-      : COUNTER_FIELDS.find((f) => !count(m[f])) ?? null,
+    !str(m.requestId, 64) ? "requestId" : COUNTER_FIELDS.find((f) => !count(m[f])) ?? null,
 };
 
 /** The fields of WorkerCounters, for checks and for summing. */

@@ -101,7 +101,8 @@ export class Node {
     const entry = this.trust.lookup(to.nodeId);
     if (!entry) {
       throw new PeerError(`Peer "${to.nodeId}" at ${to.host}:${to.port} is not in the trust list`, {
-        hint: `add it with \`skippy-disagg trust add <its identity card> --state-dir ${this.stateDir}\``,
+        hint:
+          `add it with \`skippy-disagg trust add <its identity card> --state-dir ${this.stateDir}\``,
       });
     }
     if (!entry.certificateSha256) {

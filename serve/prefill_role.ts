@@ -5,12 +5,8 @@
  * goes away cancels its requests.
  */
 import type { HandoffTiming } from "../core/mod.ts";
-import { formatTelemetry, deriveTelemetry } from "../core/telemetry.ts";
-import {
-  type Capabilities,
-  eligibleForHandoff,
-  type PeerConnection,
-} from "../transport/mod.ts";
+import { deriveTelemetry, formatTelemetry } from "../core/telemetry.ts";
+import { type Capabilities, eligibleForHandoff, type PeerConnection } from "../transport/mod.ts";
 import type { ResolvedIdentity } from "./identity.ts";
 import type { PrefillOutcome, PrefillRequest } from "./messages.ts";
 import type { Node } from "./node.ts";
@@ -78,7 +74,11 @@ export class PrefillRole {
         decoder = await this.node.connect(request.decode, this.capabilities);
       } catch (error) {
         return {
-          ...failed(request, `Cannot reach the decode worker: ${(error as Error).message}`, prompt.length),
+          ...failed(
+            request,
+            `Cannot reach the decode worker: ${(error as Error).message}`,
+            prompt.length,
+          ),
           outcome: "fallback",
           reason: "connection-lost",
         } satisfies PrefillOutcome;
@@ -116,8 +116,10 @@ export class PrefillRole {
       active.handoff = handoff;
       const outcome = await handoff.run();
       const summary = formatTelemetry(deriveTelemetry({ prefiller: outcome.events, decoder: [] }));
-      this.log(`handoff ${request.handoffId}: ${outcome.outcome}` +
-        (outcome.reason ? ` (${outcome.reason})` : "") + ` | ${summary}`);
+      this.log(
+        `handoff ${request.handoffId}: ${outcome.outcome}` +
+          (outcome.reason ? ` (${outcome.reason})` : "") + ` | ${summary}`,
+      );
       return outcome;
     } catch (error) {
       return failed(request, (error as Error).message, prompt.length);

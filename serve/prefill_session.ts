@@ -18,13 +18,13 @@ import {
   contextTokensNeeded,
   createPrefiller,
   type FinalManifest,
-  type HandoffAction,
   HandoffAbortedError,
+  type HandoffAction,
   type HandoffEvent,
   type HandoffTiming,
   LimitExceededError,
-  type PrefillerState,
   prefillerCanExport,
+  type PrefillerState,
   prefillerStep,
   signManifest,
   StateValidationError,
@@ -82,8 +82,7 @@ export class PrefillHandoff {
   /** The attempt each ConnectionLost event was raised in: older ones are stale. */
   readonly #lostIn = new WeakMap<HandoffEvent, number>();
   #feedIndex = 0;
-  #exportDone: { manifest: Omit<FinalManifest, "tag">; firstLogitsSha256: string } | null =
-    null;
+  #exportDone: { manifest: Omit<FinalManifest, "tag">; firstLogitsSha256: string } | null = null;
   #exportError: unknown = null;
   #manifestFed = false;
   #decoder: PeerConnection | null = null;
@@ -393,7 +392,11 @@ export class PrefillHandoff {
       r.handoffId,
       this.input.draft,
     );
-    const sampling = { temperature: r.sampling.temperature, topK: r.sampling.topK, topP: r.sampling.topP };
+    const sampling = {
+      temperature: r.sampling.temperature,
+      topK: r.sampling.topK,
+      topP: r.sampling.topP,
+    };
     try {
       const result = await exporter.run(
         this.input.prompt,
@@ -425,7 +428,12 @@ export class PrefillHandoff {
     const h = chunk.header;
     if (h.kind === "kv-page") {
       const tokens = h.tokenRange[1] - h.tokenRange[0];
-      this.#telemetry.push({ type: "prefill-chunk-done", atMs: now - exportMs, tokens, cached: false });
+      this.#telemetry.push({
+        type: "prefill-chunk-done",
+        atMs: now - exportMs,
+        tokens,
+        cached: false,
+      });
     }
     this.#telemetry.push({
       type: "export",

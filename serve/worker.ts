@@ -113,10 +113,18 @@ export class Worker {
       }, log)
       : null;
     const decode = roleCovers(options.role, "decode")
-      ? new DecodeRole(node, pool, identity, timing, {
-        ...DEFAULT_DECODE_LIMITS,
-        ...options.decodeLimits,
-      }, options.committedIdleMs ?? 30_000, log)
+      ? new DecodeRole(
+        node,
+        pool,
+        identity,
+        timing,
+        {
+          ...DEFAULT_DECODE_LIMITS,
+          ...options.decodeLimits,
+        },
+        options.committedIdleMs ?? 30_000,
+        log,
+      )
       : null;
     const worker = new Worker(
       options,
@@ -202,7 +210,9 @@ export class Worker {
       const stats: WorkerStats = { type: "WorkerStats", requestId, ...this.stats() };
       return await peer.send(stats as unknown as Record<string, unknown>);
     }
-    if (!isServeMessageType(type)) throw new ProtocolError(`Unknown message "${type.slice(0, 40)}"`);
+    if (!isServeMessageType(type)) {
+      throw new ProtocolError(`Unknown message "${type.slice(0, 40)}"`);
+    }
     if (type === "PrefillRequest") {
       if (!this.prefill) throw new ProtocolError("This worker has no prefill role");
       this.prefill.onPrefillRequest(peer, parseMessage(header));

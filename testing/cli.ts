@@ -8,7 +8,10 @@ export interface CliResult {
   stderr: string;
 }
 
-export async function runCliProcess(args: string[], env: Record<string, string> = {}): Promise<CliResult> {
+export async function runCliProcess(
+  args: string[],
+  env: Record<string, string> = {},
+): Promise<CliResult> {
   const out = await new Deno.Command(Deno.execPath(), {
     args: ["run", "-A", "--unstable-net", MAIN, ...args],
     env,
