@@ -12,13 +12,12 @@ import { startLocalCluster } from "../serve/local_cluster.ts";
 import { LlamaModel, loadLlama } from "../ffi/mod.ts";
 import { runTransportBench, type TransportBenchResult } from "./transport_bench.ts";
 import { median } from "./stats.ts";
+import { type PayloadPathResult, runPayloadPathBench } from "./handoff_payload.ts";
 
 export interface HandoffBenchRow {
   promptTokens: number;
   stateBytes: number;
   prefillMs: number;
-  /** Handoff payload bytes over summed write time (what the link took when bytes were ready). */
-  handoffMBps: number;
   overlapFraction: number;
   stagedEarlyFraction: number;
   uncoveredTailMs: number;
@@ -31,6 +30,7 @@ export interface HandoffBenchResult {
   preset: string;
   rows: HandoffBenchRow[];
   transport: TransportBenchResult;
+  payload: PayloadPathResult;
 }
 
 export interface HandoffBenchOptions {
@@ -51,6 +51,12 @@ export async function runHandoffBench(o: HandoffBenchOptions): Promise<HandoffBe
   const perSentence = await tokensPerSentence(model);
   const ctx = Math.ceil((Math.max(...sizes) + 64) / 256) * 256;
   const transport = await runTransportBench({ transferMiB: 64, repeats: o.repeats ?? 3 });
+  const payload = await runPayloadPathBench({
+    modelPath: model,
+    promptTokens: Math.max(...sizes),
+    pageTokens: 2048,
+    repeats: o.repeats ?? 3,
+  });
   const cluster = await startLocalCluster({ args: ["--model", model, "--ctx", String(ctx)] });
   const rows: HandoffBenchRow[] = [];
   try {
@@ -78,7 +84,6 @@ export async function runHandoffBench(o: HandoffBenchOptions): Promise<HandoffBe
         promptTokens: runs[0].d.promptTokens,
         stateBytes: t[0].totalBytes,
         prefillMs: median(t.map((x) => x.prefillMs ?? NaN)),
-        handoffMBps: median(t.map((x) => (x.achievedBytesPerS ?? NaN) / 1e6)),
         overlapFraction: median(t.map((x) => x.overlapFraction ?? 0)),
         stagedEarlyFraction: median(t.map((x) => x.stagedBeforePrefillEndFraction ?? 0)),
         uncoveredTailMs: median(t.map((x) => x.uncoveredTailMs ?? NaN)),
@@ -89,7 +94,7 @@ export async function runHandoffBench(o: HandoffBenchOptions): Promise<HandoffBe
   } finally {
     await cluster.stop();
   }
-  return { family, preset, rows, transport };
+  return { family, preset, rows, transport, payload };
 }
 
 async function tokensPerSentence(model: string): Promise<number> {

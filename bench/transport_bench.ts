@@ -51,14 +51,15 @@ export interface TransportBenchResult {
 
 const MB = 1e6;
 
-interface Setup {
+export interface Setup {
   certificate: TlsCertificate;
   listener: RawListener;
   client: PeerOptions;
   server: PeerOptions;
 }
 
-async function _setup(): Promise<Setup> {
+/** Two ephemeral nodes that trust each other and a raw QUIC listener (for other benches too). */
+export async function benchPeers(): Promise<Setup> {
   const certificate = await createEphemeralTlsCertificate();
   const [a, b] = [await createEphemeralNodeIdentity(), await createEphemeralNodeIdentity()];
   const [ta, tb] = [TrustList.inMemory(), TrustList.inMemory()];
@@ -72,7 +73,8 @@ async function _setup(): Promise<Setup> {
   };
 }
 
-function _connectRaw(setup: Setup) {
+/** A raw connection to the bench listener. */
+export function connectRaw(setup: Setup) {
   return connectQuicRaw({
     hostname: "127.0.0.1",
     port: setup.listener.addr.port,
@@ -81,8 +83,8 @@ function _connectRaw(setup: Setup) {
 }
 
 /** One raw stream: `bytes` in `pageBytes` writes; MB/s from first write to last byte read. */
-async function _rawTransfer(setup: Setup, bytes: number, pageBytes: number): Promise<number> {
-  const [client, server] = await Promise.all([_connectRaw(setup), setup.listener.accept()]);
+export async function rawTransfer(setup: Setup, bytes: number, pageBytes: number): Promise<number> {
+  const [client, server] = await Promise.all([connectRaw(setup), setup.listener.accept()]);
   const page = new Uint8Array(pageBytes).fill(1);
   const started = performance.now();
   const channel = await client.openChannel();
@@ -108,7 +110,7 @@ async function _rawTransfer(setup: Setup, bytes: number, pageBytes: number): Pro
 
 /** One handoff stream: framed, checksummed, credited, until the receiver's receipt. */
 async function _framedTransfer(setup: Setup, bytes: number, pageBytes: number): Promise<number> {
-  const [clientRaw, serverRaw] = await Promise.all([_connectRaw(setup), setup.listener.accept()]);
+  const [clientRaw, serverRaw] = await Promise.all([connectRaw(setup), setup.listener.accept()]);
   const [client, server] = await Promise.all([
     establishPeer(clientRaw, "client", setup.client),
     establishPeer(serverRaw!, "server", setup.server),
@@ -140,12 +142,12 @@ async function _connectTimes(
   const authenticated: number[] = [];
   for (let i = 0; i < repeats + 1; i++) {
     let t0 = performance.now();
-    const [c1, s1] = await Promise.all([_connectRaw(setup), setup.listener.accept()]);
+    const [c1, s1] = await Promise.all([connectRaw(setup), setup.listener.accept()]);
     const rawMs = performance.now() - t0;
     c1.close();
     s1?.close();
     t0 = performance.now();
-    const [c2, s2] = await Promise.all([_connectRaw(setup), setup.listener.accept()]);
+    const [c2, s2] = await Promise.all([connectRaw(setup), setup.listener.accept()]);
     const [client] = await Promise.all([
       establishPeer(c2, "client", setup.client),
       establishPeer(s2!, "server", setup.server),
@@ -190,13 +192,13 @@ export async function runTransportBench(
   const transferBytes = (options.transferMiB ?? 128) * 1024 * 1024;
   const pageBytes = options.pageBytes ?? 4 * 1024 * 1024;
   const repeats = options.repeats ?? 3;
-  const setup = await _setup();
+  const setup = await benchPeers();
   try {
     const rawMBps: number[] = [];
     const framedMBps: number[] = [];
     // Interleaved, so drift (thermal, other load) hits both paths alike.
     for (let i = 0; i < repeats; i++) {
-      rawMBps.push(await _rawTransfer(setup, transferBytes, pageBytes));
+      rawMBps.push(await rawTransfer(setup, transferBytes, pageBytes));
       framedMBps.push(await _framedTransfer(setup, transferBytes, pageBytes));
     }
     const connect = await _connectTimes(setup, options.handshakeRepeats ?? 10);

@@ -1,4 +1,4 @@
-import { assert, assertEquals } from "../transport/_test_assert.ts";
+import { assert, assertEquals } from "../testing/assert.ts";
 import { runCli } from "./program.ts";
 
 Deno.test("identity show --json and trust add/list/remove work on a state dir, exit codes included", async () => {

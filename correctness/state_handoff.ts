@@ -27,7 +27,7 @@ import {
 import { SKIPPY_SHIM_ABI_VERSION } from "../ffi/shim/abi.ts";
 import { Engine, type RuntimeConfig } from "../serve/engine.ts";
 import { type ResolvedIdentity, resolveIdentity } from "../serve/identity.ts";
-import { MtpDraft } from "../serve/mtp.ts";
+import { MtpDraft } from "../ffi/mtp.ts";
 
 /** One side of a handoff: an engine (its own context), its MTP draft, and its identity. */
 export class Side implements Disposable {
@@ -47,7 +47,7 @@ export class Side implements Disposable {
   ): Promise<Side> {
     const engine = await Engine.open(config, options.model);
     try {
-      const draft = config.mtp ? await MtpDraft.open(engine) : null;
+      const draft = config.mtp ? await MtpDraft.open(engine.ctx) : null;
       const backend = await stateBackend(engine.ctx);
       const identity = await resolveIdentity(engine, {
         digestCacheFile: options.digestCacheFile,

@@ -7,7 +7,7 @@
  * exactly llama.cpp's `state_write_data` layout for the page's cells.
  */
 import { StateValidationError } from "../core/errors.ts";
-import { crc32c } from "./_crc32c.ts";
+import { crc32c } from "../core/crc32c.ts";
 import { SHIM_PAGE } from "./shim/abi.ts";
 
 export interface PageHeader {

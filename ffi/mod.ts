@@ -48,3 +48,4 @@ export {
   prefillAndExport,
   type PrefillOptions,
 } from "./state_driver.ts";
+export { MtpDraft } from "./mtp.ts";

@@ -21,6 +21,7 @@ import {
   type StateOptions,
 } from "./state.ts";
 import { StagedImport } from "./staged_import.ts";
+import { MtpDraft } from "./mtp.ts";
 
 /** Everything a prefill worker sends, in the order it became available. */
 export interface ExportedState {
@@ -43,23 +44,6 @@ export interface PrefillOptions extends StateOptions {
   draft?: LlamaContext;
 }
 
-async function draftCatchUp(
-  draft: LlamaContext,
-  target: LlamaContext,
-  tokens: Int32Array,
-  pos0: number,
-  pending: Float32Array,
-) {
-  const n = tokens.length;
-  const batch = new LlamaBatch(n, target.nEmbd);
-  for (let k = 0; k < n; k++) {
-    const h = k === 0 ? pending : target.nextnEmbedding(k - 1);
-    batch.add(tokens[k], pos0 + k, false, 0, h);
-  }
-  await draft.decode(batch);
-  return target.nextnEmbedding(n - 1);
-}
-
 /** Prefills `tokens` into `ctx` in chunks, exporting every chunk's page(s) right after it. */
 export async function prefillAndExport(
   ctx: LlamaContext,
@@ -80,11 +64,7 @@ export async function prefillAndExport(
   };
   const backend = await stateBackend(ctx, options.path);
   const attention = backend.kind !== "recurrent";
-  if (draft) {
-    ctx.setEmbeddingsNextn(true, false);
-    draft.setEmbeddingsNextn(true, true);
-  }
-  let pending: Float32Array = new Float32Array(ctx.nEmbd);
+  const mtp = draft ? MtpDraft.adopt(ctx, draft) : null;
   const batch = new LlamaBatch(chunkTokens);
   for (let p0 = 0; p0 < tokens.length; p0 += chunkTokens) {
     const chunk = tokens.subarray(p0, Math.min(tokens.length, p0 + chunkTokens));
@@ -92,7 +72,7 @@ export async function prefillAndExport(
     const t0 = performance.now();
     batch.fill(chunk, p0);
     await ctx.decode(batch);
-    if (draft) pending = await draftCatchUp(draft, ctx, chunk, p0, pending);
+    if (mtp) await mtp.catchUp(chunk, p0);
     out.prefillMs += performance.now() - t0;
     const t1 = performance.now();
     if (attention) out.pages.push(await exportKvPage(ctx, p0, p1, options));
@@ -104,7 +84,7 @@ export async function prefillAndExport(
     out.recurrent = await exportRecurrent(ctx, options);
   }
   if (backend.kind === "iswa") out.swa = await exportSwa(ctx, options);
-  if (draft) out.mtpHidden = exportMtpHidden(ctx, (tokens.length - 1) % chunkTokens);
+  if (mtp) out.mtpHidden = exportMtpHidden(ctx, (tokens.length - 1) % chunkTokens);
   out.finalExportUs = (performance.now() - t2) * 1000;
   return out;
 }

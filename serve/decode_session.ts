@@ -41,7 +41,7 @@ import { checkReservation } from "./_reservation.ts";
 import type { CommittedSession } from "./generation.ts";
 import type { Engine } from "./engine.ts";
 import type { ResolvedIdentity } from "./identity.ts";
-import type { MtpDraft } from "./mtp.ts";
+import type { MtpDraft } from "../ffi/mtp.ts";
 
 /** Bounds of the decode side, each named with its unit. */
 export interface DecodeLimits {

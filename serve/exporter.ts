@@ -29,7 +29,7 @@ import { exportKvPage, exportRecurrent, exportSwa } from "../ffi/state.ts";
 import type { LlamaContext } from "../ffi/mod.ts";
 import type { Engine } from "./engine.ts";
 import type { ResolvedIdentity } from "./identity.ts";
-import { MtpDraft } from "./mtp.ts";
+import { MtpDraft } from "../ffi/mtp.ts";
 
 /** A chunk ready to send: its header and payload. */
 export interface ExportedChunk {

@@ -6,7 +6,7 @@
 import { type SamplerPayload, sampleToken } from "../core/mod.ts";
 import type { DecoderTelemetryEvent } from "../core/telemetry.ts";
 import type { Engine } from "./engine.ts";
-import type { MtpDraft } from "./mtp.ts";
+import type { MtpDraft } from "../ffi/mtp.ts";
 
 /** A committed session, ready to generate: everything the decode loop continues from. */
 export interface CommittedSession {

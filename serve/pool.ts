@@ -6,7 +6,7 @@
 import { LlamaModel, loadLlama } from "../ffi/mod.ts";
 import { readGgufFile, specFromGguf } from "../models/mod.ts";
 import { Engine, type RuntimeConfig } from "./engine.ts";
-import { MtpDraft } from "./mtp.ts";
+import { MtpDraft } from "../ffi/mtp.ts";
 
 export interface PooledEngine {
   engine: Engine;
@@ -44,7 +44,7 @@ export class EnginePool implements Disposable {
     this.#created++;
     try {
       const engine = await Engine.open(this.config, this.model);
-      const draft = this.withDraft ? await MtpDraft.open(engine) : null;
+      const draft = this.withDraft ? await MtpDraft.open(engine.ctx) : null;
       return { engine, draft };
     } catch (error) {
       this.#created--;

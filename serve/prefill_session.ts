@@ -38,7 +38,7 @@ import { ExportStopped, RetainedState } from "./_retained_state.ts";
 import { within } from "./_deadline.ts";
 import type { ResolvedIdentity } from "./identity.ts";
 import { describeAbort, type PrefillOutcome, type PrefillRequest } from "./messages.ts";
-import type { MtpDraft } from "./mtp.ts";
+import type { MtpDraft } from "../ffi/mtp.ts";
 import { CORE_MESSAGE_TYPES } from "./wire.ts";
 
 /** Bounds of one prefill-side handoff, each named with its unit. */

@@ -3,7 +3,7 @@
  * against the real QUIC transport (conformance_quic_test.ts) and the loopback fake
  * (conformance_loopback_test.ts), in the manner of Hono's router `common.case.test.ts`.
  */
-import { assert, assertEquals, assertRejects } from "./_test_assert.ts";
+import { assert, assertEquals, assertRejects } from "../testing/assert.ts";
 import { HandoffAbortedError, PeerError, ProtocolError } from "../core/errors.ts";
 import { CloseCode } from "./channel.ts";
 import type { FaultPlan } from "./fault_plan.ts";

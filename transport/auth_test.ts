@@ -1,4 +1,4 @@
-import { assert, assertEquals, assertRejects } from "./_test_assert.ts";
+import { assert, assertEquals, assertRejects } from "../testing/assert.ts";
 import { LimitExceededError, PeerError } from "../core/errors.ts";
 import { makeTestNodes } from "./_conformance.ts";
 import type { RawConnection } from "./channel.ts";

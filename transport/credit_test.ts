@@ -1,4 +1,4 @@
-import { assert, assertEquals, assertRejects, assertThrows } from "./_test_assert.ts";
+import { assert, assertEquals, assertRejects, assertThrows } from "../testing/assert.ts";
 import { LimitExceededError, ProtocolError } from "../core/errors.ts";
 import { randomInt, seededRandom } from "./_prng.ts";
 import { CreditReceiver, CreditSender } from "./credit.ts";

@@ -1,4 +1,4 @@
-import { assert, assertEquals } from "./_test_assert.ts";
+import { assert, assertEquals } from "../testing/assert.ts";
 import { makeTestNodes } from "./_conformance.ts";
 import { encodeFrame } from "./frame.ts";
 import { randomFaultPlan } from "./fault_plan.ts";

@@ -24,7 +24,7 @@
  * 1. First version.
  */
 import { LimitExceededError, ProtocolError } from "../core/errors.ts";
-import { crc32c } from "./_crc32c.ts";
+import { crc32c } from "../core/crc32c.ts";
 import { packMsgpack, unpackMsgpack } from "./_msgpack.ts";
 
 export const FRAME_MAGIC = 0x5344;

@@ -1,7 +1,7 @@
-import { assert, assertEquals, assertThrows } from "./_test_assert.ts";
+import { assert, assertEquals, assertThrows } from "../testing/assert.ts";
 import { LimitExceededError, ProtocolError } from "../core/errors.ts";
 import { randomInt, seededRandom } from "./_prng.ts";
-import { crc32c } from "./_crc32c.ts";
+import { crc32c } from "../core/crc32c.ts";
 import {
   encodeFrame,
   type Frame,

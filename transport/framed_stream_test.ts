@@ -1,4 +1,4 @@
-import { assertEquals, assertRejects } from "./_test_assert.ts";
+import { assertEquals, assertRejects } from "../testing/assert.ts";
 import { FrameError } from "./frame.ts";
 import { FrameReader, FrameWriter } from "./framed_stream.ts";
 

@@ -1,4 +1,4 @@
-import { assert, assertEquals, assertRejects, assertThrows } from "./_test_assert.ts";
+import { assert, assertEquals, assertRejects, assertThrows } from "../testing/assert.ts";
 import { InputFileError, UsageError } from "../core/errors.ts";
 import {
   createEphemeralNodeIdentity,

@@ -1,4 +1,4 @@
-import { assert, assertEquals, assertThrows } from "./_test_assert.ts";
+import { assert, assertEquals, assertThrows } from "../testing/assert.ts";
 import { UsageError } from "../core/errors.ts";
 import { x509 } from "./_x509.ts";
 import { loadOrCreateTlsCertificate, parseFingerprint } from "./tls.ts";

@@ -1,5 +1,5 @@
-import { assertEquals } from "./_test_assert.ts";
-import { crc32c } from "./_crc32c.ts";
+import { assertEquals } from "../testing/assert.ts";
+import { crc32c } from "./crc32c.ts";
 
 /** Reference implementation: the bit-at-a-time definition, slow but obviously right. */
 function crc32cReference(bytes: Uint8Array): number {

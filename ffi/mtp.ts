@@ -4,8 +4,8 @@
  * decodes the same tokens and positions, row k carrying the target's row k-1 (row 0 the
  * pending row of the previous batch); the pending row is the target's last row.
  */
-import { LlamaBatch, LlamaContext } from "../ffi/mod.ts";
-import type { Engine } from "./engine.ts";
+import { LlamaBatch } from "./batch.ts";
+import { LlamaContext } from "./context.ts";
 
 export class MtpDraft implements Disposable {
   #pending: Float32Array;
@@ -14,21 +14,20 @@ export class MtpDraft implements Disposable {
     this.#pending = new Float32Array(target.nEmbd);
   }
 
-  /** Creates the draft context beside `engine`'s target (the model must be loaded with MTP). */
-  static async open(engine: Engine): Promise<MtpDraft> {
-    const c = engine.config;
-    const ctx = await LlamaContext.create(engine.model, {
-      nCtx: engine.ctx.nCtx,
-      nBatch: c.chunkTokens,
-      threads: c.threads,
-      flashAttention: c.flashAttention,
-      typeK: c.typeK,
-      typeV: c.typeV,
-      mtp: true,
-    });
-    engine.ctx.setEmbeddingsNextn(true, false);
-    ctx.setEmbeddingsNextn(true, true);
-    return new MtpDraft(engine.ctx, ctx);
+  /**
+   * Creates the draft context beside `target` (its model must be loaded with MTP), with the
+   * target's numerics, and turns on nextn rows on both.
+   */
+  static async open(target: LlamaContext): Promise<MtpDraft> {
+    const ctx = await LlamaContext.create(target.model, { ...target.options, mtp: true });
+    return MtpDraft.adopt(target, ctx);
+  }
+
+  /** Wraps an existing draft context (created with `mtp: true`) for `target`. */
+  static adopt(target: LlamaContext, draft: LlamaContext): MtpDraft {
+    target.setEmbeddingsNextn(true, false);
+    draft.setEmbeddingsNextn(true, true);
+    return new MtpDraft(target, draft);
   }
 
   /** After the target decoded `tokens` at `pos0..`: the draft's catch-up decode. */
@@ -42,6 +41,11 @@ export class MtpDraft implements Disposable {
     const last = this.target.nextnEmbedding(n - 1);
     await this.ctx.decode(batch);
     this.#pending = last;
+  }
+
+  /** The pending hidden row itself. */
+  get pending(): Float32Array {
+    return this.#pending;
   }
 
   /** The pending hidden row (n_embd little-endian f32), for the `mtp-hidden` component. */

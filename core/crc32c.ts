@@ -8,7 +8,7 @@
  * that runs at roughly 2 GB/s, about four times the byte-at-a-time loop and several times
  * faster than the QUIC stack it protects (see bench/transport_bench.ts).
  *
- * Private to transport/: frame.ts is the only user.
+ * Used by transport framing and by the state pages the native shim writes (same function in C++).
  */
 
 const POLY_REFLECTED = 0x82f63b78;

@@ -1,5 +1,5 @@
 /**
- * Test assertions for transport/ tests, in the shape of `@std/assert` (which is not reachable
+ * Test assertions shared by the test files, in the shape of `@std/assert` (which is not reachable
  * here) and built on `node:assert`. Private: tests only.
  */
 import nodeAssert from "node:assert/strict";
