@@ -235,7 +235,11 @@ function _decoderSide(events: readonly DecoderTelemetryEvent[]) {
  * // "prefill->decode 32768 tok (8192 cached) 416.0 MiB [kv-page 256.0 MiB, ...] ..."
  * ```
  */
-export function formatTelemetry(t: HandoffTelemetry): string {
+export function formatTelemetry(
+  t: HandoffTelemetry,
+  options: { side?: "both" | "prefill" } = {},
+): string {
+  const both = (options.side ?? "both") === "both";
   const parts: string[] = [];
   parts.push(`${t.sourceRole}->${t.destRole} ${t.promptTokens} tok (${t.cachedTokens} cached)`);
   const kinds = Object.entries(t.bytesByComponent).map(([k, b]) => `${k} ${_mib(b!)}`);
@@ -248,14 +252,17 @@ export function formatTelemetry(t: HandoffTelemetry): string {
   if (t.stagedBeforePrefillEndFraction !== null) {
     parts.push(`staged early ${Math.round(t.stagedBeforePrefillEndFraction * 100)}%`);
   }
-  parts.push(`export ${_ms(t.exportMs)} queue ${_ms(t.queueMs)} wire ${_ms(t.wireMs)}`);
-  if (t.achievedBytesPerS !== null) parts.push(`@ ${_gbps(t.achievedBytesPerS)}`);
+  parts.push(`export ${_ms(t.exportMs)} queue ${_ms(t.queueMs)} send ${_ms(t.wireMs)}`);
   if (t.bandwidthBytesPerS !== null) parts.push(`link ${_gbps(t.bandwidthBytesPerS)}`);
   if (t.rttMs !== null) parts.push(`rtt ${_ms(t.rttMs)}`);
-  parts.push(`import ${_ms(t.importMs)} commit ${_ms(t.commitMs)}`);
-  parts.push(`TTFT ${_ms(t.ttftMs)} TPOT ${_ms(t.tpotMs)}`);
-  parts.push(`target ${t.targetReady ? "ready" : "not ready"}`);
-  if (t.mtpReady !== null) parts.push(`MTP ${t.mtpReady ? "ready" : "not ready"}`);
+  if (both) {
+    parts.push(`import ${_ms(t.importMs)} commit ${_ms(t.commitMs)}`);
+    parts.push(`TTFT ${_ms(t.ttftMs)} TPOT ${_ms(t.tpotMs)}`);
+    parts.push(`target ${t.targetReady ? "ready" : "not ready"}`);
+    if (t.mtpReady !== null) parts.push(`MTP ${t.mtpReady ? "ready" : "not ready"}`);
+  } else {
+    parts.push(`commit round trip ${_ms(t.commitRoundTripMs)}`);
+  }
   if (t.retries > 0) parts.push(`retries ${t.retries} (${t.retryReasons.join(", ")})`);
   if (t.fallbackReason) parts.push(`fallback ${t.fallbackReason}`);
   return parts.join(" ");

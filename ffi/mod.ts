@@ -49,3 +49,4 @@ export {
   type PrefillOptions,
 } from "./state_driver.ts";
 export { MtpDraft } from "./mtp.ts";
+export { LlamaSampler, type LlamaSamplerOptions } from "./sampler.ts";

@@ -129,7 +129,11 @@ export async function runHandoff(node: Node, req: HandoffRequest): Promise<Hando
         ? [outcome.firstLogitsSha256, ...generation.logitsSha256]
         : generation.logitsSha256,
       promptTokens: outcome?.promptTokens ?? 0,
-      telemetry: deriveTelemetry({ prefiller: prefillEvents, decoder: generation.done.events }),
+      telemetry: {
+        ...deriveTelemetry({ prefiller: prefillEvents, decoder: generation.done.events }),
+        // The client's own clock: request sent to first token received.
+        ttftMs: generation.ttftMs,
+      },
       ttftMs: generation.ttftMs,
       e2eMs: performance.now() - t0,
       mtpReady: generation.done.mtpReady,

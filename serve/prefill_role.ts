@@ -115,7 +115,9 @@ export class PrefillRole {
       });
       active.handoff = handoff;
       const outcome = await handoff.run();
-      const summary = formatTelemetry(deriveTelemetry({ prefiller: outcome.events, decoder: [] }));
+      const summary = formatTelemetry(deriveTelemetry({ prefiller: outcome.events, decoder: [] }), {
+        side: "prefill",
+      });
       this.log(
         `handoff ${request.handoffId}: ${outcome.outcome}` +
           (outcome.reason ? ` (${outcome.reason})` : "") + ` | ${summary}`,
