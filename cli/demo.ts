@@ -37,8 +37,8 @@ export function register(program: Command): void {
     .action((flags: DemoFlags) => runDemo(flags));
 }
 
-function step(text: string): void {
-  console.error(`demo: ${text}`);
+function step(line: string): void {
+  console.error(`demo: ${line}`);
 }
 
 async function runDemo(flags: DemoFlags): Promise<void> {
@@ -65,7 +65,8 @@ async function runDemo(flags: DemoFlags): Promise<void> {
       probe: false,
       timeoutMs: 120_000,
     });
-    console.log(result.text);
+    // The generated text is the demo's output (stdout); the steps go to stderr.
+    await Deno.stdout.write(new TextEncoder().encode(`${result.text}\n`));
     step(
       `placement: ${result.placement}` +
         (result.fallbackReason ? ` (${result.fallbackReason})` : ""),

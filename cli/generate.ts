@@ -2,8 +2,8 @@
  * `generate`: colocated local generation, the baseline every disaggregated run is compared
  * with. Streams text to stdout, or prints one JSON object with `--json`.
  */
+import { logitsDigest } from "../serve/probe.ts";
 import type { Command } from "commander";
-import { createHash } from "node:crypto";
 import { Engine } from "../serve/engine.ts";
 import { PieceDecoder } from "../ffi/mod.ts";
 import {
@@ -63,7 +63,7 @@ async function runGenerate(flags: GenerateFlags): Promise<void> {
   const t2 = performance.now();
   for await (const step of engine.generate(logits, flags.n, sampling, sampler)) {
     tokens.push(step.token);
-    if (flags.probe) logitDigests.push(sha256Floats(step.logits));
+    if (flags.probe) logitDigests.push(await logitsDigest(step.logits));
     const piece = decoder.push(step.token);
     if (!flags.json && piece) await Deno.stdout.write(out.encode(piece));
   }
@@ -90,12 +90,6 @@ async function runGenerate(flags: GenerateFlags): Promise<void> {
     ...(flags.probe ? { logitsSha256: logitDigests } : {}),
   };
   console.log(JSON.stringify(result, null, 2));
-}
-
-function sha256Floats(values: Float32Array): string {
-  return createHash("sha256").update(
-    new Uint8Array(values.buffer, values.byteOffset, values.byteLength),
-  ).digest("hex");
 }
 
 function round(x: number): number {

@@ -21,7 +21,6 @@ import {
   IdentityMismatchError,
   LimitExceededError,
   newBindingKey,
-  payloadChecksum,
   type ReserveRequest,
   StagingLedger,
   StateValidationError,
@@ -42,6 +41,7 @@ import type { CommittedSession } from "./generation.ts";
 import type { Engine } from "./engine.ts";
 import type { ResolvedIdentity } from "./identity.ts";
 import type { MtpDraft } from "../ffi/mtp.ts";
+import { probeStep } from "./probe.ts";
 
 /** Bounds of the decode side, each named with its unit. */
 export interface DecodeLimits {
@@ -402,17 +402,11 @@ export class DecodeHandoff {
       if (committed.mtpHidden && this.input.draft) {
         this.input.draft.adoptPending(committed.mtpHidden);
       }
-      const engine = this.input.engine;
-      engine.adoptPosition(this.input.request.promptTokens);
-      const logits = await engine.step(this.#tail.firstToken!);
+      this.input.engine.adoptPosition(this.input.request.promptTokens);
+      const { logits, digest } = await probeStep(this.input.engine, this.#tail.firstToken!);
       const want = this.#manifest?.probe?.logitsSha256;
-      if (want !== undefined) {
-        const got = await payloadChecksum(
-          new Uint8Array(logits.buffer, logits.byteOffset, logits.byteLength),
-        );
-        if (got !== want) {
-          return this.#fail("ProbeFailed", "probe-failed", "continuation probe logits differ");
-        }
+      if (want !== undefined && digest !== want) {
+        return this.#fail("ProbeFailed", "probe-failed", "continuation probe logits differ");
       }
       this.#nextLogits = logits;
       return { type: "ProbePassed" };

@@ -10,8 +10,10 @@
  * `reexportPage`, because the cells of a finished chunk never change.
  */
 import {
+  buildManifest,
   type ChunkHeader,
   type ComponentKind,
+  componentOf,
   encodePositions,
   encodeSampler,
   encodeTokens,
@@ -24,12 +26,14 @@ import {
   type SamplingParams,
   STATE_SCHEMA_VERSION,
   StateValidationError,
+  type UnsignedManifest,
 } from "../core/mod.ts";
 import { exportKvPage, exportRecurrent, exportSwa } from "../ffi/state.ts";
 import type { LlamaContext } from "../ffi/mod.ts";
 import type { Engine } from "./engine.ts";
 import type { ResolvedIdentity } from "./identity.ts";
-import { MtpDraft } from "../ffi/mtp.ts";
+import type { MtpDraft } from "../ffi/mtp.ts";
+import { logitsDigest, probeStep } from "./probe.ts";
 
 /** A chunk ready to send: its header and payload. */
 export interface ExportedChunk {
@@ -62,6 +66,18 @@ export class StateExporter {
     readonly draft: MtpDraft | null,
   ) {}
 
+  /** The unsigned manifest listing `sent` (every chunk header, in order) and the probe. */
+  manifest(sent: readonly ChunkHeader[], result: ExportResult): UnsignedManifest {
+    return buildManifest({
+      handoffId: this.handoffId,
+      identityDigest: this.identity.digest,
+      family: this.identity.numerical.family,
+      components: sent.map(componentOf),
+      logical: { position: result.nTokens, tokenCount: result.nTokens },
+      probe: { logitsSha256: result.probeLogitsSha256 },
+    });
+  }
+
   /** Prefills `prompt` and emits every component to `sink`, the last one marked final. */
   async run(
     prompt: Int32Array,
@@ -83,15 +99,10 @@ export class StateExporter {
     });
     const n = prompt.length;
     const firstToken = sampleToken(logits, sampling, sampler);
-    const firstLogitsSha256 = await payloadChecksum(
-      new Uint8Array(logits.buffer, logits.byteOffset, logits.byteLength),
-    );
+    const firstLogitsSha256 = await logitsDigest(logits);
     await this.#exportTail(n, prompt, firstToken, sampling, sampler, sink);
     // The probe: continue one token here so the decoder can prove it continues identically.
-    const probeLogits = await this.engine.step(firstToken);
-    const probeLogitsSha256 = await payloadChecksum(
-      new Uint8Array(probeLogits.buffer, probeLogits.byteOffset, probeLogits.byteLength),
-    );
+    const { digest: probeLogitsSha256 } = await probeStep(this.engine, firstToken);
     return { nTokens: n, firstToken, probeLogitsSha256, firstLogitsSha256, chunkMs };
   }
 

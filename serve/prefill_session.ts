@@ -12,8 +12,6 @@
 import {
   type AbortReason,
   BoundedQueue,
-  buildManifest,
-  componentOf,
   computeChunkTag,
   contextTokensNeeded,
   createPrefiller,
@@ -386,34 +384,18 @@ export class PrefillHandoff {
 
   async #runExporter(): Promise<void> {
     const r = this.input.request;
-    const exporter = new StateExporter(
-      this.input.engine,
-      this.input.identity,
-      r.handoffId,
-      this.input.draft,
-    );
-    const sampling = {
-      temperature: r.sampling.temperature,
-      topK: r.sampling.topK,
-      topP: r.sampling.topP,
-    };
+    const { engine, identity, draft } = this.input;
+    const exporter = new StateExporter(engine, identity, r.handoffId, draft);
+    const { seed, ...sampling } = r.sampling;
     try {
       const result = await exporter.run(
         this.input.prompt,
         sampling,
-        { seed: r.sampling.seed, draws: 0 },
+        { seed, draws: 0 },
         (chunk, exportMs) => this.#accept(chunk, exportMs),
       );
-      const n = result.nTokens;
       this.#exportDone = {
-        manifest: buildManifest({
-          handoffId: r.handoffId,
-          identityDigest: this.input.identity.digest,
-          family: this.input.identity.numerical.family,
-          components: this.#retained.headers().map(componentOf),
-          logical: { position: n, tokenCount: n },
-          probe: { logitsSha256: result.probeLogitsSha256 },
-        }),
+        manifest: exporter.manifest(this.#retained.headers(), result),
         firstLogitsSha256: result.firstLogitsSha256,
       };
     } catch (error) {

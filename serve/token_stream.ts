@@ -3,7 +3,7 @@
  * (at most BATCH_TOKENS_MAX tokens, none waiting longer than BATCH_WAIT_MS), then one
  * GenerateDone, which also carries a failure's one-line message.
  */
-import { createHash } from "node:crypto";
+import { logitsDigest } from "./probe.ts";
 import type { DecoderTelemetryEvent } from "../core/telemetry.ts";
 import { PieceDecoder, type Vocab } from "../ffi/mod.ts";
 import type { PeerConnection } from "../transport/mod.ts";
@@ -33,7 +33,7 @@ export async function streamTokens(
     events.push({ type: "token", atMs: performance.now() });
     batch.tokens.push(step.token);
     batch.text += pieces.push(step.token);
-    if (request.probe && step.logits) batch.logitsSha256.push(_sha256(step.logits));
+    if (request.probe && step.logits) batch.logitsSha256.push(await logitsDigest(step.logits));
     if (batch.tokens.length >= BATCH_TOKENS_MAX || performance.now() - since >= BATCH_WAIT_MS) {
       await peer.send(batch as unknown as Record<string, unknown>);
       batch = _emptyBatch(request.handoffId);
@@ -56,10 +56,4 @@ export async function sendDone(
 ): Promise<void> {
   const done: GenerateDone = { type: "GenerateDone", handoffId, ...result, events, mtpReady };
   await peer.send(done as unknown as Record<string, unknown>).catch(() => {});
-}
-
-function _sha256(values: Float32Array): string {
-  return createHash("sha256").update(
-    new Uint8Array(values.buffer, values.byteOffset, values.byteLength),
-  ).digest("hex");
 }

@@ -1,0 +1,24 @@
+/**
+ * The exact continuation probe. The prefiller decodes the first sampled token after exporting
+ * everything and sends the SHA-256 of the resulting logits in the signed manifest; the decoder,
+ * after importing, decodes the same token at the same position and must get the same digest
+ * before it sends CommitAck. The decoder needs those logits anyway (the second token is
+ * sampled from them), so the probe costs it nothing; the prefiller pays one decode step.
+ * The digest travels encrypted and is never logged.
+ */
+import { payloadChecksum } from "../core/mod.ts";
+import type { Engine } from "./engine.ts";
+
+/** SHA-256 (hex) of a logits row, bit for bit. */
+export function logitsDigest(logits: Float32Array): Promise<string> {
+  return payloadChecksum(new Uint8Array(logits.buffer, logits.byteOffset, logits.byteLength));
+}
+
+/** Decodes `token` at the engine's position; returns the logits and their digest. */
+export async function probeStep(
+  engine: Engine,
+  token: number,
+): Promise<{ logits: Float32Array; digest: string }> {
+  const logits = await engine.step(token);
+  return { logits, digest: await logitsDigest(logits) };
+}
