@@ -118,6 +118,7 @@ async function transferPages(
     const receiver = (await server.acceptHandoffStream())!;
     for await (const frame of receiver) {
       const h = frame.header as Record<string, unknown>;
+      if (h.type !== "StateChunk") continue;
       const header = h.header as ChunkHeader;
       if (!await verifyChunkTag(binding, header, String(h.tag))) throw new Error("tag");
       await verifyChunkPayload(header, frame.payload);
