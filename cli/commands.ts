@@ -9,6 +9,7 @@ import { register as registerCorrectness } from "./correctness.ts";
 import { register as registerServe } from "./serve.ts";
 import { register as registerHandoff } from "./handoff.ts";
 import { register as registerDemo } from "./demo.ts";
+import { register as registerStats } from "./stats.ts";
 import { measureStateBytes } from "./_runtime_probe.ts";
 
 export type RegisterCommand = (program: Command) => void;
@@ -23,4 +24,5 @@ export const COMMANDS: RegisterCommand[] = [
   registerServe,
   registerHandoff,
   registerDemo,
+  registerStats,
 ];

@@ -12,6 +12,9 @@ import { type LocalWorker, makeTrustingNodes, startWorker, stopWorker } from "./
 import type { PeerAddress, WorkerCounters } from "./messages.ts";
 import type { Node, NodeFaults } from "./node.ts";
 import { Worker, type WorkerOptions } from "./worker.ts";
+import { queryStats, withTimeout } from "./stats.ts";
+
+export { queryStats, withTimeout };
 import type { PeerConnection } from "../transport/mod.ts";
 
 /** Timing every test worker uses: short, so that every failure ends within seconds. */
@@ -132,21 +135,6 @@ export async function startChild(
   return { name, peer: child.peer, child, stats, stop };
 }
 
-/** Asks a worker for its counters over `peer` (a connection used for nothing else). */
-export async function queryStats(peer: PeerConnection, timeoutMs = 2_000): Promise<WorkerCounters> {
-  const requestId = crypto.randomUUID();
-  await peer.send({ type: "StatsRequest", requestId });
-  const deadline = performance.now() + timeoutMs;
-  while (performance.now() < deadline) {
-    const msg = await withTimeout(peer.receive(), deadline - performance.now(), "WorkerStats");
-    const h = msg?.header as Record<string, unknown> | undefined;
-    if (h?.type === "WorkerStats" && h.requestId === requestId) {
-      return h as unknown as WorkerCounters;
-    }
-  }
-  throw new Error(`No WorkerStats within ${timeoutMs} ms`);
-}
-
 /** Counters that must return to zero once nothing is running (the totals need not). */
 export const HELD = [
   "prefillActive",
@@ -218,14 +206,3 @@ export function sleep(ms: number): Promise<void> {
 }
 
 /** Resolves like `promise`, or rejects after `ms` naming `what`. */
-export async function withTimeout<T>(promise: Promise<T>, ms: number, what: string): Promise<T> {
-  let timer: ReturnType<typeof setTimeout> | undefined;
-  const timeout = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`${what} did not arrive within ${ms} ms`)), ms);
-  });
-  try {
-    return await Promise.race([promise, timeout]);
-  } finally {
-    clearTimeout(timer);
-  }
-}
