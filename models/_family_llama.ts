@@ -42,12 +42,28 @@ export function buildLlama(spec: ModelSpec): { metadata: GgufMetadata; tensors: 
   return { metadata, tensors: t };
 }
 
-/** `token_embd`, `output_norm` and an untied `output` head. */
+/**
+ * `token_embd`, `output_norm` and an untied `output` head. The head's rows of the special and
+ * byte tokens are zero, so the random model writes word pieces, not stray bytes, and its text
+ * stays readable as text (random-weight word soup).
+ */
 export function embeddingAndHead(t: TensorList, spec: ModelSpec): void {
   t.matrix("token_embd.weight", [spec.nEmbd, spec.nVocab], EMBEDDING_STD);
   t.norm("output_norm.weight", spec.nEmbd);
-  t.matrix("output.weight", [spec.nEmbd, spec.nVocab], EMBEDDING_STD);
+  t.plans.push({
+    name: "output.weight",
+    shape: [spec.nEmbd, spec.nVocab],
+    type: t.weightType,
+    init: {
+      kind: "normal",
+      std: EMBEDDING_STD,
+      zeroRows: { first: 0, end: FIRST_PIECE_TOKEN, rowLength: spec.nEmbd },
+    },
+  });
 }
+
+/** Token ids below this are the 3 specials and the 256 byte tokens (see tokenizer.ts). */
+const FIRST_PIECE_TOKEN = 3 + 256;
 
 /** Separate Q, K, V and output projections of layer `i`. */
 export function attentionProjections(t: TensorList, i: number, spec: ModelSpec): void {

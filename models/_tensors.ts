@@ -8,7 +8,16 @@ import { constantBlocks, normalBlocks, Rng, uniformBlocks } from "./_prng.ts";
 import { elementCount, type GgufTensor } from "./gguf_writer.ts";
 
 export type Init =
-  | { readonly kind: "normal"; readonly std: number }
+  | {
+    readonly kind: "normal";
+    readonly std: number;
+    /** Rows (of `rowLength` values) [first, end) are zero: those tokens never score. */
+    readonly zeroRows?: {
+      readonly first: number;
+      readonly end: number;
+      readonly rowLength: number;
+    };
+  }
   | { readonly kind: "uniform"; readonly lo: number; readonly hi: number }
   | { readonly kind: "constant"; readonly value: number };
 
@@ -56,8 +65,10 @@ export function planToTensor(plan: TensorPlan, seed: number): GgufTensor {
     type: plan.type,
     values(): Iterable<Float32Array> {
       switch (init.kind) {
-        case "normal":
-          return normalBlocks(new Rng(seed, plan.name), count, init.std);
+        case "normal": {
+          const blocks = normalBlocks(new Rng(seed, plan.name), count, init.std);
+          return init.zeroRows ? zeroRange(blocks, init.zeroRows) : blocks;
+        }
         case "uniform":
           return uniformBlocks(new Rng(seed, plan.name), count, init.lo, init.hi);
         case "constant":
@@ -65,4 +76,21 @@ export function planToTensor(plan: TensorPlan, seed: number): GgufTensor {
       }
     },
   };
+}
+
+/** Zeroes the values of rows [first, end) as the blocks stream past (the stream is unchanged). */
+function* zeroRange(
+  blocks: Iterable<Float32Array>,
+  rows: { first: number; end: number; rowLength: number },
+): Generator<Float32Array> {
+  const lo = rows.first * rows.rowLength;
+  const hi = rows.end * rows.rowLength;
+  let at = 0;
+  for (const block of blocks) {
+    const from = Math.max(lo, at);
+    const to = Math.min(hi, at + block.length);
+    if (from < to) block.fill(0, from - at, to - at);
+    at += block.length;
+    yield block;
+  }
 }

@@ -171,7 +171,7 @@ export const SEED_MAX = 0xffffffff;
  * vocabulary, a preset's dimensions, the tensor list or the random streams. It is stored in
  * the file (`skippy.generator_version`) and in cached file names.
  */
-export const GENERATOR_VERSION = 1;
+export const GENERATOR_VERSION = 2;
 
 /** The spec of a family at a preset. Unknown names are a `UsageError` listing valid ones. */
 export function familySpec(family: string, preset: string = "tiny", seed = 0): ModelSpec {
