@@ -103,3 +103,26 @@ export async function readPrompt(flags: { prompt?: string; promptFile?: string }
     });
   }
 }
+
+/** What `addRequestOptions` parses: the prompt, how many tokens, and sampling. */
+export interface RequestFlags {
+  prompt?: string;
+  promptFile?: string;
+  n: number;
+  seed: number;
+  temperature: number;
+  topK: number;
+  topP: number;
+}
+
+/** Adds --prompt, --prompt-file, -n, --seed, --temperature, --top-k, --top-p. */
+export function addRequestOptions(cmd: Command, tokensMin = 0): Command {
+  return cmd
+    .option("--prompt <text>", "prompt text")
+    .option("--prompt-file <file>", "read the prompt from a file")
+    .option("-n, --n <tokens>", "tokens to generate", intArg(tokensMin, 1 << 20), 32)
+    .option("--seed <n>", "sampling seed", intArg(0, 0xffffffff), 1)
+    .option("--temperature <t>", "sampling temperature (0 = greedy)", numberArg(0, 100), 0)
+    .option("--top-k <k>", "keep the k most likely tokens (0 = all)", intArg(0, 1 << 20), 40)
+    .option("--top-p <p>", "nucleus sampling threshold", numberArg(0, 1), 0.95);
+}

@@ -7,23 +7,16 @@ import type { Command } from "commander";
 import { Engine } from "../serve/engine.ts";
 import { PieceDecoder } from "../ffi/mod.ts";
 import {
+  addRequestOptions,
   addRuntimeOptions,
-  intArg,
-  numberArg,
   readPrompt,
+  type RequestFlags,
   runtimeConfigFrom,
   type RuntimeFlags,
 } from "./_options.ts";
 import { numericsReport } from "./_report.ts";
 
-interface GenerateFlags extends RuntimeFlags {
-  prompt?: string;
-  promptFile?: string;
-  n: number;
-  seed: number;
-  temperature: number;
-  topK: number;
-  topP: number;
+interface GenerateFlags extends RuntimeFlags, RequestFlags {
   json: boolean;
   probe: boolean;
 }
@@ -32,16 +25,9 @@ export function register(program: Command): void {
   const cmd = program
     .command("generate")
     .description("generate text locally (colocated prefill and decode)")
-    .option("--prompt <text>", "prompt text")
-    .option("--prompt-file <file>", "read the prompt from a file")
-    .option("-n, --n <tokens>", "tokens to generate", intArg(0, 1 << 20), 32)
-    .option("--seed <n>", "sampling seed", intArg(0, 0xffffffff), 1)
-    .option("--temperature <t>", "sampling temperature (0 = greedy)", numberArg(0, 100), 0)
-    .option("--top-k <k>", "keep the k most likely tokens (0 = all)", intArg(0, 1 << 20), 40)
-    .option("--top-p <p>", "nucleus sampling threshold", numberArg(0, 1), 0.95)
     .option("--json", "print one JSON object with text, tokens, numerics and timings", false)
     .option("--probe", "with --json: add a SHA-256 of every step's logits", false);
-  addRuntimeOptions(cmd).action((flags: GenerateFlags) => runGenerate(flags));
+  addRuntimeOptions(addRequestOptions(cmd)).action((flags: GenerateFlags) => runGenerate(flags));
 }
 
 async function runGenerate(flags: GenerateFlags): Promise<void> {

@@ -8,19 +8,12 @@ import { formatTelemetry } from "../core/telemetry.ts";
 import { runHandoff } from "../serve/coordinator.ts";
 import type { PeerAddress } from "../serve/messages.ts";
 import { Node } from "../serve/node.ts";
-import { intArg, numberArg, readPrompt } from "./_options.ts";
+import { addRequestOptions, intArg, readPrompt, type RequestFlags } from "./_options.ts";
 import { peerArg } from "./_peers.ts";
 
-interface HandoffFlags {
+interface HandoffFlags extends RequestFlags {
   prefill: PeerAddress;
   decode: PeerAddress;
-  prompt?: string;
-  promptFile?: string;
-  n: number;
-  seed: number;
-  temperature: number;
-  topK: number;
-  topP: number;
   tenant: string;
   stateDir?: string;
   timeoutMs: number;
@@ -29,18 +22,11 @@ interface HandoffFlags {
 }
 
 export function register(program: Command): void {
-  program
+  const cmd = program
     .command("handoff")
     .description("run one prefill-to-decode handoff and generate (acts as the coordinator)")
     .requiredOption("--prefill <peer>", "prefill worker, <node-id>@<host>:<port>", peerArg)
     .requiredOption("--decode <peer>", "decode worker, <node-id>@<host>:<port>", peerArg)
-    .option("--prompt <text>", "prompt text")
-    .option("--prompt-file <file>", "read the prompt from a file")
-    .option("-n, --n <tokens>", "tokens to generate", intArg(1, 1 << 20), 32)
-    .option("--seed <n>", "sampling seed", intArg(0, 0xffffffff), 1)
-    .option("--temperature <t>", "sampling temperature (0 = greedy)", numberArg(0, 100), 0)
-    .option("--top-k <k>", "keep the k most likely tokens (0 = all)", intArg(0, 1 << 20), 40)
-    .option("--top-p <p>", "nucleus sampling threshold", numberArg(0, 1), 0.95)
     .option("--tenant <id>", "tenant the request (and its state) belongs to", "default")
     .option("--state-dir <dir>", "this client's node identity and trust list (default: per-user)")
     .option(
@@ -50,8 +36,8 @@ export function register(program: Command): void {
       120_000,
     )
     .option("--json", "print one JSON object with text, tokens and telemetry", false)
-    .option("--probe", "with --json: add a SHA-256 of every step's logits", false)
-    .action((flags: HandoffFlags) => runHandoffCommand(flags));
+    .option("--probe", "with --json: add a SHA-256 of every step's logits", false);
+  addRequestOptions(cmd, 1).action((flags: HandoffFlags) => runHandoffCommand(flags));
 }
 
 async function runHandoffCommand(flags: HandoffFlags): Promise<void> {
