@@ -8,10 +8,10 @@ const PROMPT = "the quick brown fox jumps over the lazy dog and ".repeat(60);
 Deno.test("handoff from the CLI prints what generate prints, with equal logits in probe mode", async () => {
   const model = await testModel("hybrid");
   const cluster = await startLocalCluster({ args: ["--model", model] });
-  try {
-    const peer = (p: { nodeId: string; host: string; port: number }) =>
-      `${p.nodeId}@${p.host}:${p.port}`;
-    const handoff = await runCliProcess([
+  const peer = (p: { nodeId: string; host: string; port: number }) =>
+    `${p.nodeId}@${p.host}:${p.port}`;
+  const handoffCli = (...extra: string[]) =>
+    runCliProcess([
       "handoff",
       "--prefill",
       peer(cluster.prefill.peer),
@@ -23,9 +23,10 @@ Deno.test("handoff from the CLI prints what generate prints, with equal logits i
       PROMPT,
       "-n",
       "16",
-      "--json",
-      "--probe",
+      ...extra,
     ]);
+  try {
+    const handoff = await handoffCli("--json", "--probe");
     assert.equal(handoff.code, 0, handoff.stderr);
     const h = JSON.parse(handoff.stdout);
     const local = await runCliProcess([
@@ -46,19 +47,7 @@ Deno.test("handoff from the CLI prints what generate prints, with equal logits i
     assert.deepEqual(h.logitsSha256, g.logitsSha256);
     assert.equal(h.text, g.text);
     // Plain mode streams the same text to stdout and the telemetry line to stderr.
-    const plain = await runCliProcess([
-      "handoff",
-      "--prefill",
-      peer(cluster.prefill.peer),
-      "--decode",
-      peer(cluster.decode.peer),
-      "--state-dir",
-      cluster.client.stateDir,
-      "--prompt",
-      PROMPT,
-      "-n",
-      "16",
-    ]);
+    const plain = await handoffCli();
     assert.equal(plain.code, 0, plain.stderr);
     assert.equal(plain.stdout.trimEnd(), g.text.trimEnd());
     assert.match(plain.stderr, /telemetry: prefill->decode/);

@@ -23,3 +23,4 @@ export * from "./telemetry.ts";
 export * from "./suffix.ts";
 export * from "./sampling.ts";
 export { BoundedQueue } from "./queue.ts";
+export { KV_CACHE_TYPES, type KvType } from "./kv_types.ts";

@@ -12,6 +12,7 @@
  *
  * @module
  */
+import { KV_CACHE_TYPES } from "./kv_types.ts";
 import { UsageError } from "./errors.ts";
 
 /** The state schema this build speaks. */
@@ -73,7 +74,7 @@ export interface ComponentRule {
 }
 
 /** Tensor element types a KV cache may use (llama.cpp `ggml_type` names). */
-export const KV_DTYPES = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"];
+export const KV_DTYPES: readonly string[] = Object.keys(KV_CACHE_TYPES);
 /** Bytes of one token id on the wire (little-endian i32). */
 export const TOKEN_BYTES = 4;
 

@@ -28,18 +28,8 @@ export const LLAMA_CONTEXT_TYPE = { DEFAULT: 0, MTP: 1 } as const;
 export const LLAMA_LOAD_MODE = { AUTO: -1, NONE: 0, MMAP: 1 } as const;
 export const LLAMA_VOCAB_TYPE = ["none", "spm", "bpe", "wpm", "ugm", "rwkv", "plamo2"] as const;
 
-/** `enum ggml_type` values for the K/V cache types we expose. */
-export const GGML_TYPE = {
-  f32: 0,
-  f16: 1,
-  q4_0: 2,
-  q4_1: 3,
-  q5_0: 6,
-  q5_1: 7,
-  q8_0: 8,
-  bf16: 30,
-} as const;
-export type KvType = keyof typeof GGML_TYPE;
+/** `enum ggml_type` values for the K/V cache types we expose (one table, in core/). */
+export { KV_CACHE_TYPES as GGML_TYPE, type KvType } from "../core/kv_types.ts";
 
 export const llama_model_params = new StructLayout(
   "llama_model_params",

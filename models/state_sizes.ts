@@ -16,18 +16,11 @@
 import { ggmlTensorBytes } from "./_gguf_types.ts";
 import { hasAttention, type ModelSpec } from "./spec.ts";
 
-/** K/V cache element types (the same set as `ffi`'s `GGML_TYPE`), by ggml type code. */
-export const KV_TYPES = {
-  f32: 0,
-  f16: 1,
-  q4_0: 2,
-  q4_1: 3,
-  q5_0: 6,
-  q5_1: 7,
-  q8_0: 8,
-  bf16: 30,
-} as const;
-export type KvType = keyof typeof KV_TYPES;
+import { KV_CACHE_TYPES, type KvType } from "../core/kv_types.ts";
+
+/** K/V cache element types, by ggml type code (the one table in core/kv_types.ts). */
+export const KV_TYPES = KV_CACHE_TYPES;
+export type { KvType };
 
 export interface StateBytes {
   /** Global-attention KV bytes per prompt token (grows with the prompt). */

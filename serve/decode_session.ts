@@ -151,7 +151,9 @@ export class DecodeHandoff {
       // One frame in hand at a time: the next is read only after this one was staged, so a
       // fast sender is held back by transport credit, not by our memory.
       const consumed = new Promise<void>((resolve) => this.#frameConsumed = resolve);
-      this.#frames.set(seq, { payload: frame.payload.slice(), tag: String(h.tag ?? "") });
+      // The frame decoder never reuses its buffers, so the payload view stays valid after the
+      // transport releases its credit: no copy on the hot path (KV pages are imported at once).
+      this.#frames.set(seq, { payload: frame.payload, tag: String(h.tag ?? "") });
       this.#events.tryPush({ ...h } as unknown as HandoffEvent);
       await consumed;
     }

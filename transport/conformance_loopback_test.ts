@@ -1,4 +1,4 @@
-/** The conformance suite against the loopback FAKE transport. */
+/** The conformance suite against the loopback FAKE transport (cases and assertions: _conformance.ts). */
 import { conformanceCases, type TransportHarness } from "./_conformance.ts";
 import { FakeLoopbackLink, fakeLoopbackPeers } from "./loopback.ts";
 import { establishPeer } from "./establish.ts";

@@ -1,4 +1,4 @@
-/** The conformance suite against the real QUIC transport on 127.0.0.1, ephemeral ports. */
+/** The conformance suite against the real QUIC transport on 127.0.0.1 (cases and assertions: _conformance.ts). */
 import {
   conformanceCases,
   makeTestNodes,
