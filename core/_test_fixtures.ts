@@ -46,7 +46,7 @@ export function hybridIdentity(overrides: Partial<NumericalIdentity> = {}): Nume
 
 /** A fake but well-formed checksum that differs per component. */
 export function fakeChecksum(i: number): string {
-  return i.toString(16).padStart(64, "0");
+  return i.toString(16).padStart(8, "0");
 }
 
 /** A valid header; override any field. */
@@ -97,24 +97,39 @@ function _component(kind: ComponentKind, n: number, layers: number): Partial<Chu
 export function completeStream(
   family: ModelFamily,
   n: number,
-  options: { pageTokens?: number; layers?: number } = {},
+  options: { pageTokens?: number; layers?: number; snapshotParts?: number } = {},
 ): ChunkHeader[] {
   const pageTokens = options.pageTokens ?? 512;
   const layers = options.layers ?? 6;
   const parts: Partial<ChunkHeader>[] = [];
   const kinds = requiredComponents(family);
-  if (kinds.includes("kv-page")) {
-    for (let p = 0; p < n; p += pageTokens) {
-      const end = Math.min(n, p + pageTokens);
+  const paged = (["kv-page", "mtp-kv"] as const).filter((k) => kinds.includes(k));
+  for (let p = 0; paged.length > 0 && p < n; p += pageTokens) {
+    const end = Math.min(n, p + pageTokens);
+    for (const kind of paged) {
       parts.push({
-        kind: "kv-page",
-        layerRange: [0, layers],
+        kind,
+        layerRange: kind === "kv-page" ? [0, layers] : NO_LAYERS,
         tokenRange: [p, end],
         payloadBytes: (end - p) * 64,
       });
     }
   }
-  for (const kind of kinds) if (kind !== "kv-page") parts.push(_component(kind, n, layers));
+  const split = options.snapshotParts ?? 1;
+  for (const kind of kinds) {
+    if (paged.includes(kind as typeof paged[number])) continue;
+    const c = _component(kind, n, layers);
+    if (split === 1 || !componentRule(kind).layered) {
+      parts.push(c);
+      continue;
+    }
+    // The snapshot cut into layer ranges that tile [0, layers), as schema 2 sends it.
+    for (let i = 0; i < split; i++) {
+      const a = Math.floor((i * layers) / split);
+      const b = Math.floor(((i + 1) * layers) / split);
+      if (b > a) parts.push({ ...c, layerRange: [a, b] });
+    }
+  }
   return parts.map((p, seq) =>
     header({ ...p, seq, checksum: fakeChecksum(seq + 1), final: seq === parts.length - 1 })
   );

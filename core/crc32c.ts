@@ -53,6 +53,37 @@ function _bytewise(c: number, bytes: Uint8Array, from: number, to: number): numb
  * ```
  */
 export function crc32c(bytes: Uint8Array, crc = 0): number {
+  if (accelerated !== null && bytes.length >= ACCELERATED_BYTES_MIN) return accelerated(bytes, crc);
+  return crc32cPortable(bytes, crc);
+}
+
+/** The same function with the hardware-accelerated implementation, or null (see below). */
+type Crc32cImpl = (bytes: Uint8Array, crc: number) => number;
+let accelerated: Crc32cImpl | null = null;
+/** Below this size the call into native code costs more than the table loop. */
+const ACCELERATED_BYTES_MIN = 4096;
+
+/**
+ * Routes large inputs of `crc32c` to `impl` (the native shim's hardware CRC-32C, installed by
+ * ffi/ when it loads), after checking it agrees with this module on a test vector; returns
+ * whether it was installed. Frames and state chunks then cost well under a tenth of the QUIC
+ * stack's CPU per byte, instead of about as much (the table loop runs at ~0.4-2 GB/s here).
+ */
+export function installCrc32cAccelerator(impl: Crc32cImpl): boolean {
+  const probe = new Uint8Array(ACCELERATED_BYTES_MIN + 13).map((_, i) => (i * 131 + 7) & 0xff);
+  const ok = impl(probe, 0) === crc32cPortable(probe) &&
+    impl(probe.subarray(5), 0x1234) === crc32cPortable(probe.subarray(5), 0x1234);
+  if (ok) accelerated = impl;
+  return ok;
+}
+
+/** True once a native implementation serves large inputs. */
+export function crc32cAccelerated(): boolean {
+  return accelerated !== null;
+}
+
+/** The table-driven implementation, whatever is installed. */
+export function crc32cPortable(bytes: Uint8Array, crc = 0): number {
   let c = ~crc >>> 0;
   const n = bytes.length;
   if (!LITTLE_ENDIAN || n < 64) return ~_bytewise(c, bytes, 0, n) >>> 0;

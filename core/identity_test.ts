@@ -35,7 +35,7 @@ Deno.test("identityDigest() changes with every exact-match field", async () => {
     { nUbatch: 256 },
     { threadCount: 4 },
     { cpuBackendVariant: "zen4" },
-    { stateSchemaVersion: 2 },
+    { stateSchemaVersion: 1 },
     { llamaBuild: "v0.4.0+ffff" },
     { shimAbiVersion: 0 },
   ];

@@ -50,7 +50,9 @@ export type LedgerVerdict = { ok: true } | { ok: false; error: StateValidationEr
 
 type LedgerError = StateValidationError | IdentityMismatchError | LimitExceededError;
 
+/** The pages of one paged kind over one layer range (kv-page per layer range; mtp-kv). */
 interface Lane {
+  kind: ComponentKind;
   layers: Range;
   end: number;
 }
@@ -232,11 +234,13 @@ export class StagingLedger {
     if (this.#sealedAt !== null) {
       throw this.#placementError(h, "KV pages must all arrive before the state snapshot");
     }
-    const laneKey = formatRange(h.layerRange);
+    const laneKey = `${h.kind} ${formatRange(h.layerRange)}`;
     const lane = this.#lanes.get(laneKey);
     const [p0, p1] = h.tokenRange;
     if (!lane) {
-      const clash = [...this.#lanes.values()].find((l) => rangesOverlap(l.layers, h.layerRange));
+      const clash = [...this.#lanes.values()].find((l) =>
+        l.kind === h.kind && rangesOverlap(l.layers, h.layerRange)
+      );
       if (clash) {
         throw this.#placementError(
           h,
@@ -244,7 +248,7 @@ export class StagingLedger {
         );
       }
       if (p0 !== 0) throw this.#missing(h, [0, p0]);
-      return () => this.#lanes.set(laneKey, { layers: h.layerRange, end: p1 });
+      return () => this.#lanes.set(laneKey, { kind: h.kind, layers: h.layerRange, end: p1 });
     }
     if (p0 < lane.end) {
       throw this.#placementError(
@@ -287,9 +291,9 @@ export class StagingLedger {
     if (uneven) {
       throw this.#placementError(
         h,
-        `KV pages of layers ${formatRange(ends[0].layers)} end at ${ends[0].end} but layers ${
-          formatRange(uneven.layers)
-        } at ${uneven.end}`,
+        `${ends[0].kind} pages of layers ${formatRange(ends[0].layers)} end at ${
+          ends[0].end
+        } but ${uneven.kind} layers ${formatRange(uneven.layers)} at ${uneven.end}`,
       );
     }
     return ends[0].end;

@@ -166,9 +166,9 @@ Deno.test("accept() rejects chunks of another handoff, identity, schema or famil
   );
   rejects(
     ledger(),
-    header({ schemaVersion: 2 }),
+    header({ schemaVersion: 1 }),
     StateValidationError,
-    /schema version 2, expected 1/,
+    /schema version 1, expected 2/,
   );
   const conv = completeStream("hybrid", 512)[1];
   rejects(

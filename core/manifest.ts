@@ -11,7 +11,7 @@
  */
 import { type BindingContext, computeBindingTag, verifyBindingTag } from "./binding.ts";
 import { canonicalEncode, isHex, SHA256_BYTES } from "./bytes.ts";
-import type { ChunkHeader } from "./chunk.ts";
+import { CHECKSUM_BYTES, type ChunkHeader } from "./chunk.ts";
 import { StateValidationError } from "./errors.ts";
 import {
   type ComponentKind,
@@ -52,7 +52,7 @@ export interface ManifestComponent {
   layerRange: Range;
   tokenRange: Range;
   bytes: number;
-  /** SHA-256 (hex) of the payload. Never printed. */
+  /** CRC-32C (8 hex digits) of the payload. Never printed. */
   checksum: string;
 }
 
@@ -274,7 +274,7 @@ function _checkComponentShapes(
     const ok = typeof c === "object" && c !== null && isComponentKind(c.kind) &&
       rangeWithin(c.layerRange, bounds.layersMax) &&
       rangeWithin(c.tokenRange, bounds.tokenPositionMax) && Number.isSafeInteger(c.bytes) &&
-      c.bytes >= 1 && c.bytes <= bounds.chunkPayloadBytesMax && isHex(c.checksum, SHA256_BYTES);
+      c.bytes >= 1 && c.bytes <= bounds.chunkPayloadBytesMax && isHex(c.checksum, CHECKSUM_BYTES);
     if (!ok) fail(`component ${i} malformed`);
     total += c.bytes;
   }
@@ -310,8 +310,11 @@ export function findIncompleteness(
   }
   for (const kind of required) {
     const list = byKind.get(kind) ?? [];
-    const problem = componentRule(kind).layered
+    const rule = componentRule(kind);
+    const problem = rule.layered
       ? _layeredProblem(kind, list, trunkLayers, n)
+      : rule.tokens === "page"
+      ? _pagedProblem(kind, list, n)
       : _singleProblem(kind, list, n);
     if (problem) return _incomplete(problem);
   }
@@ -345,6 +348,16 @@ function _expectedTokens(kind: ComponentKind, n: number): Range | null {
 
 function _faultWord(f: TilingFault): string {
   return f.fault === "gap" ? "missing" : "duplicated";
+}
+
+/** A paged kind not scoped to layers (mtp-kv): its pages must tile [0, n). */
+function _pagedProblem(kind: ComponentKind, list: ManifestComponent[], n: number): string | null {
+  if (list.length === 0) return `${kind} missing`;
+  if (list.some((c) => c.layerRange[0] !== NO_LAYERS[0] || c.layerRange[1] !== NO_LAYERS[1])) {
+    return `${kind} must not name layers`;
+  }
+  const fault = firstTilingFault(list.map((c) => c.tokenRange), n);
+  return fault ? `${describeComponent(kind, NO_LAYERS, fault.range)} ${_faultWord(fault)}` : null;
 }
 
 function _singleProblem(kind: ComponentKind, list: ManifestComponent[], n: number): string | null {

@@ -9,6 +9,12 @@
  *    sampler, history, first-token. KV pages per layer range in token order from 0; snapshot
  *    kinds (swa-kv, conv, ssm, mtp-kv, mtp-hidden) once per layer after the last page;
  *    metadata kinds once, in any order; one ordered chunk stream per handoff.
+ * 2. No component is bounded by one chunk: conv and ssm travel as several chunks whose layer
+ *    ranges tile the trunk (each payload the snapshot's entries for its recurrent layers, the
+ *    first conv chunk carrying the snapshot header); KV pages are cut into token sub-ranges
+ *    that fit a chunk; mtp-kv is paged (streamed during prefill like kv-page, with its own
+ *    lane), no longer one after-pages snapshot. Payload checksums are CRC-32C (8 hex digits)
+ *    instead of SHA-256. The final manifest travels as its frame's payload.
  *
  * @module
  */
@@ -16,7 +22,7 @@ import { KV_CACHE_TYPES } from "./kv_types.ts";
 import { UsageError } from "./errors.ts";
 
 /** The state schema this build speaks. */
-export const STATE_SCHEMA_VERSION = 1;
+export const STATE_SCHEMA_VERSION = 2;
 /** Schema versions this build can import (only the current one for now). */
 export const SUPPORTED_STATE_SCHEMA_VERSIONS: readonly number[] = [STATE_SCHEMA_VERSION];
 
@@ -90,7 +96,7 @@ const RULES: Record<ComponentKind, ComponentRule> = {
     "bf16",
   ]),
   "ssm": rule("ssm", true, "after-pages", "prefix", ["llama-recurrent-rows"], ["f32"]),
-  "mtp-kv": rule("mtp-kv", false, "after-pages", "prefix", [
+  "mtp-kv": rule("mtp-kv", false, "paged", "page", [
     "llama-kv-cells",
     "llama-seq-state",
   ], "kv"),
@@ -203,9 +209,14 @@ export interface StateBounds {
 const MIB = 1024 * 1024;
 const GIB = 1024 * MIB;
 
-/** Defaults sized for contexts up to ~1M tokens of a Nemotron-Super-like model. */
+/**
+ * Defaults sized for contexts up to ~1M tokens of a Nemotron-Super-like model (8,192 B/token
+ * of KV, 172,687,360 B of recurrent state): at the lab's limit of 262,144 prompt tokens a
+ * handoff is 2 GiB of KV in 128+ chunks plus the snapshot in about 44 chunks, far inside
+ * every bound. One chunk fits one frame (transport's 16 MiB payload bound).
+ */
 export const DEFAULT_STATE_BOUNDS: Readonly<StateBounds> = {
-  chunkPayloadBytesMax: 64 * MIB,
+  chunkPayloadBytesMax: 16 * MIB,
   stateBytesMax: 64 * GIB,
   metaBytesMax: 64 * 1024,
   chunksMax: 65_536,

@@ -38,9 +38,10 @@ Deno.test("every component kind has a rule with at least one codec and one dtype
   for (const family of MODEL_FAMILIES) assert.ok(requiredComponents(family).length >= 5);
 });
 
-Deno.test("only KV pages stream; recurrent, SWA and MTP state travel once after the pages", () => {
+Deno.test("KV and MTP KV pages stream; recurrent, SWA and the MTP row travel after the pages", () => {
   assert.equal(componentRule("kv-page").order, "paged");
-  for (const kind of ["swa-kv", "conv", "ssm", "mtp-kv", "mtp-hidden"] as const) {
+  assert.equal(componentRule("mtp-kv").order, "paged");
+  for (const kind of ["swa-kv", "conv", "ssm", "mtp-hidden"] as const) {
     assert.equal(componentRule(kind).order, "after-pages", kind);
   }
 });

@@ -68,7 +68,12 @@ export function splitRecurrent(blob: Uint8Array): RecurrentSnapshot {
 
 /** The snapshot as one blob, as llama.cpp reads it. */
 export function joinRecurrent(s: RecurrentSnapshot): Uint8Array<ArrayBuffer> {
-  if (s.layout === "whole") return s.blob.slice();
+  if (s.layout === "whole") {
+    // Already one blob of its own (the decoder joins chunks into a fresh buffer): no copy.
+    const own = s.blob.buffer instanceof ArrayBuffer && s.blob.byteOffset === 0 &&
+      s.blob.byteLength === s.blob.buffer.byteLength;
+    return own ? s.blob as Uint8Array<ArrayBuffer> : s.blob.slice();
+  }
   const out = new Uint8Array(s.conv.byteLength + s.ssm.byteLength);
   out.set(s.conv);
   out.set(s.ssm, s.conv.byteLength);
@@ -78,4 +83,66 @@ export function joinRecurrent(s: RecurrentSnapshot): Uint8Array<ArrayBuffer> {
 /** The first part of a snapshot (the one that carries its header). */
 export function snapshotHead(s: RecurrentSnapshot): Uint8Array {
   return s.layout === "split" ? s.conv : s.blob;
+}
+
+/** Where one recurrent layer's entry (`{i32 type, u64 row bytes, rows}`) lies in its part. */
+export interface EntrySpan {
+  start: number;
+  end: number;
+}
+
+/**
+ * Parses the entries of a conv or ssm part (or of one chunk of it): `headed` when it starts
+ * with the snapshot header (the conv part, and the first conv chunk). Rows are per cell; a
+ * part without the header is read with `cells` (1 for a one-sequence snapshot). Null when it
+ * does not parse to exactly its end.
+ */
+function parseEntries(payload: Uint8Array, headed: boolean, cells = 1): EntrySpan[] | null {
+  const d = new DataView(payload.buffer, payload.byteOffset, payload.byteLength);
+  let at = 0;
+  if (headed) {
+    if (payload.byteLength < 12 || d.getUint32(0, true) !== SEQ_MAGIC) return null;
+    cells = d.getUint32(8, true);
+    at = 12;
+    for (let i = 0; i < cells; i++) {
+      if (at + 8 > payload.byteLength) return null;
+      at += 8 + 4 * d.getUint32(at + 4, true);
+    }
+    if (at + 8 > payload.byteLength || d.getUint32(at, true) !== 0) return null;
+    at += 8;
+  }
+  const spans: EntrySpan[] = [];
+  while (at < payload.byteLength) {
+    if (at + 12 > payload.byteLength) return null;
+    const type = d.getInt32(at, true);
+    const row = Number(d.getBigUint64(at + 4, true));
+    const end = at + 12 + row * cells;
+    if (type < 0 || type > 64 || row === 0 || end > payload.byteLength) return null;
+    spans.push({ start: at, end });
+    at = end;
+  }
+  return spans;
+}
+
+/**
+ * The entry spans of a split snapshot, one per recurrent layer in layer order: `conv` spans
+ * index into `s.conv` (the first starts after the header, which is `conv[0].start` bytes
+ * long), `ssm` spans into `s.ssm`. Adjacent spans are contiguous, so a run of layers is one
+ * view of its part: a snapshot is cut into chunks without copying it.
+ */
+export function entrySpans(
+  s: { conv: Uint8Array; ssm: Uint8Array },
+): { conv: EntrySpan[]; ssm: EntrySpan[] } {
+  const conv = parseEntries(s.conv, true);
+  const cells = new DataView(s.conv.buffer, s.conv.byteOffset, 12).getUint32(8, true);
+  const ssm = parseEntries(s.ssm, false, cells);
+  if (!conv || !ssm || conv.length !== ssm.length) {
+    throw new Error("not a split recurrent snapshot");
+  }
+  return { conv, ssm };
+}
+
+/** The number of recurrent-layer entries in a conv or ssm chunk payload, or null. */
+export function countEntries(payload: Uint8Array, headed: boolean): number | null {
+  return parseEntries(payload, headed)?.length ?? null;
 }

@@ -34,7 +34,14 @@ import { SHIM_PAGE, SHIM_RC } from "./shim/abi.ts";
 import { pageRows, readPageHeader } from "./_state_page.ts";
 
 export type { RecurrentSnapshot } from "./_recurrent_split.ts";
-export { joinRecurrent, snapshotPosition, splitRecurrent } from "./_recurrent_split.ts";
+export {
+  countEntries,
+  type EntrySpan,
+  entrySpans,
+  joinRecurrent,
+  snapshotPosition,
+  splitRecurrent,
+} from "./_recurrent_split.ts";
 export type { MemoryKind } from "./shim/shim.ts";
 
 /** How state moves through a context. */

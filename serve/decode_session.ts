@@ -12,6 +12,7 @@ import {
   BoundedQueue,
   type ChunkHeader,
   createDecoder,
+  decodeMsgpack,
   type DecoderState,
   decoderStep,
   type FinalManifest,
@@ -90,7 +91,8 @@ export class DecodeHandoff {
 
   constructor(readonly input: DecodeHandoffInput) {
     this.#state = createDecoder(input.timing);
-    this.#tail = new StagedTail(input.request.promptTokens);
+    const trunkKinds = input.identity.numerical.layerKinds.filter((k) => k !== "mtp");
+    this.#tail = new StagedTail(input.request.promptTokens, trunkKinds);
   }
 
   get handoffId(): string {
@@ -140,7 +142,13 @@ export class DecodeHandoff {
       }
       if (h.type === "FinalManifest") {
         this.#telemetry.push({ type: "manifest-received", atMs: performance.now() });
-        this.#events.tryPush({ ...h } as unknown as HandoffEvent);
+        let manifest: unknown;
+        try {
+          manifest = decodeMsgpack(frame.payload);
+        } catch {
+          return this.#reject("protocol-error", "FinalManifest payload is not valid msgpack");
+        }
+        this.#events.tryPush({ ...h, manifest } as unknown as HandoffEvent);
         continue;
       }
       if (h.type !== "StateChunk") {
@@ -340,7 +348,10 @@ export class DecodeHandoff {
         bytes: header.payloadBytes,
         durationMs: performance.now() - t0,
       });
-      const credit = header.kind === "kv-page" ? header.payloadBytes : 0;
+      // Pages are imported as they arrive, so their bytes are free again at once; snapshot
+      // chunks stay held until the import step.
+      const paged = header.kind === "kv-page" || header.kind === "mtp-kv";
+      const credit = paged ? header.payloadBytes : 0;
       this.#ledger!.grantCredit(credit);
       return { type: "ChunkStaged", creditBytes: credit };
     } catch (error) {

@@ -14,10 +14,12 @@ import {
   type ChunkHeader,
   type ComponentKind,
   componentOf,
+  DEFAULT_STATE_BOUNDS,
   encodePositions,
   encodeSampler,
   encodeTokens,
   kvDtype,
+  LimitExceededError,
   NO_LAYERS,
   payloadChecksum,
   type Range,
@@ -28,7 +30,13 @@ import {
   StateValidationError,
   type UnsignedManifest,
 } from "../core/mod.ts";
-import { exportKvPage, exportRecurrent, exportSwa } from "../ffi/state.ts";
+import {
+  type EntrySpan,
+  entrySpans,
+  exportKvPage,
+  exportRecurrent,
+  exportSwa,
+} from "../ffi/state.ts";
 import type { LlamaContext } from "../ffi/mod.ts";
 import type { Engine } from "./engine.ts";
 import type { ResolvedIdentity } from "./identity.ts";
@@ -56,14 +64,34 @@ export interface ExportResult {
 /** Where exported chunks go; resolves when the queue has room for the next one. */
 export type ChunkSink = (chunk: ExportedChunk, exportMs: number) => Promise<void>;
 
+/** Chunk sizes the exporter cuts state into, each named with its unit. */
+export interface ExportLimits {
+  /** Largest chunk payload: the receiver's `chunkPayloadBytesMax` (one frame's payload). */
+  chunkBytesMax: number;
+  /**
+   * Preferred size of one recurrent snapshot chunk: small enough that sending begins after
+   * the first few layers are checksummed and hashing overlaps the wire, large enough that
+   * per-chunk costs (tag, frame, ledger) stay negligible.
+   */
+  snapshotChunkBytes: number;
+}
+
+export const DEFAULT_EXPORT_LIMITS: Readonly<ExportLimits> = {
+  chunkBytesMax: DEFAULT_STATE_BOUNDS.chunkPayloadBytesMax,
+  snapshotChunkBytes: 4 * 1024 * 1024,
+};
+
 export class StateExporter {
   #seq = 0;
+  /** Per paged kind: tokens per page that fit `chunkBytesMax`, once a range was too large. */
+  readonly #pageTokens = new Map<string, number>();
 
   constructor(
     readonly engine: Engine,
     readonly identity: ResolvedIdentity,
     readonly handoffId: string,
     readonly draft: MtpDraft | null,
+    readonly limits: ExportLimits = DEFAULT_EXPORT_LIMITS,
   ) {}
 
   /** The unsigned manifest listing `sent` (every chunk header, in order) and the probe. */
@@ -92,10 +120,9 @@ export class StateExporter {
     const logits = await this.engine.prefill(prompt, async ({ p0, p1, computeMs }) => {
       chunkMs.push(computeMs);
       await this.draft?.catchUp(prompt.subarray(p0, p1), p0);
-      if (!paged) return;
-      const t0 = performance.now();
-      const page = await exportKvPage(ctx, p0, p1);
-      await sink(await this.#chunk("kv-page", [p0, p1], page, false), performance.now() - t0);
+      if (paged) await this.#pages("kv-page", ctx, p0, p1, sink);
+      // The draft's KV for these positions is final too: it streams like the target's.
+      if (this.draft) await this.#pages("mtp-kv", this.draft.ctx, p0, p1, sink);
     });
     const n = prompt.length;
     const firstToken = sampleToken(logits, sampling, sampler);
@@ -104,6 +131,36 @@ export class StateExporter {
     // The probe: continue one token here so the decoder can prove it continues identically.
     const { digest: probeLogitsSha256 } = await probeStep(this.engine, firstToken);
     return { nTokens: n, firstToken, probeLogitsSha256, firstLogitsSha256, chunkMs };
+  }
+
+  /**
+   * Exports positions [p0, p1) of `ctx` as pages of `kind`, each within `chunkBytesMax`: a
+   * range too large for one chunk is cut into token sub-ranges (halved until it fits, and the
+   * fitting size is kept for later ranges), so any prefill chunk size works.
+   */
+  async #pages(
+    kind: "kv-page" | "mtp-kv",
+    ctx: LlamaContext,
+    p0: number,
+    p1: number,
+    sink: ChunkSink,
+  ): Promise<void> {
+    const max = this.limits.chunkBytesMax;
+    let a = p0;
+    while (a < p1) {
+      const step = Math.min(p1 - a, this.#pageTokens.get(kind) ?? p1 - a);
+      const t0 = performance.now();
+      let page: Uint8Array;
+      try {
+        page = await exportKvPage(ctx, a, a + step, { pageBytesMax: max });
+      } catch (error) {
+        if (!(error instanceof LimitExceededError) || step === 1) throw error;
+        this.#pageTokens.set(kind, Math.max(1, step >> 1));
+        continue;
+      }
+      await sink(this.#chunk(kind, [a, a + step], page, false), performance.now() - t0);
+      a += step;
+    }
   }
 
   async #exportTail(
@@ -119,21 +176,12 @@ export class StateExporter {
     const timed = async (kind: ComponentKind, range: Range, make: () => Promise<Uint8Array>) => {
       const t0 = performance.now();
       const payload = await make();
-      const chunk = await this.#chunk(kind, range, payload, kind === "first-token");
+      const chunk = this.#chunk(kind, range, payload, kind === "first-token");
       await sink(chunk, performance.now() - t0);
     };
-    if (this.draft) await timed("mtp-kv", [0, n], () => exportKvPage(this.draft!.ctx, 0, n));
     if (family === "iswa") await timed("swa-kv", [0, n], () => exportSwa(ctx));
     if (family === "recurrent" || family === "hybrid" || family === "hybrid-moe-mtp") {
-      const snapshot = await exportRecurrent(ctx);
-      if (snapshot.layout !== "split") {
-        throw new StateValidationError(
-          "Cannot export conv/ssm: this model's recurrent state layout is not one we can split",
-          { hint: "use colocated generation for this model" },
-        );
-      }
-      await timed("conv", [0, n], () => Promise.resolve(snapshot.conv));
-      await timed("ssm", [0, n], () => Promise.resolve(snapshot.ssm));
+      await this.#recurrent(n, sink);
     }
     if (this.draft) {
       await timed("mtp-hidden", [n - 1, n], () => Promise.resolve(this.draft!.pendingBytes()));
@@ -146,27 +194,97 @@ export class StateExporter {
     await timed("first-token", [n, n + 1], () => Promise.resolve(encodeTokens([firstToken])));
   }
 
-  async #chunk(
+  /**
+   * The final recurrent snapshot as conv chunks, then ssm chunks, each a run of whole layers
+   * (views of the one exported blob, no copy) of about `snapshotChunkBytes`, at most
+   * `chunkBytesMax`. Layer ranges tile the trunk: a chunk covers the trunk layers from its
+   * first recurrent layer to the next chunk's (the first from 0, the last to the end).
+   */
+  async #recurrent(n: number, sink: ChunkSink): Promise<void> {
+    const t0 = performance.now();
+    const snapshot = await exportRecurrent(this.engine.ctx);
+    if (snapshot.layout !== "split") {
+      throw new StateValidationError(
+        "Cannot export conv/ssm: this model's recurrent state layout is not one we can split",
+        { hint: "use colocated generation for this model" },
+      );
+    }
+    const spans = entrySpans(snapshot);
+    const trunkKinds = this.identity.numerical.layerKinds.filter((k) => k !== "mtp");
+    const recurrentAt = trunkKinds.flatMap((k, i) => (k === "recurrent" ? [i] : []));
+    if (recurrentAt.length !== spans.conv.length) {
+      throw new StateValidationError(
+        `Cannot export conv/ssm: ${spans.conv.length} recurrent layers in the snapshot, ${recurrentAt.length} in the model`,
+      );
+    }
+    let exportMs = performance.now() - t0; // charged to the first chunk
+    for (const part of ["conv", "ssm"] as const) {
+      const bytes = snapshot[part];
+      const list = spans[part];
+      for (const [first, last] of this.#groups(list)) {
+        const start = first === 0 ? 0 : list[first].start; // the first conv run keeps the header
+        const payload = bytes.subarray(start, list[last].end);
+        const a = first === 0 ? 0 : recurrentAt[first];
+        const b = last === list.length - 1 ? trunkKinds.length : recurrentAt[last + 1];
+        await sink(this.#chunk(part, [a, b], payload, false, [0, n]), exportMs);
+        exportMs = 0;
+      }
+    }
+  }
+
+  /**
+   * Runs of consecutive entries, `[first, last]` inclusive: each as long as fits
+   * `snapshotChunkBytes` (at least one entry), never over `chunkBytesMax`.
+   */
+  #groups(list: readonly EntrySpan[]): [number, number][] {
+    const { chunkBytesMax, snapshotChunkBytes } = this.limits;
+    const target = Math.min(snapshotChunkBytes, chunkBytesMax);
+    const out: [number, number][] = [];
+    let first = 0;
+    const runBytes = (a: number, b: number) => list[b].end - (a === 0 ? 0 : list[a].start);
+    for (let i = 0; i < list.length; i++) {
+      if (runBytes(i, i) > chunkBytesMax) {
+        throw new LimitExceededError(
+          `Cannot export conv/ssm: one layer's state of ${
+            runBytes(i, i)
+          } bytes exceeds chunkBytesMax (${chunkBytesMax})`,
+          { hint: "raise chunkBytesMax (and the frame payload bound) on both workers" },
+        );
+      }
+      const last = i + 1 === list.length;
+      if (last || runBytes(first, i + 1) > target) {
+        out.push([first, i]);
+        first = i + 1;
+      }
+    }
+    return out;
+  }
+
+  #chunk(
     kind: ComponentKind,
-    tokenRange: Range,
+    layersOrTokens: Range,
     payload: Uint8Array,
     final: boolean,
-  ): Promise<ExportedChunk> {
+    snapshotTokens?: Range,
+  ): ExportedChunk {
     const layered = kind === "kv-page" || kind === "swa-kv" || kind === "conv" || kind === "ssm";
     const id = this.identity.numerical;
     const trunk = id.layerKinds.filter((k) => k !== "mtp").length;
+    // Snapshot chunks name their layer run and the tokens they are the state of.
+    const tokenRange = snapshotTokens ?? layersOrTokens;
+    const layerRange: Range = snapshotTokens ? layersOrTokens : layered ? [0, trunk] : NO_LAYERS;
     const header: ChunkHeader = {
       handoffId: this.handoffId,
       identityDigest: this.identity.digest,
       schemaVersion: STATE_SCHEMA_VERSION,
       kind,
-      layerRange: layered ? [0, trunk] : NO_LAYERS,
+      layerRange,
       tokenRange,
       codec: CODEC[kind],
       dtype: DTYPE[kind] ?? kvDtype(id.kType, id.vType),
       positionConfig: { seqId: 0, nPosPerToken: 1 },
       payloadBytes: payload.byteLength,
-      checksum: await payloadChecksum(payload),
+      checksum: payloadChecksum(payload),
       seq: this.#seq++,
       final,
     };
@@ -178,7 +296,7 @@ export class StateExporter {
 export async function reexportPage(ctx: LlamaContext, header: ChunkHeader): Promise<Uint8Array> {
   const [p0, p1] = header.tokenRange;
   const payload = await exportKvPage(ctx, p0, p1);
-  if (await payloadChecksum(payload) !== header.checksum) {
+  if (payloadChecksum(payload) !== header.checksum) {
     throw new StateValidationError(
       `Cannot retry: kv-page tokens [${p0}, ${p1}) changed since it was first exported`,
     );

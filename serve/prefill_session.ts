@@ -12,10 +12,12 @@
 import {
   type AbortReason,
   BoundedQueue,
+  canonicalEncode,
   computeChunkTag,
   contextTokensNeeded,
   createPrefiller,
   type FinalManifest,
+  type FinalManifestMessage,
   HandoffAbortedError,
   type HandoffAction,
   type HandoffEvent,
@@ -218,9 +220,12 @@ export class PrefillHandoff {
   }
 
   #noteStaged(): void {
-    // The decoder grants credit back once per KV page it has imported, in page order, so the
-    // k-th grant proves page k arrived and was staged (on this process's clock).
-    const page = this.#retained.headers().filter((h) => h.kind === "kv-page")[this.#stagedAcks++];
+    // The decoder grants credit back once per page (kv-page or mtp-kv) it has imported, in
+    // stream order, so the k-th grant proves page k arrived and was staged (on this clock).
+    const page =
+      this.#retained.headers().filter((h) =>
+        h.kind === "kv-page" || h.kind === "mtp-kv"
+      )[this.#stagedAcks++];
     if (page) {
       this.#telemetry.push({
         type: "chunk-staged",
@@ -275,7 +280,10 @@ export class PrefillHandoff {
     try {
       if (msg.type === "StateChunk") return await this.#sendChunk(msg.header.seq);
       if (msg.type === "FinalManifest") {
-        await this.#stream!.finish({ ...msg } as unknown as Record<string, unknown>);
+        // The component list grows with the prompt: it travels as the frame's payload (bounded
+        // by the frame's payload limit), never in the header.
+        const { manifest, ...head } = msg as FinalManifestMessage;
+        await this.#stream!.finish({ ...head }, canonicalEncode(manifest));
         this.#telemetry.push({ type: "manifest-sent", atMs: performance.now() });
         return;
       }
@@ -302,13 +310,19 @@ export class PrefillHandoff {
       await reexportPage(this.input.engine.ctx, header);
     const tag = await computeChunkTag(this.#binding!, header);
     const t0 = performance.now();
-    await this.#stream!.send({
-      type: "StateChunk",
-      handoffId: header.handoffId,
-      attempt: this.#state.attempt,
-      header,
-      tag,
-    } as unknown as Record<string, unknown>, payload);
+    // The chunk's own checksum covers the payload (the decoder verifies it), so the frame's
+    // CRC leaves it out: every byte of state is read once per side, not twice.
+    await this.#stream!.send(
+      {
+        type: "StateChunk",
+        handoffId: header.handoffId,
+        attempt: this.#state.attempt,
+        header,
+        tag,
+      } as unknown as Record<string, unknown>,
+      payload,
+      { payloadChecked: false },
+    );
     const atMs = performance.now();
     this.#telemetry.push({
       type: "chunk-sent",

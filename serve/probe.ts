@@ -6,12 +6,12 @@
  * sampled from them), so the probe costs it nothing; the prefiller pays one decode step.
  * The digest travels encrypted and is never logged.
  */
-import { payloadChecksum } from "../core/mod.ts";
+import { sha256Hex } from "../core/mod.ts";
 import type { Engine } from "./engine.ts";
 
 /** SHA-256 (hex) of a logits row, bit for bit. */
 export function logitsDigest(logits: Float32Array): Promise<string> {
-  return payloadChecksum(new Uint8Array(logits.buffer, logits.byteOffset, logits.byteLength));
+  return sha256Hex(new Uint8Array(logits.buffer, logits.byteOffset, logits.byteLength));
 }
 
 /** Decodes `token` at the engine's position; returns the logits and their digest. */

@@ -7,7 +7,9 @@
  * |-------:|------:|---------------------------------------------------------------|
  * |      0 |     2 | magic `0x53 0x44` ("SD")                                      |
  * |      2 |     1 | version (`FRAME_VERSION`)                                     |
- * |      3 |     1 | flags: bit 0 = final frame of this stream direction; rest 0   |
+ * |      3 |     1 | flags: bit 0 final frame of this stream direction; bit 1     |
+ * |        |       | payload not covered by the CRC (it carries its own checksum);  |
+ * |        |       | the rest 0                                                    |
  * |      4 |     4 | header length in bytes (>= 1)                                 |
  * |      8 |     4 | payload length in bytes (>= 0)                                |
  * |     12 |     4 | CRC32C over bytes 0..11, then the header, then the payload    |
@@ -19,6 +21,11 @@
  * level. Completeness is therefore proven by the framing alone: explicit lengths find a cut
  * mid-frame, the final flag finds a cut between frames, and the checksum finds corruption or
  * splicing. The version byte lets a later build refuse (not misparse) an older peer.
+ *
+ * Bit 1 exists for bulk state: a StateChunk's payload already carries a checksum in its
+ * (tagged) header, verified by the consumer, so covering it here too would read every byte
+ * of state twice more per handoff. Such a frame's CRC covers prefix and header only; the
+ * payload's integrity in transit is QUIC's AEAD, end to end the consumer's checksum.
  *
  * Changelog of FRAME_VERSION:
  * 1. First version.
@@ -32,6 +39,7 @@ export const FRAME_VERSION = 1;
 /** Bytes before the header: magic, version, flags, two lengths and the checksum. */
 export const FRAME_PREFIX_BYTES = 16;
 const FLAG_FINAL = 0x01;
+const FLAG_PAYLOAD_UNCHECKED = 0x02;
 const CHECKED_PREFIX_BYTES = 12;
 const EMPTY = new Uint8Array(0);
 
@@ -59,10 +67,23 @@ export interface Frame {
   payload: Uint8Array;
   /** True on the last frame of this stream direction. */
   final: boolean;
+  /** False when the sender left the payload to its own checksum (see the flags above). */
+  payloadChecked: boolean;
   /** Bytes this frame took on the wire (prefix + header + payload). */
   wireBytes: number;
   /** 0-based position of this frame in its stream direction. */
   index: number;
+}
+
+/** How one frame is written. */
+export interface FrameOptions {
+  final?: boolean;
+  limits?: FrameLimits;
+  /**
+   * False: the payload carries its own checksum, which its consumer verifies, so the frame's
+   * CRC covers prefix and header only (default true: the CRC covers everything).
+   */
+  payloadChecked?: boolean;
 }
 
 /** An encoded frame as two separate writes, so a large payload is never copied. */
@@ -112,7 +133,7 @@ export class FrameError extends ProtocolError {
 export function encodeFrame(
   header: FrameHeader,
   payload: Uint8Array = EMPTY,
-  options: { final?: boolean; limits?: FrameLimits } = {},
+  options: FrameOptions = {},
 ): EncodedFrame {
   const limits = options.limits ?? DEFAULT_FRAME_LIMITS;
   const packed = packMsgpack(header);
@@ -132,13 +153,14 @@ export function encodeFrame(
   const view = new DataView(head.buffer);
   view.setUint16(0, FRAME_MAGIC);
   view.setUint8(2, FRAME_VERSION);
-  view.setUint8(3, options.final ? FLAG_FINAL : 0);
+  const unchecked = options.payloadChecked === false && payload.length > 0;
+  view.setUint8(3, (options.final ? FLAG_FINAL : 0) | (unchecked ? FLAG_PAYLOAD_UNCHECKED : 0));
   view.setUint32(4, packed.length);
   view.setUint32(8, payload.length);
   head.set(packed, FRAME_PREFIX_BYTES);
   let crc = crc32c(head.subarray(0, CHECKED_PREFIX_BYTES));
   crc = crc32c(head.subarray(FRAME_PREFIX_BYTES), crc);
-  crc = crc32c(payload, crc);
+  if (!unchecked) crc = crc32c(payload, crc);
   view.setUint32(12, crc);
   return { head, payload, wireBytes: head.length + payload.length, final: options.final ?? false };
 }
@@ -146,6 +168,7 @@ export function encodeFrame(
 /** The fields of a frame prefix, after validation. */
 export interface FramePrefix {
   final: boolean;
+  payloadChecked: boolean;
   headerBytes: number;
   payloadBytes: number;
   checksum: number;
@@ -175,7 +198,7 @@ export function parseFramePrefix(prefix: Uint8Array, limits: FrameLimits, index 
     );
   }
   const flags = view.getUint8(3);
-  if ((flags & ~FLAG_FINAL) !== 0) {
+  if ((flags & ~(FLAG_FINAL | FLAG_PAYLOAD_UNCHECKED)) !== 0) {
     throw new FrameError("bad-flags", `${at}: unknown flag bits 0x${flags.toString(16)}`);
   }
   const headerBytes = view.getUint32(4);
@@ -196,6 +219,7 @@ export function parseFramePrefix(prefix: Uint8Array, limits: FrameLimits, index 
   }
   return {
     final: (flags & FLAG_FINAL) !== 0,
+    payloadChecked: (flags & FLAG_PAYLOAD_UNCHECKED) === 0,
     headerBytes,
     payloadBytes,
     checksum: view.getUint32(12),
@@ -317,7 +341,7 @@ export class FrameDecoder {
     const prefix = this.#current!;
     const index = this.#index;
     let crc = crc32c(this.#prefix.subarray(0, CHECKED_PREFIX_BYTES));
-    crc = crc32c(body, crc);
+    crc = crc32c(prefix.payloadChecked ? body : body.subarray(0, prefix.headerBytes), crc);
     if (crc !== prefix.checksum) {
       // No checksum values in the message: they are derived from state content.
       throw new FrameError(
@@ -337,6 +361,7 @@ export class FrameDecoder {
       header,
       payload: body.subarray(prefix.headerBytes),
       final: prefix.final,
+      payloadChecked: prefix.payloadChecked,
       wireBytes: FRAME_PREFIX_BYTES + body.length,
       index,
     };

@@ -49,9 +49,9 @@ export class FrameWriter {
   encode(
     header: FrameHeader,
     payload?: Uint8Array,
-    options: { final?: boolean } = {},
+    options: { final?: boolean; payloadChecked?: boolean } = {},
   ): EncodedFrame {
-    return encodeFrame(header, payload, { final: options.final, limits: this.#limits });
+    return encodeFrame(header, payload, { ...options, limits: this.#limits });
   }
 
   /**

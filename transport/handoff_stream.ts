@@ -104,10 +104,18 @@ export class HandoffSender {
     };
   }
 
-  /** Sends one frame once credit allows. Calls may overlap; frames keep call order. */
-  send(header: FrameHeader, payload?: Uint8Array): Promise<void> {
+  /**
+   * Sends one frame once credit allows. Calls may overlap; frames keep call order. With
+   * `payloadChecked: false` the payload carries its own checksum that the receiver verifies
+   * (state chunks), so the frame CRC leaves it out.
+   */
+  send(
+    header: FrameHeader,
+    payload?: Uint8Array,
+    options: { payloadChecked?: boolean } = {},
+  ): Promise<void> {
     _assertCallerType(header);
-    return this.#sendEncoded(header, payload, false);
+    return this.#sendEncoded(header, payload, false, options.payloadChecked);
   }
 
   /**
@@ -158,8 +166,9 @@ export class HandoffSender {
     header: FrameHeader,
     payload: Uint8Array | undefined,
     final: boolean,
+    payloadChecked = true,
   ): Promise<void> {
-    const frame = this.#writer.encode(header, payload, { final });
+    const frame = this.#writer.encode(header, payload, { final, payloadChecked });
     // Credit is acquired in call order, so overlapping sends cannot reorder frames.
     const run = async () => {
       await this.#credit.acquire(frame.wireBytes);

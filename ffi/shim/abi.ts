@@ -5,7 +5,7 @@
  */
 
 /** Must equal `SKIPPY_SHIM_ABI_VERSION` in skippy_shim.h; checked when the shim is loaded. */
-export const SKIPPY_SHIM_ABI_VERSION = 1;
+export const SKIPPY_SHIM_ABI_VERSION = 2;
 
 /** Memory kinds (`SKIPPY_MEM_*`). */
 export const SHIM_MEM = {
@@ -93,6 +93,7 @@ export const SHIM_SYMBOLS = {
     nonblocking: true,
   },
   skippy_seq_facts: { parameters: [P, "i32", BUF, BUF, "u64"], result: "i32" },
+  skippy_checksum_crc32c: { parameters: ["u32", BUF, "u64"], result: "u32" },
 } as const satisfies Deno.ForeignLibraryInterface;
 
 export type ShimSymbols = Deno.DynamicLibrary<typeof SHIM_SYMBOLS>["symbols"];

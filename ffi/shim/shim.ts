@@ -12,6 +12,7 @@ import type { LlamaContext } from "../context.ts";
 import { buildShim, type ShimBuildOptions } from "./build.ts";
 import { SHIM_FACT, SHIM_MEM, SHIM_RC, SHIM_SYMBOLS, SKIPPY_SHIM_ABI_VERSION } from "./abi.ts";
 import type { ShimSymbols } from "./abi.ts";
+import { installCrc32cAccelerator } from "../../core/crc32c.ts";
 
 /** Exact memory type of a context (see `SKIPPY_MEM_*`). */
 export type MemoryKind = "none" | "kv" | "hybrid" | "iswa" | "recurrent" | "unsupported";
@@ -200,7 +201,11 @@ async function openShim(lib: LlamaLibrary, options: ShimBuildOptions): Promise<S
     handle.close();
     return { ok: false, reason };
   }
-  return { ok: true, shim: new Shim(handle.symbols, path) };
+  const symbols = handle.symbols;
+  installCrc32cAccelerator((bytes, crc) =>
+    symbols.skippy_checksum_crc32c(crc, bytes as Uint8Array<ArrayBuffer>, BigInt(bytes.length))
+  );
+  return { ok: true, shim: new Shim(symbols, path) };
 }
 
 /** Null when the shim `s` was built for, and sees, the libllama of `buildId`; else why not. */

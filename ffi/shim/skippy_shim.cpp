@@ -7,6 +7,7 @@
 // build id in, shim.ts refuses the shim when the loaded library differs, and
 // skippy_self_test cross-checks inline reads against libllama's own accessors.
 #include "_internal.h"
+#include "_crc32c.h"
 
 using namespace skippy;
 
@@ -127,6 +128,10 @@ extern "C" {
 
 uint32_t skippy_shim_abi_version(void) {
     return SKIPPY_SHIM_ABI_VERSION;
+}
+
+uint32_t skippy_checksum_crc32c(uint32_t crc, const uint8_t * buf, uint64_t len) {
+    return buf == nullptr ? crc : skippy_crc32c(crc, buf, (size_t) len);
 }
 
 int32_t skippy_memory_kind(struct llama_context * ctx) {

@@ -9,6 +9,8 @@
  * ABI changelog (bump SKIPPY_SHIM_ABI_VERSION and the mirror in shim.ts together):
  *   1. First version: memory kind, self-test, page size/export/import, sequence facts,
  *      build identity.
+ *   2. skippy_checksum_crc32c: the hardware CRC-32C that pages already use, exported so state
+ *      chunks and frames are checksummed natively instead of in JavaScript.
  */
 #ifndef SKIPPY_SHIM_H
 #define SKIPPY_SHIM_H
@@ -19,7 +21,7 @@
 extern "C" {
 #endif
 
-#define SKIPPY_SHIM_ABI_VERSION 1
+#define SKIPPY_SHIM_ABI_VERSION 2
 
 /* The shim is compiled with hidden visibility; only these entry points are exported. */
 #define SKIPPY_API __attribute__((visibility("default")))
@@ -102,6 +104,9 @@ SKIPPY_API int64_t skippy_page_export(struct llama_context * ctx, int32_t cache,
  * anything when the page is malformed, does not match this cache, or overlaps. */
 SKIPPY_API int32_t skippy_page_import(struct llama_context * ctx, int32_t cache, int32_t seq,
                            const uint8_t * buf, uint64_t len, char * err, uint64_t err_cap);
+/* Continues CRC-32C `crc` (0 to start) over `len` bytes of `buf` (hardware instructions where
+ * the CPU has them): the same function as core/crc32c.ts. Needs no context. */
+SKIPPY_API uint32_t skippy_checksum_crc32c(uint32_t crc, const uint8_t * buf, uint64_t len);
 /* Fills out[SKIPPY_FACTS_LEN]. */
 SKIPPY_API int32_t skippy_seq_facts(struct llama_context * ctx, int32_t seq, int32_t * out, char * err,
                          uint64_t err_cap);
