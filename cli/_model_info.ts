@@ -24,6 +24,10 @@ export interface RuntimeStateBytes {
   readonly bytesPerToken: number;
   /** Bytes that do not grow with the prompt (recurrent snapshot, framing). */
   readonly fixedBytes: number;
+  /** `bytesPerToken` less the per-cell metadata: the attention K+V rows of one token. */
+  readonly kvBytesPerToken?: number;
+  /** Conv + SSM rows of the recurrent snapshot, framing excluded (recurrent models). */
+  readonly recurrentBytes?: number;
   /** MTP draft context bytes per token, for models with nextn layers. */
   readonly mtpBytesPerToken?: number;
   /** How the numbers were obtained, for the report. */
@@ -161,7 +165,13 @@ function stateLines(r: ModelInfoReport): string[] {
   if (r.runtime) {
     lines.push(`runtime       measured (${r.runtime.method}):`);
     row("bytes per token", `${fmt(r.runtime.bytesPerToken)} B`);
+    if (r.runtime.kvBytesPerToken !== undefined) {
+      row("kv per token", `${fmt(r.runtime.kvBytesPerToken)} B`);
+    }
     row("fixed", `${fmt(r.runtime.fixedBytes)} B`);
+    if (r.runtime.recurrentBytes !== undefined) {
+      row("recurrent (fixed)", `${fmt(r.runtime.recurrentBytes)} B`);
+    }
     if (r.runtime.mtpBytesPerToken !== undefined) {
       row("mtp bytes per token", `${fmt(r.runtime.mtpBytesPerToken)} B`);
     }

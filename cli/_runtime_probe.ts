@@ -5,9 +5,15 @@
  */
 import type { RuntimeStateBytes, RuntimeStateProbe } from "./_model_info.ts";
 import { Engine, RUNTIME_DEFAULTS } from "../serve/engine.ts";
-import type { KvType } from "../ffi/mod.ts";
+import {
+  type KvType,
+  LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY,
+  recurrentPayloadBytes,
+} from "../ffi/mod.ts";
 
 const STEP_TOKENS = 256;
+/** Per-cell metadata of a one-sequence state blob: pos (i32), n_seq_id (u32), seq_id (i32). */
+export const CELL_META_BYTES = 12;
 
 export const measureStateBytes: RuntimeStateProbe = async (path, spec, kvType: KvType) => {
   // Past the sliding window the SWA part stops growing, so measure beyond twice the window.
@@ -28,10 +34,20 @@ export const measureStateBytes: RuntimeStateProbe = async (path, spec, kvType: K
   await engine.prefill(tokens.subarray(n1));
   const s2 = engine.ctx.stateSeqSize(0);
   const bytesPerToken = (s2 - s1) / STEP_TOKENS;
+  // Only for models whose whole KV grows per token (no sliding window).
+  const kvBytesPerToken = window === 0 && bytesPerToken > 0
+    ? bytesPerToken - CELL_META_BYTES
+    : undefined;
+  const recurrentBytes = spec.ssm
+    ? recurrentPayloadBytes(await engine.ctx.stateSeqGet(0, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY))
+    : null;
   const result: RuntimeStateBytes = {
     bytesPerToken,
     fixedBytes: s1 - n1 * bytesPerToken,
-    method: `llama_state_seq_get_size after ${n1} and ${n2} prompt tokens`,
+    ...(kvBytesPerToken !== undefined ? { kvBytesPerToken } : {}),
+    ...(recurrentBytes !== null ? { recurrentBytes } : {}),
+    method: `llama_state_seq_get_size after ${n1} and ${n2} prompt tokens` +
+      (recurrentBytes !== null ? "; conv+SSM rows of the recurrent snapshot" : ""),
   };
   return result;
 };

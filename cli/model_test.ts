@@ -1,5 +1,6 @@
 import assert from "node:assert/strict";
 import { runCli } from "./program.ts";
+import { labStateModel } from "../testing/models.ts";
 
 /** Runs the CLI, capturing what it prints to stdout and stderr. */
 async function run(args: string[]): Promise<{ code: number; out: string; err: string }> {
@@ -71,3 +72,17 @@ Deno.test("model info refuses a file that is not GGUF", async () => {
     await Deno.remove(dir, { recursive: true });
   }
 });
+
+for (const family of ["hybrid", "hybrid-moe-mtp"] as const) {
+  Deno.test(`model info of the lab-state ${family} model measures Super's state sizes at runtime`, async () => {
+    const path = await labStateModel(family);
+    const r = await run(["model", "info", path, "--json"]);
+    assert.equal(r.code, 0, r.err);
+    const report = JSON.parse(r.out);
+    assert.equal(report.state.kvBytesPerToken, 8192);
+    assert.equal(report.state.recurrentBytes, 172_687_360);
+    assert.equal(report.runtime.kvBytesPerToken, report.state.kvBytesPerToken);
+    assert.equal(report.runtime.recurrentBytes, report.state.recurrentBytes);
+    assert.ok(report.runtime.fixedBytes >= report.runtime.recurrentBytes, "framing is extra");
+  });
+}

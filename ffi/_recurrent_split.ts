@@ -55,6 +55,18 @@ function entries(blob: Uint8Array): Entry[] | null {
   return out;
 }
 
+/**
+ * Bytes of conv and SSM rows in a snapshot (framing and cell metadata excluded), or null when
+ * its layout is not the known one: the recurrent state as the runtime holds it.
+ */
+export function recurrentPayloadBytes(blob: Uint8Array): number | null {
+  const list = entries(blob);
+  if (!list) return null;
+  const d = new DataView(blob.buffer, blob.byteOffset, blob.byteLength);
+  const cells = d.getUint32(8, true);
+  return list.reduce((sum, e) => sum + e.row * cells, 0);
+}
+
 /** Splits a snapshot into conv and SSM parts when its layout is the known one. */
 export function splitRecurrent(blob: Uint8Array): RecurrentSnapshot {
   const list = entries(blob);

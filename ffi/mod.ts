@@ -49,4 +49,5 @@ export {
   type PrefillOptions,
 } from "./state_driver.ts";
 export { MtpDraft } from "./mtp.ts";
+export { recurrentPayloadBytes } from "./_recurrent_split.ts";
 export { LlamaSampler, type LlamaSamplerOptions } from "./sampler.ts";

@@ -6,7 +6,9 @@
  * keeps Nemotron 3 Super's proportions for the hybrid families: the layer pattern (40 Mamba :
  * 8 attention : 40 MoE scaled to 10 : 2 : 10, interleaved as in Nemotron-H) and the ratio of
  * fixed recurrent bytes to attention-KV bytes per token (about 20K tokens of F16 KV). For the
- * other families super-mini is simply a larger model, stored as f16.
+ * other families super-mini is simply a larger model, stored as f16. `lab-state` (hybrid
+ * families only) has Nemotron 3 Super's real 88-layer pattern and its exact per-sequence state
+ * dimensions on a 64-wide residual stream, so state sizes are real while compute stays small.
  */
 import { UsageError } from "../core/errors.ts";
 import {
@@ -38,7 +40,12 @@ export type { Family, Preset };
 
 const N_VOCAB = buildSpmVocab().tokens.length;
 
-type SpecTable = Record<Family, Record<Preset, Omit<ModelSpec, "nVocab" | "seed">>>;
+type PresetSpec = Omit<ModelSpec, "nVocab" | "seed">;
+/** `tiny` and `super-mini` exist for every family; `lab-state` only for the hybrid ones. */
+type SpecTable = Record<
+  Family,
+  Record<"tiny" | "super-mini", PresetSpec> & Partial<Record<Preset, PresetSpec>>
+>;
 
 const TINY_SSM = { dConv: 4, dInner: 256, dState: 16, nGroup: 1, nHead: 8 };
 const TINY_ATTN = { nHead: 4, nHeadKv: 2, headDim: 32 };
@@ -48,6 +55,24 @@ const SUPER_SSM = { dConv: 4, dInner: 1024, dState: 256, nGroup: 1, nHead: 16 };
 const SUPER_ATTN = { nHead: 16, nHeadKv: 2, headDim: 32 };
 /** Nemotron 3 Super's 88-layer pattern at 1/4 scale (real: 40 M, 8 A, 40 E). */
 const SUPER_PATTERN = "MEMEMAEMEMEMEMAEMEMEME";
+
+/**
+ * Nemotron 3 Super's `hybrid_override_pattern` (config.json of
+ * nvidia/NVIDIA-Nemotron-3-Super-120B-A12B, `num_hidden_layers` 88), with `*` written `A`:
+ * 40 Mamba2, 40 MoE and 8 attention layers, attention at 7, 16, 25, 36, 47, 58, 69 and 78. Its
+ * MTP block (`mtp_hybrid_override_pattern` "*E") is attention + MoE, our nextn block.
+ */
+export const NEMOTRON_3_SUPER_PATTERN =
+  "MEMEMEMAEMEMEMEMAEMEMEMEMAEMEMEMEMEMAEMEMEMEMEMAEMEMEMEMEMAEMEMEMEMEMAEMEMEMEMAEMEMEMEME";
+/**
+ * Nemotron 3 Super's exact per-sequence state dimensions: Mamba2 d_inner 8192 (128 heads x 64),
+ * d_state 128, 8 groups, conv kernel 4; attention 32 query heads, 2 KV heads x 128. With 40
+ * Mamba and 8 attention layers: 172,687,360 B recurrent state, 8,192 B/token of F16 KV.
+ */
+const LAB_SSM = { dConv: 4, dInner: 8192, dState: 128, nGroup: 8, nHead: 128 };
+const LAB_ATTN = { nHead: 32, nHeadKv: 2, headDim: 128 };
+/** Residual width of lab-state: tiny, so the f16 file stays near 150 MiB. */
+const LAB_EMBD = 64;
 
 const SPECS: SpecTable = {
   dense: {
@@ -137,6 +162,17 @@ const SPECS: SpecTable = {
       nFf: 1024,
       weightType: "f16",
     },
+    "lab-state": {
+      architecture: "nemotron_h",
+      contextLength: 262144,
+      nEmbd: LAB_EMBD,
+      layers: parsePattern(NEMOTRON_3_SUPER_PATTERN.replaceAll("E", "F")),
+      nextnLayers: 0,
+      attention: LAB_ATTN,
+      ssm: LAB_SSM,
+      nFf: 128,
+      weightType: "f16",
+    },
   },
   "hybrid-moe-mtp": {
     tiny: {
@@ -161,8 +197,24 @@ const SPECS: SpecTable = {
       moe: { nExpert: 8, nExpertUsed: 2, nFfExp: 128, nFfShexp: 256 },
       weightType: "f16",
     },
+    "lab-state": {
+      architecture: "nemotron_h_moe",
+      contextLength: 262144,
+      nEmbd: LAB_EMBD,
+      layers: parsePattern(NEMOTRON_3_SUPER_PATTERN),
+      nextnLayers: 1,
+      attention: LAB_ATTN,
+      ssm: LAB_SSM,
+      moe: { nExpert: 4, nExpertUsed: 2, nFfExp: 32, nFfShexp: 64 },
+      weightType: "f16",
+    },
   },
 };
+
+/** The presets `family` has, in PRESETS order. */
+export function presetsOf(family: Family): Preset[] {
+  return PRESETS.filter((preset) => SPECS[family][preset] !== undefined);
+}
 
 export const SEED_MAX = 0xffffffff;
 
@@ -191,6 +243,12 @@ export function familySpec(family: string, preset: string = "tiny", seed = 0): M
     });
   }
   const base = SPECS[family as Family][preset as Preset];
+  if (base === undefined) {
+    const families = FAMILIES.filter((f) => presetsOf(f).includes(preset as Preset));
+    throw new UsageError(`Preset "${preset}" does not exist for family "${family}"`, {
+      hint: `it exists for: ${families.join(", ")}`,
+    });
+  }
   return { ...base, family: family as Family, preset: preset as Preset, seed, nVocab: N_VOCAB };
 }
 

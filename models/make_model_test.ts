@@ -1,7 +1,14 @@
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
 import { UsageError } from "../core/errors.ts";
-import { FAMILIES, familySpec, type MadeModel, makeModel, PRESETS } from "./families.ts";
+import {
+  FAMILIES,
+  familySpec,
+  type MadeModel,
+  makeModel,
+  NEMOTRON_3_SUPER_PATTERN,
+  presetsOf,
+} from "./families.ts";
 import { parseGgufHeader } from "./gguf_reader.ts";
 import { specFromGguf } from "./spec_from_gguf.ts";
 import { expectedStateBytes } from "./state_sizes.ts";
@@ -89,11 +96,16 @@ Deno.test("familySpec() names the valid families, presets and seed range", () =>
   check(() => familySpec("moe"), /Unknown model family "moe"/, /dense, iswa, recurrent, hybrid/);
   check(() => familySpec("dense", "huge"), /Unknown preset "huge"/, /tiny, super-mini/);
   check(() => familySpec("dense", "tiny", -1), /Invalid seed/, /4294967295/);
+  check(
+    () => familySpec("dense", "lab-state"),
+    /Preset "lab-state" does not exist for family "dense"/,
+    /^it exists for: hybrid, hybrid-moe-mtp$/,
+  );
 });
 
 Deno.test("specFromGguf() reads back the spec of every family and preset", () => {
   for (const family of FAMILIES) {
-    for (const preset of PRESETS) {
+    for (const preset of presetsOf(family)) {
       const made = makeModel({ family, preset, seed: 5 });
       const info = parseGgufHeader(headerOf(made), { complete: false });
       assert.deepEqual(specFromGguf(info), made.spec, `${family} ${preset}`);
@@ -127,5 +139,34 @@ Deno.test("super-mini hybrids keep Nemotron 3 Super's layer mix and state propor
   const contexts = FAMILIES.map((f) => [f, familySpec(f, "tiny").contextLength]);
   for (const [family, n] of contexts) {
     assert.ok(n as number >= (String(family).startsWith("hybrid") ? 65536 : 32768));
+  }
+});
+
+Deno.test("lab-state hybrids have Nemotron 3 Super's layer pattern and exact state sizes", () => {
+  // Real model (config.json): 88 layers, attention at 7, 16, 25, 36, 47, 58, 69 and 78.
+  const attentionAt = [...NEMOTRON_3_SUPER_PATTERN].flatMap((c, i) => (c === "A" ? [i] : []));
+  assert.deepEqual(attentionAt, [7, 16, 25, 36, 47, 58, 69, 78]);
+  for (const [family, ffn, mtpKv] of [["hybrid", "F", 0], ["hybrid-moe-mtp", "E", 1024]] as const) {
+    const made = makeModel({ family, preset: "lab-state" });
+    const spec = made.spec;
+    assert.equal(
+      layerPattern(spec),
+      NEMOTRON_3_SUPER_PATTERN.replaceAll("E", ffn) +
+        (family === "hybrid-moe-mtp" ? "P" : ""),
+    );
+    const counts = layerCounts(spec);
+    assert.equal(counts.mamba, 40);
+    assert.equal(counts.attention, 8);
+    assert.equal(ffn === "E" ? counts.moe : counts.mlp, 40);
+    assert.equal(spec.nEmbd, 64);
+    const s = expectedStateBytes(spec, "f16");
+    assert.equal(s.kvBytesPerToken, 8 * 2 * (2 * 128 * 2)); // 8 layers x (K + V) x 2 heads x 128 x f16
+    assert.equal(s.kvBytesPerToken, 8192);
+    assert.equal(s.convBytes, 40 * 3 * (8192 + 2 * 8 * 128) * 4);
+    assert.equal(s.ssmBytes, 40 * 128 * 8192 * 4);
+    assert.equal(s.recurrentBytes, 172_687_360);
+    assert.equal(s.mtpKvBytesPerToken, mtpKv);
+    const mib = made.layout.totalBytes / 2 ** 20;
+    assert.ok(mib > 120 && mib < 180, `${family} lab-state is ${mib.toFixed(1)} MiB`);
   }
 });

@@ -12,8 +12,10 @@ export {
   GENERATOR_VERSION,
   type MadeModel,
   makeModel,
+  NEMOTRON_3_SUPER_PATTERN,
   type Preset,
   PRESETS,
+  presetsOf,
   SEED_MAX,
 } from "./families.ts";
 export {

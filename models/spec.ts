@@ -8,7 +8,7 @@ import type { WeightType } from "./_gguf_types.ts";
 export const FAMILIES = ["dense", "iswa", "recurrent", "hybrid", "hybrid-moe-mtp"] as const;
 export type Family = typeof FAMILIES[number];
 
-export const PRESETS = ["tiny", "super-mini"] as const;
+export const PRESETS = ["tiny", "super-mini", "lab-state"] as const;
 export type Preset = typeof PRESETS[number];
 
 /** llama.cpp architecture names (`general.architecture`) the families use. */
