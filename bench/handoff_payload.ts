@@ -57,7 +57,7 @@ export async function runPayloadPathBench(o: {
   const state = await prefillAndExport(a, testTokens(o.promptTokens), {
     chunkTokens: o.pageTokens,
   });
-  const headers = await Promise.all(state.pages.map(async (page, seq): Promise<ChunkHeader> => ({
+  const headers = state.pages.map((page, seq): ChunkHeader => ({
     handoffId: "bench",
     identityDigest: DIGEST,
     schemaVersion: STATE_SCHEMA_VERSION,
@@ -68,10 +68,10 @@ export async function runPayloadPathBench(o: {
     dtype: "f16",
     positionConfig: { seqId: 0, nPosPerToken: 1 },
     payloadBytes: page.byteLength,
-    checksum: await payloadChecksum(page),
+    checksum: payloadChecksum(page),
     seq,
     final: false,
-  })));
+  }));
   const bytes = state.pages.reduce((n, p) => n + p.byteLength, 0);
   const setup = await benchPeers();
   const payload: number[] = [];
@@ -121,7 +121,7 @@ async function transferPages(
       if (h.type !== "StateChunk") continue;
       const header = h.header as ChunkHeader;
       if (!await verifyChunkTag(binding, header, String(h.tag))) throw new Error("tag");
-      await verifyChunkPayload(header, frame.payload);
+      verifyChunkPayload(header, frame.payload);
       await staged.addPage(frame.payload);
     }
   })();

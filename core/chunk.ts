@@ -236,10 +236,10 @@ export function payloadChecksum(payload: Uint8Array): string {
  *
  * @example
  * ```ts
- * await verifyChunkPayload(header, payload);
+ * verifyChunkPayload(header, payload);
  * ```
  */
-export async function verifyChunkPayload(h: ChunkHeader, payload: Uint8Array): Promise<void> {
+export function verifyChunkPayload(h: ChunkHeader, payload: Uint8Array): void {
   if (payload.length !== h.payloadBytes) {
     throw new StateValidationError(
       `Cannot stage state ${

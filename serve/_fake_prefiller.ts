@@ -140,12 +140,12 @@ export class FakePrefiller {
 }
 
 /** A valid `positions` chunk (seq 0) of a handoff of `promptTokens` tokens. */
-export async function positionsChunk(
+export function positionsChunk(
   handoffId: string,
   identityDigest: string,
   promptTokens = 8,
   seq = 0,
-): Promise<{ header: ChunkHeader; payload: Uint8Array }> {
+): { header: ChunkHeader; payload: Uint8Array } {
   const payload = encodePositions({ nPast: promptTokens, seqId: 0, nPosPerToken: 1 });
   const header: ChunkHeader = {
     handoffId,
@@ -158,7 +158,7 @@ export async function positionsChunk(
     dtype: "none",
     positionConfig: { seqId: 0, nPosPerToken: 1 },
     payloadBytes: payload.byteLength,
-    checksum: await payloadChecksum(payload),
+    checksum: payloadChecksum(payload),
     seq,
     final: false,
   };

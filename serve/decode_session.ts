@@ -337,7 +337,7 @@ export class DecodeHandoff {
       if (!await verifyChunkTag(this.#binding!, header, frame.tag)) {
         return this.#fail("ChunkRejected", "binding-tag", "chunk binding tag does not verify");
       }
-      await verifyChunkPayload(header, frame.payload);
+      verifyChunkPayload(header, frame.payload);
       this.#ledger!.accept(header);
       const t0 = performance.now();
       await this.#stageComponent(header, frame.payload);
