@@ -21,7 +21,7 @@ import {
 import { DEFAULT_STATE_BOUNDS } from "../core/schema.ts";
 import type { LlamaContext } from "./context.ts";
 import { LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY } from "./llama.ts";
-import { type RecurrentSnapshot, splitRecurrent } from "./_recurrent_split.ts";
+import { type EntrySpan, type RecurrentSnapshot, splitRecurrent } from "./_recurrent_split.ts";
 import { exportPagePublic, publicMemoryKind } from "./_state_public.ts";
 import {
   type CacheName,
@@ -198,6 +198,64 @@ export async function exportRecurrent(
   }
   const blob = await ctx.stateSeqGet(options.seq ?? 0, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
   return splitRecurrent(blob);
+}
+
+/** A recurrent snapshot's layout in blob offsets: one entry span per recurrent layer. */
+export interface RecurrentLayout {
+  /** Bytes of the whole snapshot blob. */
+  bytes: number;
+  /** Conv entries in layer order; the header is `[0, conv[0].start)`. */
+  conv: EntrySpan[];
+  /** SSM entries in layer order, right after the last conv entry. */
+  ssm: EntrySpan[];
+}
+
+/** Bytes of an entry's preamble: i32 type and u64 row size before its rows. */
+const ENTRY_PREAMBLE_BYTES = 12;
+
+/**
+ * The layout of `seq`'s recurrent snapshot in `ctx` through the shim, or null when windows
+ * are not available (public path, or a layout this code does not know, such as extra
+ * per-layer rows): callers then export the snapshot whole.
+ */
+export async function recurrentLayout(
+  ctx: LlamaContext,
+  seq = 0,
+): Promise<RecurrentLayout | null> {
+  const backend = await stateBackend(ctx);
+  if (!backend.shim || (backend.kind !== "hybrid" && backend.kind !== "recurrent")) return null;
+  let raw: { bytes: number; rows: { offset: number; size: number }[] };
+  try {
+    raw = backend.shim.recurrentLayout(ctx, seq);
+  } catch {
+    return null;
+  }
+  const half = raw.rows.length / 2;
+  if (raw.rows.length === 0 || !Number.isInteger(half)) return null;
+  const spans = raw.rows.map((r) => ({
+    start: r.offset - ENTRY_PREAMBLE_BYTES,
+    end: r.offset + r.size,
+  }));
+  const contiguous = spans.every((sp, i) => i === 0 || sp.start === spans[i - 1].end);
+  if (!contiguous || spans[spans.length - 1].end !== raw.bytes) return null;
+  return { bytes: raw.bytes, conv: spans.slice(0, half), ssm: spans.slice(half) };
+}
+
+/** Bytes [from, to) of `seq`'s recurrent snapshot (shim path; see `recurrentLayout`). */
+export async function exportRecurrentWindow(
+  ctx: LlamaContext,
+  from: number,
+  to: number,
+  seq = 0,
+): Promise<Uint8Array<ArrayBuffer>> {
+  const backend = await stateBackend(ctx);
+  assert(backend.shim !== null, "recurrent windows need the native shim");
+  const shim = backend.shim;
+  try {
+    return await ctx.serialize(() => shim.exportRecurrentWindow(ctx, seq, from, to));
+  } catch (error) {
+    throw shimFailure(error, "export", `conv/ssm bytes [${from}, ${to})`);
+  }
 }
 
 /**

@@ -80,6 +80,7 @@ export class DecodeHandoff {
   #staged: StagedImport | null = null;
   #binding: BindingContext | null = null;
   readonly #tail: StagedTail;
+  readonly #trunkKinds: readonly string[];
   #receiver: HandoffReceiver | null = null;
   #manifest: FinalManifest | null = null;
   #nextLogits: Float32Array | null = null;
@@ -91,8 +92,8 @@ export class DecodeHandoff {
 
   constructor(readonly input: DecodeHandoffInput) {
     this.#state = createDecoder(input.timing);
-    const trunkKinds = input.identity.numerical.layerKinds.filter((k) => k !== "mtp");
-    this.#tail = new StagedTail(input.request.promptTokens, trunkKinds);
+    this.#trunkKinds = input.identity.numerical.layerKinds.filter((k) => k !== "mtp");
+    this.#tail = new StagedTail(input.request.promptTokens);
   }
 
   get handoffId(): string {
@@ -367,6 +368,13 @@ export class DecodeHandoff {
   async #stageComponent(h: ChunkHeader, payload: Uint8Array): Promise<void> {
     if (h.kind === "kv-page") return await this.#staged!.addPage(payload);
     if (h.kind === "mtp-kv") return await this.#staged!.addMtpPage(payload);
+    if (h.kind === "conv" || h.kind === "ssm") {
+      // Trunk layer range -> the run of recurrent layers it holds, by this model's own kinds.
+      const before = (l: number) => this.#trunkKinds.slice(0, l).filter((k) => k === "recurrent");
+      const [a, b] = h.layerRange;
+      const [r0, r1] = [before(a).length, before(b).length];
+      return await this.#staged!.addRecurrentLayers(h.kind, r0, r1, payload);
+    }
     this.#tail.take(h, payload);
   }
 

@@ -35,7 +35,9 @@ import {
   entrySpans,
   exportKvPage,
   exportRecurrent,
+  exportRecurrentWindow,
   exportSwa,
+  recurrentLayout,
 } from "../ffi/state.ts";
 import type { LlamaContext } from "../ffi/mod.ts";
 import type { Engine } from "./engine.ts";
@@ -196,20 +198,42 @@ export class StateExporter {
 
   /**
    * The final recurrent snapshot as conv chunks, then ssm chunks, each a run of whole layers
-   * (views of the one exported blob, no copy) of about `snapshotChunkBytes`, at most
-   * `chunkBytesMax`. Layer ranges tile the trunk: a chunk covers the trunk layers from its
-   * first recurrent layer to the next chunk's (the first from 0, the last to the end).
+   * of about `snapshotChunkBytes`, at most `chunkBytesMax`. Layer ranges tile the trunk: a
+   * chunk covers the trunk layers from its first recurrent layer to the next chunk's (the
+   * first from 0, the last to the end). On the shim path each chunk is exported as its own
+   * window of the snapshot, so the first leaves before the rest is read; on the public path
+   * the snapshot is exported whole and cut into views of it.
    */
   async #recurrent(n: number, sink: ChunkSink): Promise<void> {
     const t0 = performance.now();
-    const snapshot = await exportRecurrent(this.engine.ctx);
-    if (snapshot.layout !== "split") {
-      throw new StateValidationError(
-        "Cannot export conv/ssm: this model's recurrent state layout is not one we can split",
-        { hint: "use colocated generation for this model" },
+    const ctx = this.engine.ctx;
+    const layout = await recurrentLayout(ctx);
+    let spans: { conv: EntrySpan[]; ssm: EntrySpan[] };
+    let read: (from: number, to: number) => Promise<Uint8Array>;
+    if (layout) {
+      spans = layout;
+      read = (from, to) => exportRecurrentWindow(ctx, from, to);
+    } else {
+      const snapshot = await exportRecurrent(ctx);
+      if (snapshot.layout !== "split") {
+        throw new StateValidationError(
+          "Cannot export conv/ssm: this model's recurrent state layout is not one we can split",
+          { hint: "use colocated generation for this model" },
+        );
+      }
+      const parts = entrySpans(snapshot);
+      const base = snapshot.conv.byteLength;
+      spans = {
+        conv: parts.conv,
+        ssm: parts.ssm.map((e) => ({ start: e.start + base, end: e.end + base })),
+      };
+      const blob = new Uint8Array(
+        snapshot.conv.buffer,
+        snapshot.conv.byteOffset,
+        base + snapshot.ssm.byteLength,
       );
+      read = (from, to) => Promise.resolve(blob.subarray(from, to));
     }
-    const spans = entrySpans(snapshot);
     const trunkKinds = this.identity.numerical.layerKinds.filter((k) => k !== "mtp");
     const recurrentAt = trunkKinds.flatMap((k, i) => (k === "recurrent" ? [i] : []));
     if (recurrentAt.length !== spans.conv.length) {
@@ -217,15 +241,17 @@ export class StateExporter {
         `Cannot export conv/ssm: ${spans.conv.length} recurrent layers in the snapshot, ${recurrentAt.length} in the model`,
       );
     }
-    let exportMs = performance.now() - t0; // charged to the first chunk
+    let exportMs = performance.now() - t0;
     for (const part of ["conv", "ssm"] as const) {
-      const bytes = snapshot[part];
       const list = spans[part];
-      for (const [first, last] of this.#groups(list)) {
-        const start = first === 0 ? 0 : list[first].start; // the first conv run keeps the header
-        const payload = bytes.subarray(start, list[last].end);
+      // The first conv run carries the snapshot header.
+      const start = (a: number) => (part === "conv" && a === 0 ? 0 : list[a].start);
+      for (const [first, last] of this.#groups(list, start)) {
+        const t1 = performance.now();
+        const payload = await read(start(first), list[last].end);
         const a = first === 0 ? 0 : recurrentAt[first];
         const b = last === list.length - 1 ? trunkKinds.length : recurrentAt[last + 1];
+        exportMs += performance.now() - t1;
         await sink(this.#chunk(part, [a, b], payload, false, [0, n]), exportMs);
         exportMs = 0;
       }
@@ -233,15 +259,16 @@ export class StateExporter {
   }
 
   /**
-   * Runs of consecutive entries, `[first, last]` inclusive: each as long as fits
-   * `snapshotChunkBytes` (at least one entry), never over `chunkBytesMax`.
+   * Runs of consecutive entries, `[first, last]` inclusive, where a run of entries a..b spans
+   * `[start(a), list[b].end)`: each as long as fits `snapshotChunkBytes` (at least one entry),
+   * never over `chunkBytesMax`.
    */
-  #groups(list: readonly EntrySpan[]): [number, number][] {
+  #groups(list: readonly EntrySpan[], start: (a: number) => number): [number, number][] {
     const { chunkBytesMax, snapshotChunkBytes } = this.limits;
     const target = Math.min(snapshotChunkBytes, chunkBytesMax);
     const out: [number, number][] = [];
+    const runBytes = (a: number, b: number) => list[b].end - start(a);
     let first = 0;
-    const runBytes = (a: number, b: number) => list[b].end - (a === 0 ? 0 : list[a].start);
     for (let i = 0; i < list.length; i++) {
       if (runBytes(i, i) > chunkBytesMax) {
         throw new LimitExceededError(
@@ -251,8 +278,7 @@ export class StateExporter {
           { hint: "raise chunkBytesMax (and the frame payload bound) on both workers" },
         );
       }
-      const last = i + 1 === list.length;
-      if (last || runBytes(first, i + 1) > target) {
+      if (i + 1 === list.length || runBytes(first, i + 1) > target) {
         out.push([first, i]);
         first = i + 1;
       }

@@ -94,6 +94,19 @@ export const SHIM_SYMBOLS = {
   },
   skippy_seq_facts: { parameters: [P, "i32", BUF, BUF, "u64"], result: "i32" },
   skippy_checksum_crc32c: { parameters: ["u32", BUF, "u64"], result: "u32" },
+  skippy_recurrent_layout: { parameters: [P, "i32", BUF, "u64", BUF, "u64"], result: "i64" },
+  skippy_recurrent_export_async: {
+    name: "skippy_recurrent_export",
+    parameters: [P, "i32", "u64", "u64", BUF, "u64", BUF, "u64"],
+    result: "i64",
+    nonblocking: true,
+  },
+  skippy_recurrent_import_async: {
+    name: "skippy_recurrent_import",
+    parameters: [P, "i32", "u64", BUF, "u64", BUF, "u64"],
+    result: "i32",
+    nonblocking: true,
+  },
 } as const satisfies Deno.ForeignLibraryInterface;
 
 export type ShimSymbols = Deno.DynamicLibrary<typeof SHIM_SYMBOLS>["symbols"];

@@ -45,6 +45,9 @@ export class ShimCallError extends Error {
   }
 }
 
+/** Most row regions a recurrent snapshot may have (two per recurrent layer). */
+const RECURRENT_REGIONS_MAX = 8192;
+
 /** Pages at least this large are copied off the event loop (nonblocking calls). */
 export const PAGE_ASYNC_BYTES_MIN = 1 << 20;
 const ERR_BYTES = 512;
@@ -120,6 +123,74 @@ export class Shim {
     const rc = page.byteLength >= PAGE_ASYNC_BYTES_MIN
       ? await s.skippy_page_import_async(...args)
       : s.skippy_page_import(...args);
+    if (rc !== SHIM_RC.OK) throw new ShimCallError(rc, cText(err));
+  }
+
+  /**
+   * The recurrent snapshot of `seq` (the PARTIAL_ONLY blob): its total bytes and its row
+   * regions in blob order (conv rows of each recurrent layer, then SSM rows).
+   */
+  recurrentLayout(
+    ctx: LlamaContext,
+    seq: number,
+  ): { bytes: number; rows: { offset: number; size: number }[] } {
+    const err = new Uint8Array(ERR_BYTES);
+    const out = new BigUint64Array(2 + 2 * RECURRENT_REGIONS_MAX);
+    const n = Number(
+      this.symbols.skippy_recurrent_layout(ctx.ptr, seq, out, BigInt(out.length), err, 512n),
+    );
+    if (n < 0) throw new ShimCallError(n, cText(err));
+    const rows = Array.from({ length: n }, (_, i) => ({
+      offset: Number(out[2 + 2 * i]),
+      size: Number(out[3 + 2 * i]),
+    }));
+    return { bytes: Number(out[0]), rows };
+  }
+
+  /** Bytes [from, to) of `seq`'s recurrent snapshot, into `into` (or a fresh buffer). */
+  async exportRecurrentWindow(
+    ctx: LlamaContext,
+    seq: number,
+    from: number,
+    to: number,
+    into?: Uint8Array<ArrayBuffer>,
+  ): Promise<Uint8Array<ArrayBuffer>> {
+    const err = new Uint8Array(ERR_BYTES);
+    const size = to - from;
+    const buf = into && into.byteLength >= size ? into.subarray(0, size) : new Uint8Array(size);
+    const n = Number(
+      await this.symbols.skippy_recurrent_export_async(
+        ctx.ptr,
+        seq,
+        BigInt(from),
+        BigInt(to),
+        buf,
+        BigInt(size),
+        err,
+        512n,
+      ),
+    );
+    if (n < 0) throw new ShimCallError(n, cText(err));
+    return buf;
+  }
+
+  /** Imports bytes [from, from + window.length) of a source's snapshot into `seq`. */
+  async importRecurrentWindow(
+    ctx: LlamaContext,
+    seq: number,
+    from: number,
+    window: Uint8Array,
+  ): Promise<void> {
+    const err = new Uint8Array(ERR_BYTES);
+    const rc = await this.symbols.skippy_recurrent_import_async(
+      ctx.ptr,
+      seq,
+      BigInt(from),
+      window as Uint8Array<ArrayBuffer>,
+      BigInt(window.byteLength),
+      err,
+      512n,
+    );
     if (rc !== SHIM_RC.OK) throw new ShimCallError(rc, cText(err));
   }
 

@@ -11,6 +11,8 @@
  *      build identity.
  *   2. skippy_checksum_crc32c: the hardware CRC-32C that pages already use, exported so state
  *      chunks and frames are checksummed natively instead of in JavaScript.
+ *      skippy_recurrent_layout / _export / _import: byte windows of a sequence's recurrent
+ *      snapshot, so it is exported and imported chunk by chunk (see _recurrent.cpp).
  */
 #ifndef SKIPPY_SHIM_H
 #define SKIPPY_SHIM_H
@@ -107,6 +109,21 @@ SKIPPY_API int32_t skippy_page_import(struct llama_context * ctx, int32_t cache,
 /* Continues CRC-32C `crc` (0 to start) over `len` bytes of `buf` (hardware instructions where
  * the CPU has them): the same function as core/crc32c.ts. Needs no context. */
 SKIPPY_API uint32_t skippy_checksum_crc32c(uint32_t crc, const uint8_t * buf, uint64_t len);
+/* The recurrent snapshot of `seq` is the blob llama_state_seq_get_data_ext(PARTIAL_ONLY)
+ * returns. _layout writes out[0] = its bytes, out[1] = its row regions, then each region's
+ * offset and size (regions in blob order: conv rows per recurrent layer, then SSM rows);
+ * returns the region count. _export writes bytes [from, to) of it into buf. _import takes
+ * bytes [from, from + len) of a source's blob into `seq` of this context: the window at 0 must
+ * hold the whole header and allocates the cell (llama.cpp's state_read_meta); every window's
+ * rows go into place through state_read_data, its metadata checked against this context's. */
+SKIPPY_API int64_t skippy_recurrent_layout(struct llama_context * ctx, int32_t seq, uint64_t * out,
+                                           uint64_t out_cap, char * err, uint64_t err_cap);
+SKIPPY_API int64_t skippy_recurrent_export(struct llama_context * ctx, int32_t seq, uint64_t from,
+                                           uint64_t to, uint8_t * buf, uint64_t cap, char * err,
+                                           uint64_t err_cap);
+SKIPPY_API int32_t skippy_recurrent_import(struct llama_context * ctx, int32_t seq, uint64_t from,
+                                           const uint8_t * buf, uint64_t len, char * err,
+                                           uint64_t err_cap);
 /* Fills out[SKIPPY_FACTS_LEN]. */
 SKIPPY_API int32_t skippy_seq_facts(struct llama_context * ctx, int32_t seq, int32_t * out, char * err,
                          uint64_t err_cap);

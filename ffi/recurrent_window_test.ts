@@ -1,0 +1,98 @@
+/**
+ * The recurrent snapshot in layer runs (schema 2): windows exported through the shim equal the
+ * bytes of llama.cpp's own whole snapshot, and runs imported one by one (header first, the
+ * rest in any order) leave the decoder byte-identical to the prefiller and continuing
+ * bitwise-exactly. Real llama.cpp, tiny hybrid and recurrent test models.
+ */
+import assert from "node:assert/strict";
+import { LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY } from "./llama.ts";
+import { loadLlama } from "./library.ts";
+import { loadShim } from "./shim/shim.ts";
+import { bits, HandoffPair, prompt } from "./_state_testing.ts";
+import { greedyLogits, prefillAndExport } from "./state_driver.ts";
+import { StagedImport } from "./staged_import.ts";
+import { exportRecurrentWindow, recurrentLayout } from "./state.ts";
+
+const N = 700;
+const CHUNK = 256;
+const shimOk = (await loadShim(loadLlama())).ok;
+
+/** Runs of `size` recurrent layers: [r0, r1) pairs covering [0, count). */
+function runs(count: number, size: number): [number, number][] {
+  const out: [number, number][] = [];
+  for (let r = 0; r < count; r += size) out.push([r, Math.min(count, r + size)]);
+  return out;
+}
+
+for (const family of ["hybrid", "recurrent"]) {
+  Deno.test({
+    name:
+      `${family}: snapshot windows equal the whole snapshot, and runs imported in any order continue exactly`,
+    ignore: !shimOk,
+    fn: async () => {
+      using pair = await HandoffPair.open(family);
+      const state = await prefillAndExport(pair.a, prompt(N), { chunkTokens: CHUNK });
+      const whole = await pair.a.stateSeqGet(0, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
+      const layout = await recurrentLayout(pair.a);
+      assert.ok(layout, "the shim gives a layout");
+      assert.equal(layout.bytes, whole.byteLength);
+      assert.equal(layout.conv.length, layout.ssm.length);
+      const window = (from: number, to: number) => exportRecurrentWindow(pair.a, from, to);
+      // Every entry, and the header, is exactly llama.cpp's bytes.
+      assert.deepEqual(
+        await window(0, layout.conv[0].start),
+        whole.subarray(0, layout.conv[0].start),
+      );
+      for (const e of [...layout.conv, ...layout.ssm]) {
+        assert.deepEqual(await window(e.start, e.end), whole.subarray(e.start, e.end));
+      }
+      const R = layout.conv.length;
+      const imp = await StagedImport.open(pair.b, { nTokens: N });
+      for (const page of state.pages) await imp.addPage(page);
+      // Header run first; then the rest shuffled (ssm before conv too).
+      const conv = runs(R, 2).map(([a, b]) => ["conv", a, b] as const);
+      const ssm = runs(R, 3).map(([a, b]) => ["ssm", a, b] as const);
+      const rest = [...ssm.reverse(), ...conv.slice(1).reverse()];
+      for (const [part, a, b] of [conv[0], ...rest]) {
+        const list = layout[part];
+        const from = part === "conv" && a === 0 ? 0 : list[a].start;
+        await imp.addRecurrentLayers(part, a, b, await window(from, list[b - 1].end));
+      }
+      await imp.commit();
+      assert.deepEqual(await pair.b.stateSeqGet(0, 0), await pair.a.stateSeqGet(0, 0));
+      const first = 7;
+      const want = await greedyLogits(pair.a, first, N, 4);
+      const got = await greedyLogits(pair.b, first, N, 4);
+      for (let k = 0; k < want.length; k++) {
+        assert.deepEqual(bits(got[k]), bits(want[k]), `step ${k}`);
+      }
+    },
+  });
+}
+
+Deno.test({
+  name: "recurrent runs are refused before the header, at the wrong size, twice, or incomplete",
+  ignore: !shimOk,
+  fn: async () => {
+    using pair = await HandoffPair.open("hybrid");
+    const state = await prefillAndExport(pair.a, prompt(N), { chunkTokens: CHUNK });
+    const layout = (await recurrentLayout(pair.a))!;
+    const window = (from: number, to: number) => exportRecurrentWindow(pair.a, from, to);
+    const imp = await StagedImport.open(pair.b, { nTokens: N });
+    for (const page of state.pages) await imp.addPage(page);
+    const ssm0 = await window(layout.ssm[0].start, layout.ssm[0].end);
+    await assert.rejects(imp.addRecurrentLayers("ssm", 0, 1, ssm0), /header .* must come first/);
+    await imp.addRecurrentLayers("conv", 0, 1, await window(0, layout.conv[0].end));
+    await assert.rejects(
+      imp.addRecurrentLayers("ssm", 0, 2, ssm0),
+      /ssm of recurrent layers \[0, 2\): \d+ bytes, this model keeps \d+/,
+    );
+    await imp.addRecurrentLayers("ssm", 0, 1, ssm0);
+    await assert.rejects(imp.addRecurrentLayers("ssm", 0, 1, ssm0), /staged twice/);
+    // Everything but the remaining layers: the commit names the missing bytes.
+    await assert.rejects(imp.commit(), /conv\/ssm snapshot bytes \[\d+, \d+\) missing/);
+    assert.equal(imp.state, "staging");
+    await imp.abort();
+    assert.equal(pair.b.seqPosMax(0), -1);
+  },
+});
