@@ -6,7 +6,7 @@
  */
 import { type Command, InvalidArgumentError, Option } from "commander";
 import { InputFileError, UsageError } from "../core/errors.ts";
-import { GGML_TYPE, type KvType } from "../ffi/mod.ts";
+import { GGML_TYPE, type GpuLayersRequest, type KvType } from "../ffi/mod.ts";
 import { CHUNK_TOKENS_MAX, RUNTIME_DEFAULTS, type RuntimeConfig } from "../serve/engine.ts";
 import { defaultModelPath } from "./_default_model.ts";
 
@@ -42,12 +42,34 @@ export interface RuntimeFlags {
   flashAttn: boolean;
   kvType: KvType;
   cpuVariant?: string;
+  gpuLayers: GpuLayersRequest;
   mtp?: boolean;
 }
 
-/** Adds --model, --ctx, --chunk-tokens, --threads, --flash-attn, --kv-type, --cpu-variant. */
+/** Parser for `--gpu-layers <n|all|auto>`. */
+export function gpuLayersArg(value: string): GpuLayersRequest {
+  const v = value.trim();
+  if (v === "all" || v === "auto") return v;
+  return intArg(0, 1 << 16)(v);
+}
+
+/** Adds `--gpu-layers` (also used by commands without the other runtime options). */
+export function addGpuLayersOption(cmd: Command): Command {
+  return cmd.option(
+    "--gpu-layers <n|all>",
+    "layers offloaded to the GPU (changes numerics; default auto: all when the llama.cpp " +
+      "build has a GPU device, else 0)",
+    gpuLayersArg,
+    "auto" as GpuLayersRequest,
+  );
+}
+
+/**
+ * Adds --model, --ctx, --chunk-tokens, --threads, --flash-attn, --kv-type, --cpu-variant,
+ * --gpu-layers, --mtp.
+ */
 export function addRuntimeOptions(cmd: Command): Command {
-  return cmd
+  const runtime = cmd
     .option("--model <gguf>", "model file (default: the tiny hybrid test model, made on first use)")
     .option("--ctx <tokens>", "context size in tokens", intArg(16, 1 << 20), RUNTIME_DEFAULTS.nCtx)
     .option(
@@ -68,7 +90,8 @@ export function addRuntimeOptions(cmd: Command): Command {
         .choices(KV_TYPES)
         .default(RUNTIME_DEFAULTS.typeK),
     )
-    .option("--cpu-variant <name>", "CPU backend variant (default: best for this machine)")
+    .option("--cpu-variant <name>", "CPU backend variant (default: best for this machine)");
+  return addGpuLayersOption(runtime)
     .option("--mtp", "load the model's MTP layers (default: when the model has them)")
     .option("--no-mtp", "do not load the model's MTP layers");
 }
@@ -84,6 +107,7 @@ export async function runtimeConfigFrom(flags: RuntimeFlags): Promise<RuntimeCon
     typeK: flags.kvType,
     typeV: flags.kvType,
     cpuVariant: flags.cpuVariant,
+    gpuLayers: flags.gpuLayers,
     mtp: flags.mtp,
   };
 }

@@ -22,5 +22,13 @@ export function numericsOf(c: RuntimeConfig, lib: LlamaLibrary) {
 
 /** The numerics of an open engine. */
 export function numericsReport(engine: Engine) {
-  return { ...numericsOf(engine.config, engine.lib), nCtx: engine.ctx.nCtx };
+  const o = engine.model.offload;
+  return {
+    ...numericsOf(engine.config, engine.lib),
+    nCtx: engine.ctx.nCtx,
+    gpuLayers: o.gpuLayers,
+    computeBackend: o.backend,
+    computeDevice: o.device,
+    ...(o.fallback ? { gpuFallback: o.fallback } : {}),
+  };
 }

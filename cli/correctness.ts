@@ -18,8 +18,16 @@ import {
   type Variant,
   VARIANTS,
 } from "../correctness/mod.ts";
-import { ensureModelFile, FAMILIES, type Family, familySpec, type Preset } from "../models/mod.ts";
-import { intArg } from "./_options.ts";
+import {
+  ensureModelFile,
+  FAMILIES,
+  type Family,
+  familySpec,
+  type Preset,
+  PRESETS,
+} from "../models/mod.ts";
+import type { GpuLayersRequest } from "../ffi/mod.ts";
+import { gpuLayersArg, intArg } from "./_options.ts";
 import { cacheDir } from "./_paths.ts";
 
 interface HandoffFlags {
@@ -31,6 +39,7 @@ interface HandoffFlags {
   preset: Preset;
   threads: number;
   flashAttn: boolean;
+  gpuLayers: GpuLayersRequest;
   modelDir?: string;
   json: boolean;
 }
@@ -78,10 +87,16 @@ export function register(program: Command): void {
     .option("--steps <n>", "greedy tokens compared after the handoff", intArg(1, 4096), 16)
     .option("--variants <list>", "variants per case", listArg(oneOf(VARIANTS)), [...VARIANTS])
     .addOption(
-      new Option("--preset <name>", "model preset").choices(["tiny", "super-mini"]).default("tiny"),
+      new Option("--preset <name>", "model preset").choices([...PRESETS]).default("tiny"),
     )
     .option("--threads <n>", "compute threads on both sides", intArg(1, 256), 2)
     .option("--flash-attn", "flash attention on both sides", false)
+    .option(
+      "--gpu-layers <n|all>",
+      "layers offloaded to the GPU on both sides (default auto: all when there is a GPU)",
+      gpuLayersArg,
+      "auto" as GpuLayersRequest,
+    )
     .option("--model-dir <dir>", "folder of the test models, made on first use (default: cache)")
     .option("--json", "print the results as JSON", false)
     .action((flags: HandoffFlags) => runStateHandoff(flags));
@@ -118,6 +133,7 @@ async function runStateHandoff(flags: HandoffFlags): Promise<void> {
     variants: flags.variants,
     threads: flags.threads,
     flashAttention: flags.flashAttn,
+    gpuLayers: flags.gpuLayers,
     modelFor: (family, preset) => ensureModelFile(dir, { family, preset, seed: 0 }),
     digestCacheFile: `${cacheDir()}/digests.json`,
   }, (i, c) => {

@@ -11,7 +11,8 @@ import { Engine } from "../serve/engine.ts";
 import { startLocalCluster } from "../serve/local_cluster.ts";
 
 import { defaultModelPath } from "./_default_model.ts";
-import { intArg, readPrompt } from "./_options.ts";
+import { addGpuLayersOption, intArg, readPrompt } from "./_options.ts";
+import type { GpuLayersRequest } from "../ffi/mod.ts";
 import { RUNTIME_DEFAULTS } from "../serve/engine.ts";
 
 const DEMO_PROMPT = "Phase-disaggregated serving moves the exact state of a prompt from the " +
@@ -22,19 +23,20 @@ interface DemoFlags {
   prompt?: string;
   promptFile?: string;
   n: number;
+  gpuLayers: GpuLayersRequest;
   repeat: number;
 }
 
 export function register(program: Command): void {
-  program
+  const demo = program
     .command("demo")
     .description("start a prefill and a decode worker on loopback and run one handoff")
     .option("--model <gguf>", "model file (default: the tiny hybrid test model)")
     .option("--prompt <text>", "prompt text (default: a built-in paragraph)")
     .option("--prompt-file <file>", "read the prompt from a file")
     .option("--repeat <k>", "repeat the prompt k times (a longer prompt)", intArg(1, 10_000), 24)
-    .option("-n, --n <tokens>", "tokens to generate", intArg(1, 4096), 32)
-    .action((flags: DemoFlags) => runDemo(flags));
+    .option("-n, --n <tokens>", "tokens to generate", intArg(1, 4096), 32);
+  addGpuLayersOption(demo).action((flags: DemoFlags) => runDemo(flags));
 }
 
 function step(line: string): void {
@@ -48,7 +50,9 @@ async function runDemo(flags: DemoFlags): Promise<void> {
     : DEMO_PROMPT;
   const prompt = base.repeat(flags.repeat);
   step("starting a decode worker and a prefill worker on 127.0.0.1 (fresh identities)");
-  const cluster = await startLocalCluster({ args: ["--model", model] });
+  const cluster = await startLocalCluster({
+    args: ["--model", model, "--gpu-layers", String(flags.gpuLayers)],
+  });
   try {
     step(
       `prefill ${cluster.prefill.peer.nodeId}@${cluster.prefill.peer.port}, ` +
@@ -77,7 +81,7 @@ async function runDemo(flags: DemoFlags): Promise<void> {
         result.e2eMs.toFixed(0)
       } ms`,
     );
-    const local = await localTokens(model, prompt, flags.n);
+    const local = await localTokens(model, prompt, flags.n, flags.gpuLayers);
     const same = local.length === result.tokens.length &&
       local.every((t, i) => t === result.tokens[i]);
     step(
@@ -91,8 +95,13 @@ async function runDemo(flags: DemoFlags): Promise<void> {
   }
 }
 
-async function localTokens(model: string, prompt: string, n: number): Promise<number[]> {
-  using engine = await Engine.open({ ...RUNTIME_DEFAULTS, modelPath: model });
+async function localTokens(
+  model: string,
+  prompt: string,
+  n: number,
+  gpuLayers: GpuLayersRequest,
+): Promise<number[]> {
+  using engine = await Engine.open({ ...RUNTIME_DEFAULTS, modelPath: model, gpuLayers });
   const tokens = engine.model.vocab.tokenize(prompt);
   const out: number[] = [];
   const first = await engine.prefill(tokens);

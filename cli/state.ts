@@ -91,7 +91,10 @@ async function inspectState(flags: InspectFlags): Promise<StateReport> {
     });
   }
   const lib = loadLlama({ cpuVariant: config.cpuVariant });
-  using model = await LlamaModel.load(lib, config.modelPath, { loadMtp: config.mtp });
+  using model = await LlamaModel.load(lib, config.modelPath, {
+    loadMtp: config.mtp,
+    gpuLayers: config.gpuLayers,
+  });
   const opts: ContextOptions = {
     nCtx: config.nCtx,
     nBatch: config.chunkTokens,

@@ -1,7 +1,16 @@
 /**
  * What a handoff is bound to. The *numerical identity* decides whether state exported by one
- * worker continues bit-exactly on another: every field but `nCtx` must match exactly, and the
- * decoder's `nCtx` must be large enough for the request (see `contextTokensNeeded`).
+ * worker continues on another. Its fields fall in three groups:
+ *
+ * - *must-match* (`EXACT_IDENTITY_FIELDS`, in the digest): model, numerics and layout; a
+ *   mismatch is refused before any state byte is accepted;
+ * - `nCtx`: the decoder's must be large enough for the request (see `contextTokensNeeded`);
+ * - *parity-only* (`PARITY_ONLY_FIELDS`, not in the digest): the compute device model. Two
+ *   devices of one backend (an M3 Ultra and an M1 Ultra, both Metal) read and write the same
+ *   state format, so the handoff is accepted, but their kernels may round differently, so
+ *   bitwise parity with the decoder's own colocated run is claimed only when these are equal
+ *   (`parityVerdict`).
+ *
  * *Placement fields* (host, port, role, node id) say where a worker runs and may differ.
  *
  * Model and tokenizer digests are computed once per loaded model by the caller and passed in
@@ -53,6 +62,21 @@ export interface NumericalIdentity {
   threadCount: number;
   /** The CPU backend variant ggml picked (`"haswell"`, `"zen4"`, ...). */
   cpuBackendVariant: string;
+  /**
+   * Layers offloaded to a GPU (0: all on the CPU). Must match: it decides which backend's
+   * kernels produced each layer's state and which one continues from it.
+   */
+  gpuLayers: number;
+  /**
+   * Backend the offloaded layers run on (`"CPU"` when none, `"CUDA"`, `"Metal"`, `"Vulkan"`).
+   * Must match: kernels, buffer layout and padding differ between backends.
+   */
+  computeBackend: string;
+  /**
+   * Device model (`"CPU"` when nothing is offloaded, `"NVIDIA H200"`, `"Apple M3 Ultra"`).
+   * Parity-only: same backend, same state format, but kernels may round differently.
+   */
+  computeDevice: string;
   stateSchemaVersion: number;
   /** llama.cpp tag plus library build id, e.g. `"v0.5.0+3f2a..."`. */
   llamaBuild: string;
@@ -99,15 +123,21 @@ const LABELS: Record<keyof NumericalIdentity, string> = {
   nUbatch: "micro-batch size",
   threadCount: "thread count",
   cpuBackendVariant: "CPU backend variant",
+  gpuLayers: "GPU layers",
+  computeBackend: "compute backend",
+  computeDevice: "compute device",
   stateSchemaVersion: "state schema version",
   llamaBuild: "llama.cpp build",
   shimAbiVersion: "native shim ABI version",
 };
 
+/** Fields that only decide whether bitwise parity can be claimed; not in the digest. */
+export const PARITY_ONLY_FIELDS: readonly (keyof NumericalIdentity)[] = ["computeDevice"];
+
 /** The fields that must be equal, in digest order. `nCtx` follows its own rule. */
 export const EXACT_IDENTITY_FIELDS: readonly (keyof NumericalIdentity)[] = (
   Object.keys(LABELS) as (keyof NumericalIdentity)[]
-).filter((f) => f !== "nCtx");
+).filter((f) => f !== "nCtx" && !PARITY_ONLY_FIELDS.includes(f));
 
 /**
  * Canonical bytes of the exact-match part of `identity` (no `nCtx`, no placement).
@@ -163,8 +193,9 @@ export interface CompareIdentityOptions {
 }
 
 /**
- * Lists every numerical field where `remote` differs from `local` (expected = local).
- * Placement fields are never compared. An empty list means state may move between them.
+ * Lists every must-match field where `remote` differs from `local` (expected = local).
+ * Placement and parity-only fields are never compared here (see `parityVerdict`). An empty
+ * list means state may move between them.
  *
  * @example
  * ```ts
@@ -251,6 +282,53 @@ export function assertIdentityMatch(
     `Peer identity does not match: ${formatIdentityMismatches(mismatches)}`,
     { hint: "load the same model file with the same context, cache and thread settings on both" },
   );
+}
+
+/** Whether a handoff may claim bitwise parity with the decoder's own colocated run. */
+export interface ParityVerdict {
+  parity: "bitwise" | "not-claimed";
+  /** Parity-only fields that differ, or that the peer did not announce. */
+  differingFields: (keyof NumericalIdentity)[];
+  /** Why parity is not claimed, one line without content; absent when bitwise. */
+  reason?: string;
+}
+
+/**
+ * The parity verdict of an accepted handoff (must-match fields already equal): bitwise when
+ * both sides run every layer on the CPU (the CPU variant, a must-match field, fixes the
+ * kernels) or every parity-only field is equal; `not-claimed` naming the fields when one
+ * differs or when the peer's value is unknown (`remote` undefined or without the field).
+ *
+ * @example
+ * ```ts
+ * parityVerdict(mine, { ...mine, computeDevice: "Apple M1 Ultra" });
+ * // { parity: "not-claimed", differingFields: ["computeDevice"], reason: "compute device: ..." }
+ * ```
+ */
+export function parityVerdict(
+  local: NumericalIdentity,
+  remote: Partial<NumericalIdentity> | undefined,
+): ParityVerdict {
+  // All on the CPU, the kernels are fixed by the CPU variant, which must match already.
+  if (local.gpuLayers === 0 && remote?.gpuLayers === 0) {
+    return { parity: "bitwise", differingFields: [] };
+  }
+  const differing: (keyof NumericalIdentity)[] = [];
+  const notes: string[] = [];
+  for (const field of PARITY_ONLY_FIELDS) {
+    const theirs = remote?.[field];
+    if (theirs === undefined) {
+      differing.push(field);
+      notes.push(`${LABELS[field]}: the peer did not announce it`);
+    } else if (_show(field, theirs) !== _show(field, local[field])) {
+      differing.push(field);
+      notes.push(
+        `${LABELS[field]}: this worker ${_show(field, local[field])}, peer ${_show(field, theirs)}`,
+      );
+    }
+  }
+  if (differing.length === 0) return { parity: "bitwise", differingFields: [] };
+  return { parity: "not-claimed", differingFields: differing, reason: notes.join("; ") };
 }
 
 /**

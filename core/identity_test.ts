@@ -8,6 +8,8 @@ import {
   EXACT_IDENTITY_FIELDS,
   identityDigest,
   type NumericalIdentity,
+  PARITY_ONLY_FIELDS,
+  parityVerdict,
   trunkLayerCount,
 } from "./identity.ts";
 
@@ -35,6 +37,8 @@ Deno.test("identityDigest() changes with every exact-match field", async () => {
     { nUbatch: 256 },
     { threadCount: 4 },
     { cpuBackendVariant: "zen4" },
+    { gpuLayers: 11 },
+    { computeBackend: "CUDA" },
     { stateSchemaVersion: 1 },
     { llamaBuild: "v0.4.0+ffff" },
     { shimAbiVersion: 0 },
@@ -131,4 +135,67 @@ Deno.test("placement fields never take part in the comparison", () => {
 
 Deno.test("trunkLayerCount() leaves MTP blocks out", () => {
   assert.equal(trunkLayerCount({ layerKinds: ["recurrent", "attention", "moe", "mtp"] }), 3);
+});
+
+Deno.test("a different device of the same backend is accepted but parity is not claimed", async () => {
+  const m3 = hybridIdentity({
+    gpuLayers: 7,
+    computeBackend: "Metal",
+    computeDevice: "Apple M3 Ultra",
+  });
+  const m1 = { ...m3, computeDevice: "Apple M1 Ultra" };
+  assert.deepEqual(PARITY_ONLY_FIELDS, ["computeDevice"]);
+  assert.equal(await identityDigest(m1), await identityDigest(m3), "device is not in the digest");
+  assert.deepEqual(compareIdentity(m3, m1), []);
+  assert.doesNotThrow(() => assertIdentityMatch(m3, m1));
+  const verdict = parityVerdict(m3, m1);
+  assert.equal(verdict.parity, "not-claimed");
+  assert.deepEqual(verdict.differingFields, ["computeDevice"]);
+  assert.match(
+    verdict.reason!,
+    /compute device: this worker "Apple M3 Ultra", peer "Apple M1 Ultra"/,
+  );
+  assert.deepEqual(parityVerdict(m3, { ...m3 }), { parity: "bitwise", differingFields: [] });
+});
+
+Deno.test("parity is not claimed when the peer did not announce its device", () => {
+  const own = hybridIdentity({
+    gpuLayers: 7,
+    computeBackend: "CUDA",
+    computeDevice: "NVIDIA H200",
+  });
+  const { computeDevice: _, ...withoutDevice } = own;
+  for (const remote of [undefined, withoutDevice]) {
+    const verdict = parityVerdict(own, remote);
+    assert.equal(verdict.parity, "not-claimed");
+    assert.deepEqual(verdict.differingFields, ["computeDevice"]);
+    assert.match(verdict.reason!, /did not announce/);
+  }
+});
+
+Deno.test("another backend or GPU layer count is refused before any state moves", () => {
+  const cpu = hybridIdentity();
+  const cuda = hybridIdentity({
+    gpuLayers: 7,
+    computeBackend: "CUDA",
+    computeDevice: "NVIDIA H200",
+  });
+  assert.deepEqual(compareIdentity(cpu, cuda).map((m) => m.field), ["gpuLayers", "computeBackend"]);
+  assert.throws(
+    () => assertIdentityMatch(cpu, cuda),
+    (e: unknown) =>
+      e instanceof IdentityMismatchError &&
+      /GPU layers: expected 0, found 7; compute backend: expected "CPU", found "CUDA"/.test(
+        e.message,
+      ),
+  );
+  const fewer = { ...cuda, gpuLayers: 3 };
+  assert.deepEqual(compareIdentity(cuda, fewer).map((m) => m.field), ["gpuLayers"]);
+});
+
+Deno.test("all-CPU handoffs claim bitwise parity whatever the CPU model", () => {
+  const own = hybridIdentity();
+  const { computeDevice: _, ...remote } = own;
+  assert.deepEqual(parityVerdict(own, remote), { parity: "bitwise", differingFields: [] });
+  assert.equal(parityVerdict(own, undefined).parity, "not-claimed", "unknown peer: no claim");
 });

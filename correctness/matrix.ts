@@ -13,7 +13,7 @@
  */
 import { SkippyError, StateValidationError } from "../core/errors.ts";
 import { formatRange } from "../core/schema.ts";
-import { type StagedImport, summarizePage } from "../ffi/mod.ts";
+import { type GpuLayersRequest, type StagedImport, summarizePage } from "../ffi/mod.ts";
 import { FAMILIES, type Family, type Preset } from "../models/mod.ts";
 import { RUNTIME_DEFAULTS, type RuntimeConfig } from "../serve/engine.ts";
 import {
@@ -50,6 +50,8 @@ export interface MatrixOptions {
   /** Path of the model file of a family and preset (made on first use by the caller). */
   modelFor: (family: Family, preset: Preset) => Promise<string>;
   threads?: number;
+  /** GPU offload on both sides (default "auto": all layers when there is a GPU device). */
+  gpuLayers?: GpuLayersRequest;
   /** Flash attention on both sides (default off, the Engine default). */
   flashAttention?: boolean;
   digestCacheFile?: string;
@@ -122,7 +124,10 @@ export function caseContextTokens(c: MatrixCase, steps: number): number {
 /** The runtime both sides of `c` use (the Engine defaults unless `options` say otherwise). */
 export async function caseConfig(
   c: MatrixCase,
-  options: Pick<MatrixOptions, "steps" | "modelFor" | "threads" | "flashAttention">,
+  options: Pick<
+    MatrixOptions,
+    "steps" | "modelFor" | "threads" | "flashAttention" | "gpuLayers"
+  >,
 ): Promise<RuntimeConfig> {
   return {
     ...RUNTIME_DEFAULTS,
@@ -133,6 +138,7 @@ export async function caseConfig(
     flashAttention: options.flashAttention ?? RUNTIME_DEFAULTS.flashAttention,
     mtp: c.family === "hybrid-moe-mtp",
     swaFull: false,
+    gpuLayers: options.gpuLayers ?? "auto",
   };
 }
 

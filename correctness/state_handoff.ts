@@ -73,7 +73,10 @@ export class DecoderModel implements Disposable {
   static async load(config: RuntimeConfig): Promise<DecoderModel> {
     const lib = loadLlama({ cpuVariant: config.cpuVariant });
     return new DecoderModel(
-      await LlamaModel.load(lib, config.modelPath, { loadMtp: config.mtp }),
+      await LlamaModel.load(lib, config.modelPath, {
+        loadMtp: config.mtp,
+        gpuLayers: config.gpuLayers,
+      }),
       config,
     );
   }

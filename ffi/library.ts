@@ -17,6 +17,7 @@ import {
   GGML_SYMBOLS,
   type GgmlBaseSymbols,
   type GgmlCpuSymbols,
+  type GgmlSymbols,
   llama_batch,
   llama_context_params,
   LLAMA_CPP_RELEASE,
@@ -41,6 +42,8 @@ export interface LoadOptions {
 export interface LlamaLibrary {
   readonly symbols: LlamaSymbols;
   readonly ggml: GgmlBaseSymbols;
+  /** `libggml`: backend and device registry (what `devices.ts` enumerates). */
+  readonly ggmlRegistry: GgmlSymbols;
   /** Thread-pool entry points of the loaded CPU backend variant. */
   readonly ggmlCpu: GgmlCpuSymbols;
   readonly platform: LlamaPlatform;
@@ -98,6 +101,7 @@ function openLibrary(options: LoadOptions): LlamaLibrary {
   return {
     symbols: llama.symbols,
     ggml: ggml.symbols,
+    ggmlRegistry: backends.symbols,
     ggmlCpu: ggmlCpu.symbols,
     platform,
     libDir,

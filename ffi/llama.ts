@@ -331,13 +331,22 @@ export const GGML_SYMBOLS = {
   ggml_backend_load: { parameters: [BUF], result: P },
   ggml_backend_reg_count: { parameters: [], result: "usize" },
   ggml_backend_dev_count: { parameters: [], result: "usize" },
+  ggml_backend_dev_get: { parameters: ["usize"], result: P },
 } as const satisfies Deno.ForeignLibraryInterface;
 
-/** `libggml-base` symbols for type names and sizes. */
+/** `enum ggml_backend_dev_type` (ggml-backend.h), in order. */
+export const GGML_BACKEND_DEVICE_TYPE = ["cpu", "gpu", "igpu", "accel", "meta"] as const;
+
+/** `libggml-base` symbols for type names and sizes, and the backend device accessors. */
 export const GGML_BASE_SYMBOLS = {
   ggml_type_name: { parameters: ["i32"], result: P },
   ggml_type_size: { parameters: ["i32"], result: "usize" },
   ggml_blck_size: { parameters: ["i32"], result: "i64" },
+  ggml_backend_dev_name: { parameters: [P], result: P },
+  ggml_backend_dev_description: { parameters: [P], result: P },
+  ggml_backend_dev_type: { parameters: [P], result: "i32" },
+  ggml_backend_dev_backend_reg: { parameters: [P], result: P },
+  ggml_backend_reg_name: { parameters: [P], result: P },
 } as const satisfies Deno.ForeignLibraryInterface;
 
 /** Each CPU backend variant plug-in exports a score: 0 = unsupported here, higher = better. */
@@ -360,4 +369,5 @@ export const ggml_threadpool_params = {
 
 export type LlamaSymbols = Deno.DynamicLibrary<typeof LLAMA_SYMBOLS>["symbols"];
 export type GgmlBaseSymbols = Deno.DynamicLibrary<typeof GGML_BASE_SYMBOLS>["symbols"];
+export type GgmlSymbols = Deno.DynamicLibrary<typeof GGML_SYMBOLS>["symbols"];
 export type GgmlCpuSymbols = Deno.DynamicLibrary<typeof GGML_CPU_SYMBOLS>["symbols"];

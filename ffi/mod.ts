@@ -11,6 +11,15 @@ export {
   LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY,
 } from "./llama.ts";
 export { LlamaModel, type ModelInfo, type ModelLoadOptions } from "./model.ts";
+export {
+  type BackendDevice,
+  CPU_OFFLOAD,
+  type DeviceType,
+  type GpuLayersRequest,
+  listDevices,
+  type Offload,
+  offloadDevices,
+} from "./devices.ts";
 export { type ContextOptions, LlamaContext, NUMERIC_DEFAULTS } from "./context.ts";
 export { LlamaBatch } from "./batch.ts";
 export { PieceDecoder, Vocab } from "./vocab.ts";

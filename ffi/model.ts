@@ -6,12 +6,18 @@ import { InputFileError, ModelLoadError } from "../core/errors.ts";
 import { cString, type LlamaLibrary, readCString } from "./library.ts";
 import { LLAMA_LOAD_MODE, llama_model_params } from "./llama.ts";
 import { Vocab } from "./vocab.ts";
+import { gpuLayersParam, type GpuLayersRequest, type Offload, resolveOffload } from "./devices.ts";
 
 export interface ModelLoadOptions {
   /** Load the MTP (nextn) layers so an MTP draft context can be created. */
   loadMtp?: boolean;
   /** Memory-map the file (default true). */
   mmap?: boolean;
+  /**
+   * Layers to offload to the GPU (`n_gpu_layers`): a count, "all", or "auto" (the default:
+   * all when the build has a GPU device, else 0). Offload changes numerics.
+   */
+  gpuLayers?: GpuLayersRequest;
 }
 
 /** Static facts about a loaded model, as llama.cpp reports them. */
@@ -39,17 +45,21 @@ export class LlamaModel implements Disposable {
   readonly vocab: Vocab;
   readonly path: string;
   readonly loadMtp: boolean;
+  /** Where the layers run: GPU layer count, backend and device (part of the identity). */
+  readonly offload: Offload;
 
   private constructor(
     readonly lib: LlamaLibrary,
     ptr: Deno.PointerObject,
     path: string,
     loadMtp: boolean,
+    offload: (nLayer: number) => Offload,
   ) {
     this.#ptr = ptr;
     this.path = path;
     this.loadMtp = loadMtp;
     this.vocab = new Vocab(lib, lib.symbols.llama_model_get_vocab(ptr)!);
+    this.offload = offload(lib.symbols.llama_model_n_layer(ptr));
   }
 
   /** Loads a GGUF model; throws InputFileError / ModelLoadError with what went wrong. */
@@ -60,7 +70,8 @@ export class LlamaModel implements Disposable {
   ): Promise<LlamaModel> {
     checkGgufFile(path);
     const params = lib.symbols.llama_model_default_params();
-    llama_model_params.set(params, "n_gpu_layers", 0);
+    const nGpuLayers = gpuLayersParam(lib, options.gpuLayers);
+    llama_model_params.set(params, "n_gpu_layers", nGpuLayers);
     llama_model_params.set(
       params,
       "load_mode",
@@ -70,7 +81,13 @@ export class LlamaModel implements Disposable {
     lib.log.clear();
     const ptr = await lib.symbols.llama_model_load_from_file(cString(path), params);
     if (ptr === null) throw loadFailure(lib, path);
-    return new LlamaModel(lib, ptr, path, options.loadMtp ?? false);
+    return new LlamaModel(
+      lib,
+      ptr,
+      path,
+      options.loadMtp ?? false,
+      (nLayer) => resolveOffload(lib, nGpuLayers, nLayer, options.gpuLayers),
+    );
   }
 
   /** The native pointer; throws after dispose. */

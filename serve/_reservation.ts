@@ -10,6 +10,8 @@ import {
   IdentityMismatchError,
   LimitExceededError,
   type NumericalIdentity,
+  type ParityVerdict,
+  parityVerdict,
   type ReserveRequest,
   StateValidationError,
 } from "../core/mod.ts";
@@ -30,12 +32,18 @@ function _malformedField(r: ReserveRequest): string | null {
   return null;
 }
 
-/** Throws unless this decoder (`nodeId`, `identity`, `nCtx`) may accept `r` from `peer`. */
+/**
+ * Throws unless this decoder (`nodeId`, `identity`, `nCtx`) may accept `r` from `peer`: every
+ * must-match identity field is covered by the digest, so a mismatch is refused here, before
+ * any state byte. An accepted reservation returns its parity verdict: whether the
+ * continuation may claim bitwise parity with this decoder's own colocated run (parity-only
+ * fields, such as the compute device, compared against the peer's announced identity).
+ */
 export function checkReservation(
   r: ReserveRequest,
   peer: PeerConnection,
   own: { nodeId: string; identity: ResolvedIdentity; nCtx: number },
-): void {
+): ParityVerdict {
   const bad = _malformedField(r);
   if (bad) throw new StateValidationError(`Malformed ReserveRequest: field "${bad}" is invalid`);
   if (r.sourceNodeId !== peer.peerNodeId) {
@@ -55,12 +63,20 @@ export function checkReservation(
       { hint: "start the decode worker with a larger --ctx" },
     );
   }
+  return parityVerdict(own.identity.numerical, _announcedIdentity(peer));
+}
+
+function _announcedIdentity(peer: PeerConnection): Partial<NumericalIdentity> | undefined {
+  const remote = peer.peerCapabilities?.numericalIdentity;
+  return remote && typeof remote === "object"
+    ? remote as unknown as Partial<NumericalIdentity>
+    : undefined;
 }
 
 function _mismatchMessage(peer: PeerConnection, own: ResolvedIdentity): string {
-  const remote = peer.peerCapabilities?.numericalIdentity;
-  if (remote && typeof remote === "object") {
-    const mismatches = compareIdentity(own.numerical, remote as unknown as NumericalIdentity);
+  const remote = _announcedIdentity(peer);
+  if (remote) {
+    const mismatches = compareIdentity(own.numerical, remote as NumericalIdentity);
     if (mismatches.length > 0) {
       return `Numerical identity differs: ${formatIdentityMismatches(mismatches)}`;
     }

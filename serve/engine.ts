@@ -6,6 +6,7 @@
 import { UsageError } from "../core/errors.ts";
 import { type SamplerState, sampleToken, type SamplingParams } from "../core/sampling.ts";
 import {
+  type GpuLayersRequest,
   type KvType,
   LlamaBatch,
   LlamaContext,
@@ -28,6 +29,8 @@ export interface RuntimeConfig {
   typeV: KvType;
   /** CPU backend variant; default: best for this machine. */
   cpuVariant?: string;
+  /** Layers offloaded to the GPU: a count, "all", or "auto" (default: all when there is one). */
+  gpuLayers?: GpuLayersRequest;
   /** Load the MTP layers (hybrid-moe-mtp models). */
   mtp?: boolean;
   /**
@@ -77,7 +80,10 @@ export class Engine implements Disposable {
   static async open(config: RuntimeConfig, shared?: LlamaModel): Promise<Engine> {
     validateConfig(config);
     const lib = loadLlama({ cpuVariant: config.cpuVariant });
-    const model = shared ?? await LlamaModel.load(lib, config.modelPath, { loadMtp: config.mtp });
+    const model = shared ?? await LlamaModel.load(lib, config.modelPath, {
+      loadMtp: config.mtp,
+      gpuLayers: config.gpuLayers,
+    });
     const ctx = await LlamaContext.create(model, {
       nCtx: config.nCtx,
       nBatch: Math.max(config.chunkTokens, UBATCH_TOKENS),

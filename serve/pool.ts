@@ -31,7 +31,10 @@ export class EnginePool implements Disposable {
     // model carries the draft context's state.
     const spec = specFromGguf(await readGgufFile(config.modelPath), config.modelPath);
     const mtp = config.mtp ?? spec.nextnLayers > 0;
-    const model = await LlamaModel.load(lib, config.modelPath, { loadMtp: mtp });
+    const model = await LlamaModel.load(lib, config.modelPath, {
+      loadMtp: mtp,
+      gpuLayers: config.gpuLayers,
+    });
     const withDraft = mtp && model.info().nLayerNextn > 0;
     return new EnginePool(model, { ...config, mtp }, sessionsMax, withDraft);
   }

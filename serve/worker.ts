@@ -4,7 +4,12 @@
  * peer's control messages and handoff streams to the prefill side (serve/prefill_role.ts) or
  * the decode side (serve/decode_role.ts).
  */
-import { type HandoffTiming, ProtocolError, resolveHandoffTiming } from "../core/mod.ts";
+import {
+  type HandoffTiming,
+  PARITY_ONLY_FIELDS,
+  ProtocolError,
+  resolveHandoffTiming,
+} from "../core/mod.ts";
 import {
   type Capabilities,
   HANDOFF_PROTOCOL_VERSION,
@@ -93,14 +98,19 @@ export class Worker {
     } finally {
       pool.release(probe!);
     }
-    const { nCtx: _perWorker, ...exact } = identity.numerical;
+    // Announce only must-match fields: the transport compares the announced identity exactly,
+    // and a parity-only difference (the device model) must not make peers ineligible.
+    const { nCtx: _perWorker, ...numerical } = identity.numerical;
+    const exact = Object.fromEntries(
+      Object.entries(numerical).filter(([k]) => !(PARITY_ONLY_FIELDS as string[]).includes(k)),
+    );
     const capabilities: Capabilities = {
       protocolVersion: HANDOFF_PROTOCOL_VERSION,
       roles: [options.role],
       stateSchemaVersions: [STATE_SCHEMA_VERSION],
       kvCodecs: ["llama-kv-cells"],
       kvDtypes: [identity.numerical.kType],
-      numericalIdentity: exact as unknown as Record<string, unknown>,
+      numericalIdentity: exact,
     };
     const announced = options.announceCapabilities === false ? {} : capabilities;
     const listener = node.listen(options.hostname, options.port, announced);
