@@ -68,7 +68,7 @@ const SECTIONS: Record<string, Section> = {
         `${r.family} ${r.preset}; two worker processes and the client share 2 cores on loopback, so TTFT disaggregated cannot beat colocated here: this measures the handoff's cost.`,
         `Payload path (${
           (p.stateBytes / 1e6).toFixed(1)
-        } MB of real KV pages, ${p.pages} pages of ${p.pageTokens} tokens: binding tag, framing, credit, SHA-256 check, append-import): ${
+        } MB of real KV pages, ${p.pages} pages of ${p.pageTokens} tokens: binding tag, framing, credit, CRC-32C check, append-import): ${
           p.payloadMBps.toFixed(0)
         } MB/s vs raw QUIC ${p.rawMBps.toFixed(0)} MB/s in the same run, ratio ${
           p.ratio.toFixed(2)

@@ -11,7 +11,7 @@ import { loadShim } from "./shim/shim.ts";
 import { bits, HandoffPair, prompt } from "./_state_testing.ts";
 import { greedyLogits, prefillAndExport } from "./state_driver.ts";
 import { StagedImport } from "./staged_import.ts";
-import { exportRecurrentWindow, recurrentLayout } from "./state.ts";
+import { entrySpans, exportRecurrentWindow, recurrentLayout, splitRecurrent } from "./state.ts";
 
 const N = 700;
 const CHUNK = 256;
@@ -95,4 +95,30 @@ Deno.test({
     await imp.abort();
     assert.equal(pair.b.seqPosMax(0), -1);
   },
+});
+
+Deno.test("[public] recurrent runs are held and joined into llama.cpp's own import, exactly", async () => {
+  using pair = await HandoffPair.open("hybrid");
+  const state = await prefillAndExport(pair.a, prompt(N), { chunkTokens: CHUNK });
+  const whole = await pair.a.stateSeqGet(0, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
+  const split = splitRecurrent(whole);
+  assert.equal(split.layout, "split");
+  if (split.layout !== "split") return;
+  const spans = entrySpans(split);
+  const base = split.conv.byteLength;
+  const R = spans.conv.length;
+  const imp = await StagedImport.open(pair.b, { nTokens: N, path: "public" });
+  for (const page of state.pages) await imp.addPage(page);
+  const ssmRuns = runs(R, 2).reverse();
+  for (const [a, b] of ssmRuns) {
+    await imp.addRecurrentLayers(
+      "ssm",
+      a,
+      b,
+      whole.subarray(spans.ssm[a].start + base, spans.ssm[b - 1].end + base),
+    );
+  }
+  await imp.addRecurrentLayers("conv", 0, R, split.conv);
+  await imp.commit();
+  assert.deepEqual(await pair.b.stateSeqGet(0, 0), await pair.a.stateSeqGet(0, 0));
 });

@@ -29,14 +29,8 @@ import {
 import { pageCrc, pageRows, readPageHeader } from "./_state_page.ts";
 import { type StagedPage } from "./_state_public.ts";
 import { type CacheName, type Shim } from "./shim/shim.ts";
-import {
-  type RecurrentLayout,
-  recurrentLayout,
-  shimFailure,
-  type StateBackend,
-  stateBackend,
-  type StatePath,
-} from "./state.ts";
+import { shimFailure, type StateBackend, stateBackend, type StatePath } from "./state.ts";
+import { RecurrentRuns } from "./_staged_recurrent.ts";
 import { assembleFinal, checkLayout, checkReadiness, type Target } from "./_staged_final.ts";
 
 export interface StagedImportOptions {
@@ -73,12 +67,8 @@ export class StagedImport {
   readonly #main: Target;
   readonly #draft: Target | null;
   #recurrent: Uint8Array<ArrayBuffer> | null = null;
-  /** Shim path: this context's snapshot layout, known once the header window is in. */
-  #layout: RecurrentLayout | null = null;
-  /** Shim path: byte windows of the snapshot imported so far. */
-  readonly #windows: Range[] = [];
-  /** Public path: recurrent runs held until `validate`. */
-  #runs: { part: "conv" | "ssm"; r0: number; r1: number; payload: Uint8Array }[] = [];
+  /** The recurrent snapshot when it arrives in layer runs (schema 2). */
+  readonly #runs: RecurrentRuns;
   #swa: Uint8Array | null = null;
   #hidden: Float32Array | null = null;
 
@@ -91,6 +81,7 @@ export class StagedImport {
   ) {
     this.#main = main;
     this.#draft = draft;
+    this.#runs = new RecurrentRuns(ctx, backend, options.seq, options.nTokens);
     this.#releases = [ctx.hold(HOLDER), ...(draft ? [draft.ctx.hold(HOLDER)] : [])];
   }
 
@@ -226,7 +217,7 @@ export class StagedImport {
       throw new StateValidationError(`Cannot stage ${what}: this context has no recurrent state`);
     }
     const pos = snapshotPosition(snapshotHead(snapshot));
-    if (this.#layout) {
+    if (this.#runs.windowed) {
       throw new StateValidationError(`Cannot stage ${what}: snapshot runs were already staged`);
     }
     if (pos !== this.options.nTokens - 1 || this.#recurrent) {
@@ -250,9 +241,8 @@ export class StagedImport {
    * Takes a run of the final recurrent snapshot: the `part` entries of recurrent layers
    * [r0, r1) (counted among recurrent layers only), as the exporter cuts them. The run of conv
    * from layer 0 carries the snapshot header and must come first. On the shim path each run
-   * is written into the recurrent tensors as it arrives (its byte window found from this
-   * context's own layout, so the sender's bytes land only where this model keeps them); on
-   * the public path runs are held and imported together at `validate`.
+   * is written into the recurrent tensors as it arrives; on the public path runs are held
+   * (bounded by `stagedBytesMax`) and imported together at `validate`.
    */
   async addRecurrentLayers(
     part: "conv" | "ssm",
@@ -265,105 +255,11 @@ export class StagedImport {
     if (this.backend.kind !== "hybrid" && this.backend.kind !== "recurrent") {
       throw new StateValidationError(`Cannot stage ${what}: this context has no recurrent state`);
     }
-    if (!Number.isInteger(r0) || !Number.isInteger(r1) || r0 < 0 || r1 <= r0) {
-      throw new StateValidationError(`Cannot stage ${what}: empty or invalid layer run`);
-    }
     if (this.#recurrent) {
       throw new StateValidationError(`Cannot stage ${what}: a whole snapshot was already staged`);
     }
-    const shim = this.backend.path === "shim" ? this.backend.shim : null;
-    if (!shim) {
-      this.#hold(payload.byteLength, what);
-      this.#runs.push({ part, r0, r1, payload: payload.slice() });
-      return;
-    }
-    const headed = part === "conv" && r0 === 0;
-    const layout = this.#layout;
-    if (headed !== (layout === null)) {
-      throw new StateValidationError(
-        headed
-          ? `Cannot stage ${what}: the snapshot header was already staged`
-          : `Cannot stage ${what}: the snapshot header (conv from layer 0) must come first`,
-        { hint: "send conv runs in layer order, then ssm runs" },
-      );
-    }
-    let from = 0;
-    if (layout) {
-      const list = layout[part];
-      if (r1 > list.length) {
-        throw new StateValidationError(
-          `Cannot stage ${what}: this model has ${list.length} recurrent layers`,
-        );
-      }
-      from = list[r0].start;
-      if (payload.byteLength !== list[r1 - 1].end - from) {
-        throw new StateValidationError(
-          `Cannot stage ${what}: ${payload.byteLength} bytes, this model keeps ${
-            list[r1 - 1].end - from
-          }`,
-          { hint: "both sides need the same model and numerical identity" },
-        );
-      }
-      const clash = this.#windows.find(([a, b]) => a < from + payload.byteLength && from < b);
-      if (clash) throw new StateValidationError(`Cannot stage ${what}: staged twice`);
-    } else {
-      const pos = snapshotPosition(payload);
-      if (pos !== this.options.nTokens - 1) {
-        throw new StateValidationError(
-          `Cannot stage ${what}: the snapshot is at position ${pos}, expected ${
-            this.options.nTokens - 1
-          }`,
-          { hint: "send the recurrent snapshot once, after the last prefill chunk" },
-        );
-      }
-    }
-    try {
-      await this.ctx.serialize(() =>
-        shim.importRecurrentWindow(this.ctx, this.options.seq, from, payload)
-      );
-    } catch (error) {
-      throw shimFailure(error, "stage", what);
-    }
-    if (!layout) {
-      this.#layout = await recurrentLayout(this.ctx, this.options.seq);
-      const end = this.#layout?.conv[r1 - 1]?.end;
-      if (end !== payload.byteLength) {
-        throw new StateValidationError(
-          `Cannot stage ${what}: ${payload.byteLength} bytes, this model keeps ${end}`,
-          { hint: "both sides need the same model and numerical identity" },
-        );
-      }
-    }
-    this.#windows.push([from, from + payload.byteLength]);
-  }
-
-  /** Public path: the held runs joined into one snapshot and staged like `setRecurrent`. */
-  async #joinRuns(): Promise<void> {
-    const order = (part: "conv" | "ssm") =>
-      this.#runs.filter((r) => r.part === part).sort((a, b) => a.r0 - b.r0);
-    const runs = [...order("conv"), ...order("ssm")];
-    for (const part of ["conv", "ssm"] as const) {
-      let at = 0;
-      for (const r of order(part)) {
-        if (r.r0 !== at) {
-          throw new StateValidationError(
-            `Cannot commit: ${part} of recurrent layers [${at}, ${r.r0}) ${
-              r.r0 > at ? "missing" : "staged twice"
-            }`,
-          );
-        }
-        at = r.r1;
-      }
-    }
-    const blob = new Uint8Array(runs.reduce((n, r) => n + r.payload.byteLength, 0));
-    let at = 0;
-    for (const r of runs) {
-      blob.set(r.payload, at);
-      at += r.payload.byteLength;
-    }
-    this.#runs = [];
-    this.#stagedBytes = 0;
-    await this.setRecurrent({ layout: "whole", blob });
+    if (this.backend.path !== "shim") this.#hold(payload.byteLength, what);
+    await this.#runs.add(part, r0, r1, payload);
   }
 
   /** Takes the final sliding-window cache (the page `exportSwa` makes). */
@@ -482,17 +378,13 @@ export class StagedImport {
       }
     }
     const k = this.backend.kind;
-    if (this.#runs.length > 0) await this.#joinRuns();
-    if (this.#layout) {
-      const fault = firstTilingFault(this.#windows, this.#layout.bytes);
-      if (fault) {
-        throw new StateValidationError(
-          `Cannot commit: conv/ssm snapshot bytes ${formatRange(fault.range)} ${
-            fault.fault === "gap" ? "missing" : "staged twice"
-          }`,
-          { hint: "every layer run of the snapshot must arrive before commit" },
-        );
-      }
+    const joined = this.#runs.joined();
+    if (joined) {
+      this.#stagedBytes = 0;
+      await this.setRecurrent({ layout: "whole", blob: joined });
+    }
+    if (this.#runs.windowed) {
+      this.#runs.checkComplete();
     } else if ((k === "hybrid" || k === "recurrent") && !this.#recurrent) {
       throw new StateValidationError(`Cannot commit: conv/ssm tokens [0, ${n}) missing`);
     }
@@ -518,7 +410,7 @@ export class StagedImport {
       }
     }
     for (const t of targets) t.pages.length = 0;
-    this.#runs = [];
+    this.#runs.clear();
     this.#stagedBytes = 0;
     this.#state = "validated";
   }
