@@ -47,7 +47,9 @@ const PAGE_FRAMES_MIN = Math.floor(1_100 / RUNTIME.chunkTokens);
 /**
  * Acting on a cancel must beat the rest of the slowed transfer: once a page is staged, at
  * least PAGE_FRAMES_MIN - 2 writes of SLOW_WRITE_MS remain, and no machine makes them shorter.
- * Within this bound, the cancel was acted on at once, not when the transfer ended.
+ * Within this bound, the cancel was acted on at once, not when the transfer ended. (Freeing
+ * waits for the few writes already in flight, about 3 x SLOW_WRITE_MS: the bound scales with
+ * the same timer, so a slower machine does not eat into it.)
  */
 const CANCEL_BOUND_MS = (PAGE_FRAMES_MIN - 2) * SLOW_WRITE_MS;
 
