@@ -3,7 +3,7 @@
  * test models and prints one row per case; exits non-zero unless every continuation is
  * bit-exact and every injected fault is refused.
  */
-import { type Command, InvalidArgumentError, Option } from "commander";
+import { type Command, Option } from "commander";
 import { StateValidationError, UsageError } from "../core/errors.ts";
 import {
   caseContextTokens,
@@ -27,6 +27,8 @@ import {
   PRESETS,
 } from "../models/mod.ts";
 import type { GpuLayersRequest } from "../ffi/mod.ts";
+import { registerProcessHandoff } from "./_correctness_process.ts";
+import { listArg, oneOf } from "./_list_args.ts";
 import { gpuLayersArg, intArg } from "./_options.ts";
 import { cacheDir } from "./_paths.ts";
 
@@ -42,26 +44,6 @@ interface HandoffFlags {
   gpuLayers: GpuLayersRequest;
   modelDir?: string;
   json: boolean;
-}
-
-/** Parser for a comma-separated list whose items pass `item`. */
-function listArg<T>(item: (value: string) => T): (value: string) => T[] {
-  return (value: string) => {
-    const parts = value.split(",").map((s) => s.trim());
-    if (parts.some((s) => s === "")) {
-      throw new InvalidArgumentError(`expected a comma-separated list, got "${value}"`);
-    }
-    return parts.map(item);
-  };
-}
-
-function oneOf<T extends string>(names: readonly T[]): (value: string) => T {
-  return (value: string) => {
-    if (!(names as readonly string[]).includes(value)) {
-      throw new InvalidArgumentError(`"${value}" is not one of ${names.join(", ")}`);
-    }
-    return value as T;
-  };
 }
 
 export function register(program: Command): void {
@@ -100,6 +82,7 @@ export function register(program: Command): void {
     .option("--model-dir <dir>", "folder of the test models, made on first use (default: cache)")
     .option("--json", "print the results as JSON", false)
     .action((flags: HandoffFlags) => runStateHandoff(flags));
+  registerProcessHandoff(correctness);
 }
 
 /** The cases the flags ask for; a prompt that cannot fit a family's context is a UsageError. */

@@ -72,3 +72,48 @@ Deno.test("correctness state-handoff rejects bad flags with a one-line error and
     assert.equal(r.stdout, "");
   }
 });
+
+Deno.test("correctness handoff runs two worker processes and reports each case exact, as JSON", async () => {
+  const r = await runCliProcess([
+    "correctness",
+    "handoff",
+    "--model-dir",
+    MODELS,
+    "--families",
+    "hybrid",
+    "--prompt-tokens",
+    "600",
+    "--chunk-tokens",
+    "128",
+    "--steps",
+    "4",
+    "--json",
+  ]);
+  assert.equal(r.code, 0, r.stderr);
+  const { results } = JSON.parse(r.stdout);
+  assert.equal(results.length, 1);
+  const [c] = results;
+  assert.equal(c.family, "hybrid");
+  assert.equal(c.placement, "disaggregated");
+  assert.equal(c.tokensEqual, true);
+  assert.equal(c.logitsEqual, true);
+  assert.equal(c.chunks, Math.ceil(c.actualPromptTokens / 128));
+  assert.equal(c.overlapRequired, c.chunks >= 8);
+  assert.equal(c.ok, true, c.detail);
+});
+
+Deno.test("correctness handoff refuses a prompt that does not fit the family's context", async () => {
+  const r = await runCliProcess([
+    "correctness",
+    "handoff",
+    "--model-dir",
+    MODELS,
+    "--families",
+    "dense",
+    "--prompt-tokens",
+    "40000",
+  ]);
+  assert.equal(r.code, 2, r.stderr);
+  assert.match(r.stderr.split("\n")[0], /^error: 40000 prompt tokens plus 12 steps do not fit/);
+  assert.equal(r.stdout, "");
+});

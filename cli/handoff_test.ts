@@ -1,5 +1,6 @@
 import assert from "node:assert/strict";
 import { startLocalCluster } from "../serve/local_cluster.ts";
+import { HANG_MS } from "../testing/bounds.ts";
 import { runCliProcess } from "../testing/cli.ts";
 import { testModel } from "../testing/models.ts";
 
@@ -23,6 +24,9 @@ Deno.test("handoff from the CLI prints what generate prints, with equal logits i
       PROMPT,
       "-n",
       "16",
+      // Prefill and generation are compute: only a hang watchdog, not the 2-minute default.
+      "--timeout-ms",
+      String(HANG_MS),
       ...extra,
     ]);
   try {

@@ -1,7 +1,7 @@
 /**
  * The state-handoff parity harness. Reading order: `state_handoff.ts` (sides, identity gate,
  * staging, greedy continuation, bitwise comparison), `matrix.ts` (cases and variants),
- * `report.ts` (tables).
+ * `report.ts` (tables); `process_handoff.ts` (the same check across two worker processes).
  */
 export {
   adoptHandoff,
@@ -41,3 +41,12 @@ export {
   type Verdict,
 } from "./matrix.ts";
 export { formatNotes, formatSummary, formatTable, maxAbsDiff } from "./report.ts";
+export {
+  contextTokensFor,
+  PROCESS_DEFAULTS,
+  type ProcessCase,
+  type ProcessCaseResult,
+  type ProcessMatrixOptions,
+  promptOf,
+  runProcessMatrix,
+} from "./process_handoff.ts";

@@ -3,7 +3,9 @@
  * of another handoff, attempt, model or tenant, reservations and generate requests across
  * tenants, malformed and oversized handoff frames (sent by a hand-written prefiller, see
  * _fake_prefiller.ts), untrusted clients and workers, and an older peer without capabilities.
- * Every refusal is a defined outcome within a stated deadline, and leaves nothing held.
+ * Every refusal is a defined outcome (asserted by its reason), comes before any protocol timer
+ * could have ended the case instead (REFUSAL_BOUND_MS), and leaves nothing held. Recomputes
+ * after a refusal are compute and are not timed.
  */
 import assert from "node:assert/strict";
 import { PeerError, type ReserveRequest } from "../core/mod.ts";
@@ -11,8 +13,11 @@ import { testModel } from "../testing/models.ts";
 import { parsePeerCard, type TrustEntry, type TrustList } from "../transport/mod.ts";
 import {
   assertWithin,
+  HANG_MS,
   makeNodes,
   promptOf,
+  REFUSAL_BOUND_MS,
+  RELEASE_BOUND_MS,
   SAMPLING,
   startInProcess,
   type TestWorker,
@@ -26,9 +31,6 @@ import { type HandoffRequest, type HandoffResult, runHandoff } from "./coordinat
 import { Node } from "./node.ts";
 
 const PROMPT = promptOf(20);
-/** Every refusal here is local to one process: it must come fast. */
-const REFUSAL_DEADLINE_MS = 2_000;
-const IDLE_DEADLINE_MS = 3_000;
 const OTHER_MODEL = "f".repeat(64);
 
 interface Setup {
@@ -74,7 +76,7 @@ async function setup(dir: string, nodes: Map<string, Node>): Promise<Setup> {
       sampling: SAMPLING,
       tenantId: "tenant-a",
       probe: false,
-      timeoutMs: 20_000,
+      timeoutMs: HANG_MS,
       ...over,
     });
   return { client, stranger, prefill, decode, old, fake, run };
@@ -114,7 +116,7 @@ const STEPS: Record<string, (c: Ctx) => Promise<void>> = {
       const stream = await fake.openStream("dup", 0);
       const chunk = await positionsChunk("dup", digest);
       await fake.sendChunk(stream, chunk, fake.binding(r, key));
-      await waitForStats(s.decode, (x) => x.stagedBytes > 0, 2_000, "the chunk staged");
+      await waitForStats(s.decode, (x) => x.stagedBytes > 0, HANG_MS, "the chunk staged");
       await fake.sendChunk(stream, chunk, fake.binding(r, key));
     });
     assert.equal(reason, "invalid-state");
@@ -143,7 +145,7 @@ const STEPS: Record<string, (c: Ctx) => Promise<void>> = {
       attempt: 0,
       reason: "cancelled",
     });
-    await waitForIdle(s.decode, IDLE_DEADLINE_MS);
+    await waitForIdle(s.decode, RELEASE_BOUND_MS);
   },
 
   "a chunk replayed from an earlier attempt: binding-tag": async ({ s, fake, digest }) => {
@@ -156,11 +158,11 @@ const STEPS: Record<string, (c: Ctx) => Promise<void>> = {
     const chunk = await positionsChunk("retried", digest);
     const out = await timed(async () => {
       await fake.sendChunk(stream, chunk, fake.binding(r0, k0.bindingKey), { attempt: 1 });
-      return await fake.abortReason("retried", 1, REFUSAL_DEADLINE_MS);
+      return await fake.abortReason("retried", 1, REFUSAL_BOUND_MS);
     });
     assert.equal(out.value, "binding-tag");
-    assertWithin(out.ms, REFUSAL_DEADLINE_MS, "refusing a replayed attempt");
-    await waitForIdle(s.decode, IDLE_DEADLINE_MS);
+    assertWithin(out.ms, REFUSAL_BOUND_MS, "refusing a replayed attempt");
+    await waitForIdle(s.decode, RELEASE_BOUND_MS);
   },
 
   "another model: the reservation, or a chunk under another identity": async (
@@ -169,7 +171,7 @@ const STEPS: Record<string, (c: Ctx) => Promise<void>> = {
     const r = fake.request("model", 0, { identityDigest: OTHER_MODEL });
     const out = await timed(() => fake.reserve(r));
     assert.deepEqual(out.value, { ok: false, reason: "identity-mismatch" });
-    assertWithin(out.ms, REFUSAL_DEADLINE_MS, "refusing another model's reservation");
+    assertWithin(out.ms, REFUSAL_BOUND_MS, "refusing another model's reservation");
     assert.equal(
       await reject("model2", async (r2, key) => {
         const stream = await fake.openStream("model2", 0);
@@ -204,7 +206,7 @@ const STEPS: Record<string, (c: Ctx) => Promise<void>> = {
     for (const r of cases) {
       const out = await timed(() => fake.reserve(r));
       assert.deepEqual(out.value, { ok: false, reason: "reserve-rejected" }, r.handoffId);
-      assertWithin(out.ms, REFUSAL_DEADLINE_MS, `refusing reservation ${r.handoffId}`);
+      assertWithin(out.ms, REFUSAL_BOUND_MS, `refusing reservation ${r.handoffId}`);
     }
     assert.equal((await s.decode.stats()).decodeAttempts, 1); // the tenant's own is intact
     await fake.conn.send({
@@ -213,7 +215,7 @@ const STEPS: Record<string, (c: Ctx) => Promise<void>> = {
       attempt: 0,
       reason: "cancelled",
     });
-    await waitForIdle(s.decode, IDLE_DEADLINE_MS);
+    await waitForIdle(s.decode, RELEASE_BOUND_MS);
   },
 
   "a malformed chunk header and an oversized handoff frame": async (
@@ -244,12 +246,12 @@ const STEPS: Record<string, (c: Ctx) => Promise<void>> = {
         header: chunk.header,
         tag: "",
       }, new Uint8Array(17 << 20)).catch(() => {});
-      return await big.abortReason("oversized", 0, REFUSAL_DEADLINE_MS);
+      return await big.abortReason("oversized", 0, REFUSAL_BOUND_MS);
     });
     await big.conn.close();
     assert.equal(out.value, "protocol-error");
-    assertWithin(out.ms, REFUSAL_DEADLINE_MS, "refusing an oversized handoff frame");
-    await waitForIdle(s.decode, IDLE_DEADLINE_MS);
+    assertWithin(out.ms, REFUSAL_BOUND_MS, "refusing an oversized handoff frame");
+    await waitForIdle(s.decode, RELEASE_BOUND_MS);
   },
 
   "a generate request across tenants: refused; the owner still generates": async (
@@ -267,7 +269,7 @@ const STEPS: Record<string, (c: Ctx) => Promise<void>> = {
       decode: s.decode.peer,
       probe: false,
     }, new TextEncoder().encode(PROMPT));
-    const outcome = await withTimeout(toPrefill.receive(), 5_000, "PrefillOutcome");
+    const outcome = await withTimeout(toPrefill.receive(), HANG_MS, "PrefillOutcome"); // compute
     assert.equal(outcome!.header.outcome, "committed");
     await toPrefill.close();
     const toDecode = await s.client.connect(s.decode.peer);
@@ -284,7 +286,7 @@ const STEPS: Record<string, (c: Ctx) => Promise<void>> = {
       });
       const tokens: number[] = [];
       for (;;) {
-        const h = (await withTimeout(toDecode.receive(), 5_000, "GenerateDone"))!.header;
+        const h = (await withTimeout(toDecode.receive(), HANG_MS, "GenerateDone"))!.header;
         if (h.type === "TokenBatch") tokens.push(...(h.tokens as number[]));
         if (h.type === "GenerateDone") return { ok: h.ok, message: h.message, tokens };
       }
@@ -292,12 +294,12 @@ const STEPS: Record<string, (c: Ctx) => Promise<void>> = {
     const other = await timed(() => generate("tenant-b"));
     assert.equal(other.value!.ok, false);
     assert.match(String(other.value!.message), /another tenant/);
-    assertWithin(other.ms, REFUSAL_DEADLINE_MS, "refusing another tenant's generate");
+    assertWithin(other.ms, REFUSAL_BOUND_MS, "refusing another tenant's generate");
     const own = await generate("tenant-a");
     assert.equal(own.ok, true);
     assert.deepEqual(own.tokens, baseline.tokens);
     await toDecode.close();
-    await waitForIdle(s.decode, IDLE_DEADLINE_MS);
+    await waitForIdle(s.decode, RELEASE_BOUND_MS);
   },
 
   "an untrusted client: both workers refuse the connection": async ({ s }) => {
@@ -305,7 +307,7 @@ const STEPS: Record<string, (c: Ctx) => Promise<void>> = {
       const out = await timed(() => s.stranger.connect(w.peer));
       assert.ok(out.error instanceof PeerError, String(out.error));
       assert.match(out.error.message, /refused this node/);
-      assertWithin(out.ms, REFUSAL_DEADLINE_MS, `${w.name} refusing an untrusted client`);
+      assertWithin(out.ms, REFUSAL_BOUND_MS, `${w.name} refusing an untrusted client`);
     }
   },
 
@@ -331,11 +333,10 @@ const STEPS: Record<string, (c: Ctx) => Promise<void>> = {
       assert.equal(out.value!.placement, "colocated");
       assert.match(out.value!.fallbackReason!, c.why);
       assert.deepEqual(out.value!.tokens, baseline.tokens);
-      assertWithin(out.ms, 5_000, "recomputing after an untrusted worker");
     }
     assert.equal((await s.decode.stats()).reservationsTotal, before);
-    await waitForIdle(s.prefill, IDLE_DEADLINE_MS);
-    await waitForIdle(s.decode, IDLE_DEADLINE_MS);
+    await waitForIdle(s.prefill, RELEASE_BOUND_MS);
+    await waitForIdle(s.decode, RELEASE_BOUND_MS);
   },
 
   "an older peer without capabilities: never chosen, colocated, and said so": async (
@@ -346,7 +347,6 @@ const STEPS: Record<string, (c: Ctx) => Promise<void>> = {
     assert.equal(out.value!.placement, "colocated");
     assert.match(out.value!.fallbackReason!, /not eligible.*older peer/);
     assert.deepEqual(out.value!.tokens, baseline.tokens);
-    assertWithin(out.ms, 5_000, "colocated on an older peer");
     // Asked directly, the prefill worker refuses to hand off to it as well.
     const conn = await s.client.connect(s.prefill.peer);
     await conn.send({
@@ -359,14 +359,14 @@ const STEPS: Record<string, (c: Ctx) => Promise<void>> = {
       decode: s.old.peer,
       probe: false,
     }, new TextEncoder().encode(PROMPT));
-    const h = (await withTimeout(conn.receive(), REFUSAL_DEADLINE_MS, "PrefillOutcome"))!.header;
+    const h = (await withTimeout(conn.receive(), REFUSAL_BOUND_MS, "PrefillOutcome"))!.header;
     await conn.close();
     assert.equal(h.outcome, "fallback");
     assert.equal(h.reason, "capability-missing");
     assert.match(String(h.message), /older peer/);
     assert.equal((await s.old.stats()).reservationsTotal, 0);
-    await waitForIdle(s.old, IDLE_DEADLINE_MS);
-    await waitForIdle(s.prefill, IDLE_DEADLINE_MS);
+    await waitForIdle(s.old, RELEASE_BOUND_MS);
+    await waitForIdle(s.prefill, RELEASE_BOUND_MS);
   },
 };
 
@@ -396,11 +396,11 @@ Deno.test({
         assert.ok(res.ok, "reservation");
         const out = await timed(async () => {
           await send(r, res.bindingKey);
-          return await f.abortReason(handoffId, 0, REFUSAL_DEADLINE_MS);
+          return await f.abortReason(handoffId, 0, REFUSAL_BOUND_MS);
         });
         assert.ifError(out.error);
-        assertWithin(out.ms, REFUSAL_DEADLINE_MS, `refusing handoff ${handoffId}`);
-        if (thenIdle) await waitForIdle(s.decode, IDLE_DEADLINE_MS);
+        assertWithin(out.ms, REFUSAL_BOUND_MS, `refusing handoff ${handoffId}`);
+        if (thenIdle) await waitForIdle(s.decode, RELEASE_BOUND_MS);
         return out.value;
       };
       const c: Ctx = { s, fake: f, digest, baseline, reject };

@@ -1,7 +1,7 @@
 /**
  * Issue #4, a worker process killed (SIGKILL) while pages stream: the survivor notices through
  * the QUIC idle timeout, frees everything it held for the handoff, and the client gets a
- * defined outcome within a stated deadline. The victim runs as a child process (a real
+ * defined outcome within a bound derived from that timeout. The victim runs as a child process (a real
  * death); the survivor runs in this process, where a slowed link makes sure the kill lands
  * mid-transfer and its counters can be read directly.
  */
@@ -11,10 +11,13 @@ import { testModel } from "../testing/models.ts";
 import { type RawConnection, withFaults } from "../transport/mod.ts";
 import {
   assertWithin,
+  HANG_MS,
   IDLE_MS,
   makeNodes,
   promptOf,
+  REFUSAL_BOUND_MS,
   SAMPLING,
+  SCHEDULING_SLACK_MS,
   startChild,
   startInProcess,
   type TestWorker,
@@ -27,9 +30,15 @@ import { type HandoffRequest, runHandoff } from "./coordinator.ts";
 import type { Node } from "./node.ts";
 
 const PROMPT = promptOf(50); // about 1,150 tokens: 18 KV pages
-/** The survivor notices a silent peer after IDLE_MS; everything else is local and fast. */
-const OUTCOME_DEADLINE_MS = 4 * IDLE_MS + 2_000;
-const IDLE_DEADLINE_MS = 2 * IDLE_MS + 1_500;
+/**
+ * The survivor notices a silent peer after IDLE_MS (a timer); what follows does no compute
+ * but may take a retry's connect, which fails by the same idle timeout. Bounds: those timers
+ * plus scheduling slack, so a slow machine cannot fail them; without a working idle timeout
+ * the case would end only by the request's hang watchdog. The recompute after the prefill
+ * worker died is compute and is not bounded.
+ */
+const OUTCOME_BOUND_MS = 4 * IDLE_MS + SCHEDULING_SLACK_MS;
+const NOTICE_BOUND_MS = 2 * IDLE_MS + SCHEDULING_SLACK_MS;
 
 function request(client: Node, prefill: TestWorker, decode: TestWorker) {
   return (over: Partial<HandoffRequest> = {}) =>
@@ -41,7 +50,7 @@ function request(client: Node, prefill: TestWorker, decode: TestWorker) {
       sampling: SAMPLING,
       tenantId: "tenant-a",
       probe: false,
-      timeoutMs: 20_000,
+      timeoutMs: HANG_MS,
       ...over,
     });
 }
@@ -74,15 +83,15 @@ Deno.test({
       assert.equal((await run()).placement, "disaggregated");
       slow.on = true;
       const running = timed(() => run());
-      await waitForStats(decode, (s) => s.stagedBytes > 0, 10_000, "pages staged");
+      await waitForStats(decode, (s) => s.stagedBytes > 0, HANG_MS, "pages staged");
       kill(decode);
       const killedAt = performance.now();
       const r = await running;
       assert.ok(r.error instanceof HandoffAbortedError, String(r.error));
       assert.match(r.error.message, /decode worker/);
-      assertWithin(performance.now() - killedAt, OUTCOME_DEADLINE_MS, "the client's error");
-      await waitForIdle(prefill, IDLE_DEADLINE_MS); // it frees its state before it answers
-      assertWithin(performance.now() - killedAt, OUTCOME_DEADLINE_MS, "freeing state");
+      assertWithin(performance.now() - killedAt, OUTCOME_BOUND_MS, "the client's error");
+      await waitForIdle(prefill, NOTICE_BOUND_MS); // it frees its state before it answers
+      assertWithin(performance.now() - killedAt, OUTCOME_BOUND_MS, "freeing state");
     } finally {
       await Promise.allSettled([prefill.stop(), decode.stop()]);
       await Deno.remove(dir, { recursive: true }).catch(() => {});
@@ -114,14 +123,11 @@ Deno.test({
       slow.on = true;
       const handoffId = crypto.randomUUID();
       const running = timed(() => run({ handoffId }));
-      await waitForStats(decode, (s) => s.stagedBytes > 0, 10_000, "pages staged");
+      await waitForStats(decode, (s) => s.stagedBytes > 0, HANG_MS, "pages staged");
       kill(prefill);
-      const killedAt = performance.now();
-      const idle = await waitForIdle(decode, IDLE_DEADLINE_MS);
-      assertWithin(idle, IDLE_DEADLINE_MS, "wiping the uncommitted session");
-      const r = await running;
+      await waitForIdle(decode, NOTICE_BOUND_MS); // wiping the uncommitted session
+      const r = await running; // the recompute is compute: not timed
       assert.ifError(r.error);
-      assertWithin(performance.now() - killedAt, OUTCOME_DEADLINE_MS, "the recomputed answer");
       assert.equal(r.value!.placement, "colocated");
       assert.match(r.value!.fallbackReason!, /prefill worker was lost/);
       assert.deepEqual(r.value!.tokens, baseline.tokens);
@@ -140,11 +146,11 @@ Deno.test({
         sampling: null,
         probe: false,
       });
-      const done = (await withTimeout(conn.receive(), 2_000, "GenerateDone"))!.header;
+      const done = (await withTimeout(conn.receive(), REFUSAL_BOUND_MS, "GenerateDone"))!.header;
       await conn.close();
       assert.equal(done.ok, false);
       assert.match(String(done.message), /No committed session/);
-      await waitForIdle(decode, IDLE_DEADLINE_MS);
+      await waitForIdle(decode, NOTICE_BOUND_MS);
     } finally {
       await Promise.allSettled([prefill.stop(), decode.stop()]);
       await Deno.remove(dir, { recursive: true }).catch(() => {});
