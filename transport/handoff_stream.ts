@@ -188,8 +188,7 @@ export class HandoffSender {
           throw new PeerError(
             `Peer refused the handoff stream: ${String(h.reason).slice(0, 200)}`,
             {
-              hint:
-                "the peer has no live reservation for this stream, or too many pending streams",
+              hint: "the peer has no live reservation for this stream, or too many pending streams",
             },
           );
         } else {throw new ProtocolError(

@@ -13,9 +13,7 @@ Deno.test("HandshakeGate evicts within a source at its per-source bound, never a
   const gate = new HandshakeGate({ handshakesInFlightMax: 100, handshakesPerSourceMax: 3 });
   const evicted: string[] = [];
   const other = gate.admit("10.0.0.2", () => evicted.push("other"));
-  const flood = [0, 1, 2, 3, 4].map((i) =>
-    gate.admit("10.0.0.1", () => evicted.push(`flood${i}`))
-  );
+  const flood = [0, 1, 2, 3, 4].map((i) => gate.admit("10.0.0.1", () => evicted.push(`flood${i}`)));
   assertEquals(evicted, ["flood0", "flood1"]);
   assertEquals(gate.inFlightFrom("10.0.0.1"), 3);
   assertEquals(gate.inFlightFrom("10.0.0.2"), 1);
