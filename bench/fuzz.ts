@@ -19,7 +19,6 @@ import {
   createPrefiller,
   decoderStep,
   kvDtype,
-  LimitExceededError,
   prefillerStep,
   ProtocolError,
   STATE_SCHEMA_VERSION,
