@@ -115,7 +115,7 @@ async function transferPages(
   const staged = await StagedImport.open(decoder, { nTokens });
   const started = performance.now();
   const receiving = (async () => {
-    const receiver = (await server.acceptHandoffStream())!;
+    const receiver = (await server.acceptHandoffStream())!.accept();
     for await (const frame of receiver) {
       const h = frame.header as Record<string, unknown>;
       if (h.type !== "StateChunk") continue;

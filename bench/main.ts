@@ -141,20 +141,37 @@ const SECTIONS: Record<string, Section> = {
   state: stateBenchSection,
 };
 
+const USAGE = `usage: deno task bench [--only ${
+  Object.keys(SECTIONS).join(",")
+}] [--quick] [--out DIR]
+  (fuzzing: deno run -A --unstable-net bench/fuzz.ts --help)`;
+
+function parseFlags() {
+  try {
+    return parseArgs({
+      args: Deno.args,
+      options: {
+        only: { type: "string" },
+        quick: { type: "boolean", default: false },
+        out: { type: "string" },
+        help: { type: "boolean", short: "h", default: false },
+      },
+    }).values;
+  } catch (error) {
+    // A bad flag is the user's mistake: say so with the usage, not a stack trace.
+    console.error(`error: ${(error as Error).message}\n${USAGE}`);
+    Deno.exit(2);
+  }
+}
+
 async function main(): Promise<void> {
-  const { values } = parseArgs({
-    args: Deno.args,
-    options: {
-      only: { type: "string" },
-      quick: { type: "boolean", default: false },
-      out: { type: "string" },
-    },
-  });
+  const values = parseFlags();
+  if (values.help) return console.log(USAGE);
   const names = values.only ? values.only.split(",") : Object.keys(SECTIONS);
   for (const n of names) {
     if (!SECTIONS[n]) {
       console.error(
-        `error: unknown bench section "${n}" (use: ${Object.keys(SECTIONS).join(", ")})`,
+        `error: unknown bench section "${n}" (use: ${Object.keys(SECTIONS).join(", ")})\n${USAGE}`,
       );
       Deno.exit(2);
     }

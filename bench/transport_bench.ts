@@ -119,7 +119,7 @@ async function _framedTransfer(setup: Setup, bytes: number, pageBytes: number): 
   const started = performance.now();
   const sender = await client.openHandoffStream({ handoffId: "bench" });
   const receiving = (async () => {
-    const receiver = (await server.acceptHandoffStream())!;
+    const receiver = (await server.acceptHandoffStream())!.accept();
     let got = 0;
     for await (const frame of receiver) got += frame.payload.length;
     return got;

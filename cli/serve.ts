@@ -91,6 +91,19 @@ async function runServe(flags: ServeFlags): Promise<void> {
     link: { maxIdleTimeoutMs: flags.maxIdleTimeoutMs, inflightBytesMax: flags.inflightBytesMax },
     committedIdleMs: flags.committedIdleMs,
   });
+  // The first SIGINT/SIGTERM stops cleanly: the listener and its endpoint close (freeing the
+  // port), peers get a graceful close (bounded by closeTimeoutMs), and in-flight handoffs are
+  // aborted, so each prefiller sees the abort and falls back. A second signal exits at once.
+  // Installed before the ready line, so a signal sent on seeing it is never the default kill.
+  let signals = 0;
+  const stop = new Promise<Deno.Signal>((resolve) => {
+    for (const signal of ["SIGINT", "SIGTERM"] as const) {
+      Deno.addSignalListener(signal, () => {
+        if (++signals > 1) Deno.exit(signal === "SIGINT" ? 130 : 143);
+        resolve(signal);
+      });
+    }
+  });
   const { hostname, port } = worker.addr;
   console.log(JSON.stringify({
     ready: true,
@@ -100,12 +113,6 @@ async function runServe(flags: ServeFlags): Promise<void> {
     peer: `${worker.node.identity.nodeId}@${hostname}:${port}`,
     numerics: numericsOf(runtime, worker.pool.model.lib),
   }));
-  const stop = new Promise<void>((resolve) => {
-    for (const signal of ["SIGINT", "SIGTERM"] as const) {
-      Deno.addSignalListener(signal, () => resolve());
-    }
-  });
-  await stop;
-  console.error("serve: stopping");
+  console.error(`serve: stopping (${await stop})`);
   await worker.close();
 }

@@ -19,6 +19,7 @@ import {
   describeComponent,
   dtypeAllowed,
   isComponentKind,
+  quoteValue,
   type Range,
   rangeWithin,
   type StateBounds,
@@ -94,9 +95,9 @@ export function validateChunkHeader(
   };
   if (typeof h !== "object" || h === null) return fail("chunk", "header is not a record");
   const seqOk = Number.isSafeInteger(h.seq) && h.seq! >= 0 && h.seq! < bounds.chunksMax;
-  if (!seqOk) return fail("chunk", `sequence number ${JSON.stringify(h.seq)} out of range`);
+  if (!seqOk) return fail("chunk", `sequence number ${quoteValue(h.seq)} out of range`);
   if (!isComponentKind(h.kind)) {
-    return fail(`chunk ${h.seq}`, `unknown kind ${JSON.stringify(h.kind)}`);
+    return fail(`chunk ${h.seq}`, `unknown kind ${quoteValue(h.kind)}`);
   }
   const rule = componentRule(h.kind);
   const layersOk = rule.layered
@@ -136,13 +137,13 @@ function _checkFields(
   if (!_idOk(h.handoffId, bounds)) fail("handoff id missing or too long");
   if (!isHex(h.identityDigest, SHA256_BYTES)) fail("identity digest is not a SHA-256 hex string");
   if (!SUPPORTED_STATE_SCHEMA_VERSIONS.includes(h.schemaVersion as number)) {
-    fail(`unsupported state schema version ${JSON.stringify(h.schemaVersion)}`);
+    fail(`unsupported state schema version ${quoteValue(h.schemaVersion)}`);
   }
   if (typeof h.codec !== "string" || !rule.codecs.includes(h.codec)) {
-    fail(`codec ${JSON.stringify(h.codec)} is not one of ${rule.codecs.join(", ")}`);
+    fail(`codec ${quoteValue(h.codec)} is not one of ${rule.codecs.join(", ")}`);
   }
   if (typeof h.dtype !== "string" || !dtypeAllowed(kind, h.dtype)) {
-    fail(`dtype ${JSON.stringify(h.dtype)} not allowed for ${kind}`);
+    fail(`dtype ${quoteValue(h.dtype)} not allowed for ${kind}`);
   }
   const pc = h.positionConfig;
   const pcOk = typeof pc === "object" && pc !== null && Number.isSafeInteger(pc.seqId) &&

@@ -289,7 +289,9 @@ export function decoderStep(s: S, e: HandoffEvent): StepResult<S> {
     return rejectEvent(s, e, "stray message of another handoff or attempt");
   }
   if (isTerminal(s.phase)) return rejectEvent(s, e, "the handoff is over");
-  const handler = DECODER_TABLE[phaseName(s.phase)]?.[e.type];
+  // Own keys only: a peer's type "constructor" or "__proto__" must not reach Object.prototype.
+  const row = DECODER_TABLE[phaseName(s.phase)];
+  const handler = row && Object.hasOwn(row, e.type) ? row[e.type] : undefined;
   if (handler) return handler(s, e);
   if (s.phase === Phase.Idle) return rejectEvent(s, e, "no reservation yet");
   if (s.phase === Phase.Committed) return rejectEvent(s, e, "the session is committed");

@@ -373,7 +373,9 @@ export function prefillerStep(s: S, e: HandoffEvent): StepResult<S> {
     return rejectEvent(s, e, "stray message of another handoff or attempt");
   }
   if (isTerminal(s.phase)) return rejectEvent(s, e, "the handoff is over");
-  const handler = PREFILLER_TABLE[phaseName(s.phase)]?.[e.type];
+  // Own keys only: a peer's type "constructor" or "__proto__" must not reach Object.prototype.
+  const row = PREFILLER_TABLE[phaseName(s.phase)];
+  const handler = row && Object.hasOwn(row, e.type) ? row[e.type] : undefined;
   if (handler) return handler(s, e);
   if (s.phase === Phase.Idle) return rejectEvent(s, e, "the handoff has not started");
   return _protocolError(s, e, "not valid in this phase");

@@ -10,7 +10,7 @@ import { canonicalEncode, decodeMsgpack } from "./bytes.ts";
 import { POSITIONS_PER_TOKEN, SEQ_ID_MAX } from "./chunk.ts";
 import { StateValidationError } from "./errors.ts";
 import type { SamplerState, SamplingParams } from "./sampling.ts";
-import { TOKEN_BYTES } from "./schema.ts";
+import { quoteValue, TOKEN_BYTES } from "./schema.ts";
 
 /** Version of the payload layouts below (part of the state schema; bump both together). */
 export const LOGICAL_PAYLOAD_VERSION = 1;
@@ -153,7 +153,7 @@ function _record(bytes: Uint8Array, kind: string): Record<string, unknown> {
   }
   const rec = raw as Record<string, unknown>;
   if (rec.v !== LOGICAL_PAYLOAD_VERSION) {
-    throw _invalid(kind, `payload version ${JSON.stringify(rec.v)}`);
+    throw _invalid(kind, `payload version ${quoteValue(rec.v)}`);
   }
   return rec;
 }

@@ -24,6 +24,7 @@ import {
   isModelFamily,
   type ModelFamily,
   NO_LAYERS,
+  quoteValue,
   type Range,
   rangeWithin,
   requiredComponents,
@@ -235,9 +236,9 @@ export function validateManifest(
   if (m.handoffId!.length > bounds.idLengthMax) fail("handoff id too long");
   if (!isHex(m.identityDigest, SHA256_BYTES)) fail("identity digest is not SHA-256 hex");
   if (!SUPPORTED_STATE_SCHEMA_VERSIONS.includes(m.schemaVersion as number)) {
-    fail(`unsupported state schema version ${JSON.stringify(m.schemaVersion)}`);
+    fail(`unsupported state schema version ${quoteValue(m.schemaVersion)}`);
   }
-  if (!isModelFamily(m.family)) fail(`unknown family ${JSON.stringify(m.family)}`);
+  if (!isModelFamily(m.family)) fail(`unknown family ${quoteValue(m.family)}`);
   if (!isHex(m.tag, SHA256_BYTES)) fail("binding tag missing");
   const logical = m.logical;
   const posOk = typeof logical === "object" && logical !== null &&

@@ -250,6 +250,24 @@ export function resolveStateBounds(partial: Partial<StateBounds> = {}): StateBou
   return bounds;
 }
 
+/**
+ * A peer-sent field value for an error message: JSON where possible, and never a throw
+ * (msgpack decodes 64-bit integers as BigInt, which JSON.stringify refuses).
+ *
+ * @example
+ * ```ts
+ * quoteValue(2n ** 60n); // "1152921504606846976n"
+ * ```
+ */
+export function quoteValue(value: unknown): string {
+  if (typeof value === "bigint") return `${value}n`;
+  try {
+    return JSON.stringify(value) ?? String(value);
+  } catch {
+    return `(${typeof value})`;
+  }
+}
+
 /** `"[a, b)"`, the notation every message uses for ranges. */
 export function formatRange(range: Range): string {
   return `[${range[0]}, ${range[1]})`;

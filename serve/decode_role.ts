@@ -207,13 +207,14 @@ export class DecodeRole {
   /** Routes this peer's handoff streams to the attempt they belong to. */
   watchStreams(peer: PeerConnection): void {
     (async () => {
-      for await (const receiver of peer.incomingHandoffStreams()) {
-        const meta = receiver.meta as Record<string, unknown>;
+      for await (const stream of peer.incomingHandoffStreams()) {
+        // Matched to a live reservation of this peer before any credit is granted.
+        const meta = stream.meta as Record<string, unknown>;
         const attempt = this.#attempts.get(String(meta.handoffId ?? ""));
         if (attempt && attempt.peer === peer && attempt.handoff.attempt === meta.attempt) {
-          attempt.handoff.attachStream(receiver);
+          attempt.handoff.attachStream(stream.accept());
         } else {
-          await receiver.abort("no reservation for this handoff stream").catch(() => {});
+          await stream.refuse("no reservation for this handoff stream").catch(() => {});
         }
       }
     })().catch(() => {});

@@ -135,7 +135,7 @@ export function conformanceCases(harness: TransportHarness): void {
     try {
       const pages = 128;
       const receiving = (async () => {
-        const receiver = (await server.acceptHandoffStream())!;
+        const receiver = (await server.acceptHandoffStream())!.accept();
         assertEquals(receiver.meta, OPEN_META);
         let seq = 0;
         for await (const frame of receiver) {
@@ -176,7 +176,7 @@ export function conformanceCases(harness: TransportHarness): void {
     });
     try {
       const sender = await client.openHandoffStream(OPEN_META);
-      const receiver = (await server.acceptHandoffStream())!;
+      const receiver = (await server.acceptHandoffStream())!.accept();
       const sending = (async () => {
         for (let seq = 0; seq < 8; seq++) {
           await sender.send({ type: "StateChunk", seq }, page(seq, PAGE_BYTES));
@@ -266,7 +266,7 @@ export function conformanceCases(harness: TransportHarness): void {
         }
       })();
       sending.catch(() => {});
-      const receiver = (await server.acceptHandoffStream())!;
+      const receiver = (await server.acceptHandoffStream())!.accept();
       assertEquals((await receiver.receive())?.header.seq, 0);
       const error = await assertRejects(() => receiver.receive(), FrameError, "checksum mismatch");
       assertEquals(error.kind, "bad-checksum");
@@ -287,7 +287,7 @@ export function conformanceCases(harness: TransportHarness): void {
     try {
       const sender = await client.openHandoffStream(OPEN_META);
       sender.send({ type: "StateChunk", seq: 0 }, new Uint8Array(PAGE_BYTES)).catch(() => {});
-      const receiver = (await server.acceptHandoffStream())!;
+      const receiver = (await server.acceptHandoffStream())!.accept();
       const error = await assertRejects(
         () => receiver.receive(),
         FrameError,
@@ -326,7 +326,7 @@ export function conformanceCases(harness: TransportHarness): void {
             await sender.send({ type: "StateChunk", seq }, page(seq, PAGE_BYTES));
           }
         })().catch(() => {});
-        const receiver = (await server.acceptHandoffStream())!;
+        const receiver = (await server.acceptHandoffStream())!.accept();
         assertEquals((await receiver.receive())?.header.seq, 0);
         if (kind === "ended-before-final") assertEquals((await receiver.receive())?.header.seq, 1);
         const error = await assertRejects(() => receiver.receive(), FrameError);
@@ -351,7 +351,7 @@ export function conformanceCases(harness: TransportHarness): void {
       })();
       sending.catch(() => {}); // asserted below; keep it from counting as unhandled meanwhile
       // Over QUIC the close may discard in-flight data: the stream may even never appear.
-      const receiver = await server.acceptHandoffStream();
+      const receiver = (await server.acceptHandoffStream())?.accept();
       if (receiver) {
         const error = await assertRejects(async () => {
           while (await receiver.receive() !== null);

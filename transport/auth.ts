@@ -57,7 +57,8 @@ export interface AuthenticatedPeer {
 export type AuthRefusal = "untrusted" | "bad-signature" | "certificate-mismatch" | "protocol";
 
 interface Channel {
-  reader: FrameReader;
+  /** Only `read()` is used, so establish.ts can put a per-step deadline in front of it. */
+  reader: Pick<FrameReader, "read">;
   writer: FrameWriter;
 }
 

@@ -1,7 +1,9 @@
 /**
  * Establishing a PeerConnection on any RawConnection: the client opens the control stream,
  * both sides authenticate (auth.ts) and exchange one CapabilitiesOffer each way, all within
- * `handshakeTimeoutMs`. On failure the connection is closed with a code saying why.
+ * `handshakeTimeoutMs`; on the server each step (the control stream, then each frame) must
+ * also come within `handshakeStepMs` of the last. On failure the connection is closed with a
+ * code saying why.
  */
 import { LimitExceededError, PeerError, ProtocolError, SkippyError } from "../core/errors.ts";
 import { authenticateAsClient, authenticateAsServer, refusalWasSent } from "./auth.ts";
@@ -12,20 +14,32 @@ import { FrameReader, FrameWriter } from "./framed_stream.ts";
 import {
   DEFAULT_CLOSE_TIMEOUT_MS,
   DEFAULT_CONTROL_FRAME_LIMITS,
+  DEFAULT_HANDSHAKE_STEP_MS,
   DEFAULT_HANDSHAKE_TIMEOUT_MS,
   PeerConnection,
   type PeerOptions,
 } from "./peer.ts";
 
 /**
+ * What the listener learns while a server-side handshake runs (see handshake_gate.ts): each
+ * completed step, and the moment the peer is authenticated (it then stops being half-open).
+ */
+export interface HandshakeProgress {
+  progress(): void;
+  authenticated(): void;
+}
+
+/**
  * Authenticates `raw` and exchanges capabilities. The client opens the control stream.
  * On failure the connection is closed and PeerError, ProtocolError or LimitExceededError
- * (handshake timeout) is thrown.
+ * (handshake timeout, or on the server a step that made no progress within
+ * `handshakeStepMs`) is thrown.
  */
 export async function establishPeer(
   raw: RawConnection,
   side: "client" | "server",
   options: PeerOptions & { expectedServerNodeId?: string },
+  progress?: HandshakeProgress,
 ): Promise<PeerConnection> {
   const timeoutMs = options.handshakeTimeoutMs ?? DEFAULT_HANDSHAKE_TIMEOUT_MS;
   let timer: ReturnType<typeof setTimeout> | undefined;
@@ -41,12 +55,43 @@ export async function establishPeer(
       );
     }, timeoutMs);
   });
-  const handshake = _handshake(raw, side, options);
+  const handshake = _handshake(raw, side, options, progress);
   handshake.catch(() => {}); // after a timeout its rejection is expected and unobserved
   try {
     return await Promise.race([handshake, timeout]);
   } catch (error) {
-    throw await _failHandshake(raw, error, options.closeTimeoutMs ?? DEFAULT_CLOSE_TIMEOUT_MS);
+    // A server gives a refused peer one step to read the refusal, not a whole close timeout:
+    // a peer that never closes must not keep the connection (and its slot) for long.
+    const closeMs = options.closeTimeoutMs ?? DEFAULT_CLOSE_TIMEOUT_MS;
+    const refusalWaitMs = side === "server" ? Math.min(closeMs, _stepMs(options)) : closeMs;
+    throw await _failHandshake(raw, error, refusalWaitMs);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+function _stepMs(options: PeerOptions): number {
+  return options.handshakeStepMs ?? DEFAULT_HANDSHAKE_STEP_MS;
+}
+
+/**
+ * Waits for `work`, failing with LimitExceededError if it takes longer than `stepMs`: the
+ * server's defence against openers that send a few bytes and stall.
+ */
+async function _step<T>(work: Promise<T>, stepMs: number, address: string): Promise<T> {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const deadline = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => {
+      reject(
+        new LimitExceededError(
+          `Handshake with ${address} made no progress within handshakeStepMs (${stepMs} ms)`,
+          { hint: "a peer that stalls mid-handshake is cut; on a slow link raise handshakeStepMs" },
+        ),
+      );
+    }, stepMs);
+  });
+  try {
+    return await Promise.race([work, deadline]);
   } finally {
     clearTimeout(timer);
   }
@@ -56,14 +101,26 @@ async function _handshake(
   raw: RawConnection,
   side: "client" | "server",
   options: PeerOptions & { expectedServerNodeId?: string },
+  progress?: HandshakeProgress,
 ): Promise<PeerConnection> {
-  const channel = side === "client" ? await raw.openChannel() : await raw.acceptChannel();
+  const stepMs = _stepMs(options);
+  const channel = side === "client"
+    ? await raw.openChannel()
+    : await _step(raw.acceptChannel(), stepMs, raw.remoteAddress);
   if (!channel) {
     throw new PeerError(`Connection from ${raw.remoteAddress} closed before authentication`);
   }
   const limits = options.controlFrameLimits ?? DEFAULT_CONTROL_FRAME_LIMITS;
   const reader = new FrameReader(channel.readable, { limits });
   const writer = new FrameWriter(channel.writable, { limits });
+  // On the server every frame of the handshake must arrive within one step of the last.
+  const stepped = side === "client" ? reader : {
+    read: async () => {
+      const frame = await _step(reader.read(), stepMs, raw.remoteAddress);
+      progress?.progress();
+      return frame;
+    },
+  };
   const ctx = {
     identity: options.identity,
     trust: options.trust,
@@ -74,9 +131,10 @@ async function _handshake(
     ? await authenticateAsClient({ reader, writer }, ctx, {
       expectedServerNodeId: options.expectedServerNodeId,
     })
-    : await authenticateAsServer({ reader, writer }, ctx);
+    : await authenticateAsServer({ reader: stepped, writer }, ctx);
+  progress?.authenticated();
   await writer.write({ type: "CapabilitiesOffer", capabilities: options.capabilities ?? {} });
-  const offer = await reader.read();
+  const offer = await stepped.read();
   if (offer?.header.type !== "CapabilitiesOffer") {
     throw new ProtocolError(
       `Peer ${peer.nodeId} sent "${String(offer?.header.type)}" instead of its capabilities`,

@@ -32,7 +32,7 @@ Deno.test("duplicateFrameIndex delivers that frame twice (sequence checks above 
       await sender.finish();
     })();
     sending.catch(() => {});
-    const receiver = (await server.acceptHandoffStream())!;
+    const receiver = (await server.acceptHandoffStream())!.accept();
     const seqs = [];
     for (let i = 0; i < 4; i++) seqs.push((await receiver.receive())?.header.seq);
     assertEquals(seqs, [0, 1, 1, 2]);
@@ -51,7 +51,7 @@ Deno.test("killPeerAfterBytes silences the sender mid-stream; the survivor times
   try {
     const sender = await client.openHandoffStream({});
     sender.send({ type: "StateChunk", seq: 0 }, new Uint8Array(1000)).catch(() => {});
-    const receiver = (await server.acceptHandoffStream())!;
+    const receiver = (await server.acceptHandoffStream())!.accept();
     const started = performance.now();
     const error = await receiver.receive().then(() => null, (e) => e);
     assert(error !== null, "the survivor must see an error");

@@ -3,8 +3,10 @@
  * control stream, carrying frames one way and credit the other.
  *
  *   sender -> receiver   HandoffStreamOpen { meta }            (first; makes the stream visible)
- *   receiver -> sender   TransferCredit { grantedBytesTotal }  (when the receiver accepts; then
- *                                                               whenever a step is released)
+ *   receiver -> sender   TransferCredit { grantedBytesTotal }  (when the receiver has matched
+ *                                                               the stream to a reservation
+ *                                                               and accepted it; then whenever
+ *                                                               a step is released)
  *   sender -> receiver   <caller frames>...                    (each waits for credit)
  *   sender -> receiver   <last caller frame> | HandoffStreamEnd (final flag set)
  *   receiver -> sender   HandoffStreamReceived { frames, wireBytes }  (final: the receipt)
@@ -195,7 +197,7 @@ export class HandoffSender {
           throw new PeerError(
             `Peer refused the handoff stream: ${String(h.reason).slice(0, 200)}`,
             {
-              hint: "the peer has too many pending handoff streams; retry later",
+              hint: "the peer has no live reservation for this stream, or too many pending streams",
             },
           );
         } else {throw new ProtocolError(
@@ -209,7 +211,58 @@ export class HandoffSender {
   }
 }
 
-/** The receiving side of a handoff stream. */
+/**
+ * A handoff stream the peer opened, before the receiver decided on it: nothing granted,
+ * nothing read past the opening frame. The receiver matches `meta` (e.g. the handoff id and
+ * attempt) to a live reservation of the authenticated peer, then either `accept()`s it, which
+ * grants the first credit window, or `refuse()`s it, which closes it at once.
+ */
+export class IncomingHandoffStream {
+  readonly meta: FrameHeader;
+  readonly #reader: FrameReader;
+  readonly #writer: FrameWriter;
+  readonly #options: HandoffStreamOptions & { manualRelease?: boolean };
+  #decided = false;
+
+  /** Use `PeerConnection.acceptHandoffStream()`; `meta` is from the opening frame. */
+  constructor(
+    reader: FrameReader,
+    writer: FrameWriter,
+    meta: FrameHeader,
+    options: HandoffStreamOptions & { manualRelease?: boolean } = {},
+  ) {
+    this.meta = meta;
+    this.#reader = reader;
+    this.#writer = writer;
+    this.#options = options;
+  }
+
+  /** Whether `accept()` or `refuse()` was called. */
+  get decided(): boolean {
+    return this.#decided;
+  }
+
+  /** Takes the stream: the first credit window goes to the sender now. Once only. */
+  accept(): HandoffReceiver {
+    assert(!this.#decided, "accept() after accept() or refuse()");
+    this.#decided = true;
+    const receiver = new HandoffReceiver(this.#reader, this.#writer, this.meta, this.#options);
+    receiver.start();
+    return receiver;
+  }
+
+  /** Refuses the stream (the sender sees PeerError with `reason`) and closes it. */
+  async refuse(reason: string): Promise<void> {
+    if (this.#decided) return;
+    this.#decided = true;
+    this.#reader.cancel();
+    await this.#writer.write({ type: "HandoffStreamRefused", reason }, undefined, { final: true })
+      .catch(() => {});
+    await this.#writer.close();
+  }
+}
+
+/** The receiving side of a handoff stream (from `IncomingHandoffStream.accept()`). */
 export class HandoffReceiver {
   readonly meta: FrameHeader;
   readonly #reader: FrameReader;
@@ -222,7 +275,7 @@ export class HandoffReceiver {
   #wireBytes = 0;
   #done = false;
 
-  /** Use `PeerConnection.acceptHandoffStream()`; `meta` is from the opening frame. */
+  /** Use `IncomingHandoffStream.accept()`. */
   constructor(
     reader: FrameReader,
     writer: FrameWriter,
@@ -310,16 +363,6 @@ export class HandoffReceiver {
       await this.#writer.write({ type: "HandoffStreamAborted", reason }, undefined, { final: true })
         .catch(() => {});
     }
-    await this.#writer.close();
-    this.#reader.cancel();
-  }
-
-  /** Refuses a stream that was never started (the peer sees PeerError). */
-  async refuse(reason: string): Promise<void> {
-    assert(!this.#started, "refuse() after start()");
-    this.#done = true;
-    await this.#writer.write({ type: "HandoffStreamRefused", reason }, undefined, { final: true })
-      .catch(() => {});
     await this.#writer.close();
     this.#reader.cancel();
   }

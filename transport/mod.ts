@@ -18,3 +18,4 @@ export * from "./establish.ts";
 export * from "./quic.ts";
 export * from "./fault_plan.ts";
 export * from "./loopback.ts";
+export * from "./handshake_gate.ts";

@@ -6,7 +6,9 @@
  * Establishment, on the first bidirectional stream (which becomes the control stream):
  * authentication (auth.ts), then one CapabilitiesOffer each way (capabilities.ts), all
  * bounded by `handshakeTimeoutMs`. After that, every further stream the peer opens must start
- * with HandoffStreamOpen; anything else is refused, which leaves room for new stream types.
+ * with HandoffStreamOpen within `handshakeStepMs`; anything else is refused and closed at
+ * once, which leaves room for new stream types. An opened handoff stream gets no credit until
+ * the caller has matched it to a reservation (`acceptHandoffStream()`, then `accept()`).
  *
  * Closing: `close()` sends a final ConnectionClosing frame; the peer answers with its own; the
  * side that receives the answer (and so knows every byte both ways arrived) closes the QUIC
@@ -26,13 +28,24 @@ import type { AuthenticatedPeer } from "./auth.ts";
 import type { Capabilities } from "./capabilities.ts";
 import { describeEnd, sleep } from "./_connection_end.ts";
 import { type ByteChannel, CloseCode, type ConnectionEnd, type RawConnection } from "./channel.ts";
-import { DEFAULT_FRAME_LIMITS, type FrameHeader, type FrameLimits } from "./frame.ts";
+import { DEFAULT_FRAME_LIMITS, type Frame, type FrameHeader, type FrameLimits } from "./frame.ts";
 import { FrameReader, FrameWriter } from "./framed_stream.ts";
-import { HandoffReceiver, HandoffSender, type HandoffStreamOptions } from "./handoff_stream.ts";
+import {
+  HandoffSender,
+  type HandoffStreamOptions,
+  IncomingHandoffStream,
+} from "./handoff_stream.ts";
 import type { NodeIdentity } from "./node_identity.ts";
 import type { TrustList } from "./trust.ts";
 
 export const DEFAULT_HANDSHAKE_TIMEOUT_MS = 5_000;
+/**
+ * Server side: each handshake step (control stream, ClientHello, ClientProof, capabilities)
+ * and each new stream's opening frame must arrive within this of the previous one. Far above a
+ * LAN or WAN round trip plus one signature, far below the time a stalled opener could hold a
+ * slot under the old whole-handshake bound.
+ */
+export const DEFAULT_HANDSHAKE_STEP_MS = 500;
 export const DEFAULT_CLOSE_TIMEOUT_MS = 2_000;
 /** Control messages are small; bulk state belongs on handoff streams. */
 export const DEFAULT_CONTROL_FRAME_LIMITS: Readonly<FrameLimits> = Object.freeze({
@@ -58,6 +71,11 @@ export interface PeerOptions {
   capabilities?: Capabilities;
   /** Authentication plus capability exchange must finish within this. */
   handshakeTimeoutMs?: number;
+  /**
+   * Server: each handshake step, and each incoming stream's opening frame, must arrive within
+   * this; a peer that stalls longer is cut.
+   */
+  handshakeStepMs?: number;
   /** How long `close()` waits for the peer's answer before closing anyway. */
   closeTimeoutMs?: number;
   controlFrameLimits?: FrameLimits;
@@ -93,7 +111,7 @@ export class PeerConnection {
   readonly #writer: FrameWriter;
   readonly #options: PeerOptions;
   readonly #messages: BoundedQueue<ControlMessage>;
-  readonly #incoming: BoundedQueue<HandoffReceiver>;
+  readonly #incoming: BoundedQueue<IncomingHandoffStream>;
   #end: ConnectionEnd | null = null;
   #closing: Promise<void> | null = null;
 
@@ -180,19 +198,21 @@ export class PeerConnection {
     return new HandoffSender(reader, writer, meta, this.#options.handoff);
   }
 
-  /** The next handoff stream the peer opened (credit starts flowing now); null once closed. */
-  async acceptHandoffStream(): Promise<HandoffReceiver | null> {
-    const receiver = (await this.#incoming.shift()) ?? null;
-    receiver?.start();
-    return receiver;
+  /**
+   * The next handoff stream the peer opened, not yet granted any credit; null once the
+   * connection has ended. Match its `meta` to a live reservation of this peer, then call
+   * `accept()` (credit starts flowing) or `refuse()` (the stream is closed at once).
+   */
+  async acceptHandoffStream(): Promise<IncomingHandoffStream | null> {
+    return (await this.#incoming.shift()) ?? null;
   }
 
-  /** Iterates incoming handoff streams until the connection ends. */
-  async *incomingHandoffStreams(): AsyncIterable<HandoffReceiver> {
+  /** Iterates incoming handoff streams (each to accept or refuse) until the connection ends. */
+  async *incomingHandoffStreams(): AsyncIterable<IncomingHandoffStream> {
     for (;;) {
-      const receiver = await this.acceptHandoffStream();
-      if (receiver === null) return;
-      yield receiver;
+      const stream = await this.acceptHandoffStream();
+      if (stream === null) return;
+      yield stream;
     }
   }
 
@@ -309,29 +329,49 @@ export class PeerConnection {
     this.#incoming.close();
   }
 
+  /**
+   * Reads a new stream's opening frame (within `handshakeStepMs`). A stream that does not open
+   * as a handoff stream, stalls or is malformed is refused and closed at once, so it never
+   * holds one of the connection's stream slots; a valid one waits, without credit, for
+   * `acceptHandoffStream()` and the caller's match.
+   */
   async #admit(channel: ByteChannel): Promise<void> {
     const { reader, writer } = this.#handoffIo(channel);
-    const timeoutMs = this.#options.handshakeTimeoutMs ?? DEFAULT_HANDSHAKE_TIMEOUT_MS;
-    const first = await Promise.race([reader.read(), sleep(timeoutMs).then(() => null)]);
+    const stepMs = this.#options.handshakeStepMs ?? DEFAULT_HANDSHAKE_STEP_MS;
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    let first: Frame | null = null;
+    let why = `no opening frame within handshakeStepMs (${stepMs} ms)`;
+    try {
+      first = await Promise.race([
+        reader.read(),
+        new Promise<null>((resolve) => timer = setTimeout(() => resolve(null), stepMs)),
+      ]);
+    } catch (error) {
+      why = error instanceof SkippyError ? "malformed opening frame" : "stream lost";
+    } finally {
+      clearTimeout(timer);
+    }
     const meta = first?.header.meta;
-    if (first?.header.type !== "HandoffStreamOpen" || typeof meta !== "object" || meta === null) {
+    if (
+      first?.header.type !== "HandoffStreamOpen" || first.final || typeof meta !== "object" ||
+      meta === null
+    ) {
       // Unknown stream types are refused, not fatal: a newer peer may offer more of them.
-      await writer.write({ type: "StreamRefused", reason: "unknown stream type" }, undefined, {
-        final: true,
-      })
+      if (first) why = "unknown stream type";
+      reader.cancel();
+      await writer.write({ type: "StreamRefused", reason: why }, undefined, { final: true })
         .catch(() => {});
       await writer.close();
-      reader.cancel();
       return;
     }
-    const receiver = new HandoffReceiver(
+    const stream = new IncomingHandoffStream(
       reader,
       writer,
       meta as FrameHeader,
       this.#options.handoff,
     );
-    if (!this.#incoming.tryPush(receiver)) {
-      await receiver.refuse("too many pending handoff streams");
+    if (!this.#incoming.tryPush(stream)) {
+      await stream.refuse("too many pending handoff streams");
     }
   }
 

@@ -13,11 +13,12 @@
  * - `QuicIncoming.remoteAddr` is read only after `accept()` (reading it first consumes the
  *   connection).
  */
-import { PeerError } from "../core/errors.ts";
+import { LimitExceededError, PeerError } from "../core/errors.ts";
 import { BoundedQueue } from "../core/queue.ts";
 import { PROTOCOL_LABEL } from "./auth.ts";
 import { type ByteChannel, CloseCode, type ConnectionEnd, type RawConnection } from "./channel.ts";
 import { establishPeer } from "./establish.ts";
+import { HandshakeGate, type HandshakeGateOptions, sourceOfAddress } from "./handshake_gate.ts";
 import type { PeerConnection, PeerOptions } from "./peer.ts";
 import type { TlsCertificate } from "./tls.ts";
 
@@ -52,7 +53,14 @@ export interface QuicServerOptions extends QuicTransportOptions {
   certificate: TlsCertificate;
   /** TLS-complete connections waiting for `accept()`; more are refused. */
   acceptQueueMax?: number;
+  /**
+   * QUIC/TLS handshakes in progress at once; further connection attempts are refused before
+   * any TLS work. A stalled one ends at the QUIC idle timeout.
+   */
+  tlsHandshakesInFlightMax?: number;
 }
+
+export const DEFAULT_TLS_HANDSHAKES_IN_FLIGHT_MAX = 256;
 
 /** Where to connect and which certificate to accept there. */
 export interface QuicClientOptions extends QuicTransportOptions {
@@ -149,8 +157,18 @@ export function listenQuicRaw(options: QuicServerOptions): RawListener {
   });
   const idle = options.maxIdleTimeoutMs ?? DEFAULT_MAX_IDLE_TIMEOUT_MS;
   const queue = new BoundedQueue<RawConnection>(options.acceptQueueMax ?? 16);
+  const tlsMax = options.tlsHandshakesInFlightMax ?? DEFAULT_TLS_HANDSHAKES_IN_FLIGHT_MAX;
+  let tlsInFlight = 0;
   const admit = async (incoming: Deno.QuicIncoming) => {
-    const conn = await incoming.accept();
+    if (tlsInFlight >= tlsMax) return incoming.refuse();
+    tlsInFlight++;
+    let conn: Deno.QuicConn;
+    try {
+      // Accept before reading any address: reading `remoteAddr` first consumes the incoming.
+      conn = await incoming.accept();
+    } finally {
+      tlsInFlight--;
+    }
     const raw = new QuicRawConnection(
       conn,
       options.certificate.sha256,
@@ -230,37 +248,51 @@ export interface PeerListener {
 
 /**
  * Listens for peers: every connection is authenticated and has exchanged capabilities before
- * `accept()` returns it. Refused or failed handshakes are reported to `onRefused` (for logs).
+ * `accept()` returns it. Half-open handshakes are bounded per source and in total, and the
+ * least advanced one is evicted for a newcomer (handshake_gate.ts); each server step must come
+ * within `handshakeStepMs` (establish.ts). So a flood of openers that send a few bytes and
+ * stall cannot lock trusted peers out. Refused, evicted or failed handshakes are reported to
+ * `onRefused` (for logs).
  */
 export function listenQuic(
-  options: QuicServerOptions & PeerOptions & {
-    /** Handshakes in progress at once; further connections are closed as busy. */
-    pendingHandshakesMax?: number;
+  options: QuicServerOptions & PeerOptions & HandshakeGateOptions & {
     onRefused?: (error: Error) => void;
     wrapRaw?: RawConnectionWrapper;
   },
 ): PeerListener {
   const raw = listenQuicRaw(options);
   const peers = new BoundedQueue<PeerConnection>(options.acceptQueueMax ?? 16);
-  const pendingMax = options.pendingHandshakesMax ?? 16;
-  let pending = 0;
+  const gate = new HandshakeGate(options);
   const handshake = async (connection: RawConnection) => {
-    pending++;
+    const ticket = gate.admit(sourceOfAddress(connection.remoteAddress), () => {
+      connection.close(CloseCode.normal, "busy: evicted a stalled handshake");
+    });
     try {
-      const peer = await establishPeer(connection, "server", options);
+      const peer = await establishPeer(connection, "server", options, {
+        progress: () => ticket.progress(),
+        authenticated: () => ticket.release(),
+      });
       if (!peers.tryPush(peer)) await peer.close();
     } catch (error) {
-      options.onRefused?.(error as Error);
+      options.onRefused?.(
+        ticket.evicted
+          ? new LimitExceededError(
+            `Handshake with ${connection.remoteAddress} evicted for a newer one ` +
+              `(handshakesInFlightMax ${gate.handshakesInFlightMax}, ` +
+              `handshakesPerSourceMax ${gate.handshakesPerSourceMax})`,
+            { hint: "many stalled handshakes: a flood, or peers too slow for handshakeStepMs" },
+          )
+          : error as Error,
+      );
     } finally {
-      pending--;
+      ticket.release();
     }
   };
   (async () => {
     for (;;) {
       const connection = await raw.accept();
       if (connection === null) break;
-      if (pending >= pendingMax) connection.close(CloseCode.normal, "busy: too many handshakes");
-      else handshake(options.wrapRaw ? options.wrapRaw(connection) : connection);
+      handshake(options.wrapRaw ? options.wrapRaw(connection) : connection);
     }
     peers.close();
   })();
