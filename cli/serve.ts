@@ -4,6 +4,7 @@
  * accepts connections, then one line per handoff; never prompt content.
  */
 import { type Command, Option } from "commander";
+import { DEFAULT_HANDOFF_TIMING } from "../core/handoff.ts";
 import { type Role, ROLES } from "../transport/mod.ts";
 import { Worker } from "../serve/worker.ts";
 import { addRuntimeOptions, intArg, runtimeConfigFrom, type RuntimeFlags } from "./_options.ts";
@@ -18,6 +19,7 @@ interface ServeFlags extends RuntimeFlags {
   leaseMs: number;
   commitTimeoutMs: number;
   reserveTimeoutMs: number;
+  reservationMs: number;
   maxIdleTimeoutMs: number;
   inflightBytesMax: number;
   committedIdleMs: number;
@@ -54,6 +56,12 @@ export function register(program: Command): void {
       2_000,
     )
     .option(
+      "--reservation-ms <ms>",
+      "how long a decode reservation may stay uncommitted (it covers the whole prefill)",
+      intArg(1, 86_400_000),
+      DEFAULT_HANDOFF_TIMING.reservationMs,
+    )
+    .option(
       "--max-idle-timeout-ms <ms>",
       "a silent peer is declared dead after this",
       intArg(100, 600_000),
@@ -87,6 +95,7 @@ async function runServe(flags: ServeFlags): Promise<void> {
       leaseMs: flags.leaseMs,
       commitTimeoutMs: flags.commitTimeoutMs,
       reserveTimeoutMs: flags.reserveTimeoutMs,
+      reservationMs: flags.reservationMs,
     },
     link: { maxIdleTimeoutMs: flags.maxIdleTimeoutMs, inflightBytesMax: flags.inflightBytesMax },
     committedIdleMs: flags.committedIdleMs,

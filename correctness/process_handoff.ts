@@ -8,8 +8,10 @@
  * `correctness handoff` runs it from the CLI (the long 32K cases live there, not in the test
  * suite); `process_handoff_test.ts` runs it at sizes that finish in seconds.
  *
- * No wall-clock bound applies to the compute: each handoff carries only `hangMs`, a watchdog
- * meant to catch a true hang, never to time a slow machine.
+ * No wall-clock bound applies to the compute: each handoff and the decoder's reservation (which
+ * spans the prefill) carry only `hangMs`, a watchdog meant to catch a true hang, never to time
+ * a slow machine. With the 60 s default reservation, a 32K dense prefill on a loaded two-core
+ * machine outlived it and the case fell back to colocated (reservation-expired).
  */
 import { createHash } from "node:crypto";
 import { LlamaModel, loadLlama } from "../ffi/mod.ts";
@@ -141,6 +143,10 @@ export async function runProcessMatrix(
         String(options.chunkTokens),
         "--threads",
         String(options.threads),
+        // The decoder's reservation covers the whole prefill, which is compute: give it the
+        // hang watchdog, so a slow machine cannot turn a case into a colocated fallback.
+        "--reservation-ms",
+        String(options.hangMs),
       ],
     });
     try {
