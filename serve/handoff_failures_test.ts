@@ -32,6 +32,7 @@ import {
 import { connectWith } from "./_fake_prefiller.ts";
 import { type HandoffRequest, type HandoffResult, runHandoff } from "./coordinator.ts";
 import type { Node } from "./node.ts";
+import { PROMPT_BYTES_MAX } from "./messages.ts";
 
 const PROMPT = promptOf(50); // about 1,150 tokens: 18 KV pages of 64 tokens
 /** How long the workers may take to return to zero after an outcome. */
@@ -271,12 +272,12 @@ const STEPS: Record<string, Step> = {
     s,
     baseline,
   ) => {
-    const big = { headerBytesMax: 64 * 1024, payloadBytesMax: 8 * 1024 * 1024 };
+    const big = { headerBytesMax: 64 * 1024, payloadBytesMax: 2 * PROMPT_BYTES_MAX };
     const conn = await connectWith(s.client, s.prefill.peer, { controlFrameLimits: big });
     const r = await timed(async () => {
       await conn.send(
         { type: "PrefillRequest", handoffId: "x" },
-        new Uint8Array(5 * 1024 * 1024),
+        new Uint8Array(PROMPT_BYTES_MAX + 1),
       );
       return await withTimeout(conn.receive(), 3_000, "the worker's answer");
     });
