@@ -179,6 +179,9 @@ export async function runHandoff(node: Node, req: HandoffRequest): Promise<Hando
         }),
         // The client's own clock: request sent to first token received.
         ttftMs,
+        // The prefiller's clock, from the last chunk computed (not as recorded after its page
+        // export) to the FirstToken message sent.
+        ...(got ? { firstTokenDelayMs: got.message.sentAfterPrefillMs } : {}),
       },
       ttftMs,
       firstTokenAfterPrefillMs,
