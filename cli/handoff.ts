@@ -2,8 +2,11 @@
  * `handoff --prefill <peer> --decode <peer> --prompt-file <f> -n N [--json]`: scripts one
  * handoff from a shell, acting as its coordinator. Prints the generated text as it arrives and
  * a one-line telemetry summary on stderr, or one JSON object with text, tokens and telemetry.
+ * A fallback to colocated generation is always said (stderr, and `placement` and
+ * `fallbackReason` in the JSON); `--fallback` chooses whether it also fails the command.
  */
-import type { Command } from "commander";
+import { type Command, Option } from "commander";
+import { HandoffAbortedError } from "../core/errors.ts";
 import { formatTelemetry } from "../core/telemetry.ts";
 import { runHandoff } from "../serve/coordinator.ts";
 import type { PeerAddress } from "../serve/messages.ts";
@@ -19,6 +22,7 @@ interface HandoffFlags extends RequestFlags {
   timeoutMs: number;
   json: boolean;
   probe: boolean;
+  fallback: "error" | "colocated";
 }
 
 export function register(program: Command): void {
@@ -31,9 +35,18 @@ export function register(program: Command): void {
     .option("--state-dir <dir>", "this client's node identity and trust list (default: per-user)")
     .option(
       "--timeout-ms <ms>",
-      "the whole request must finish within this",
+      "fail when the workers report no progress for this long (not a cap on the request's " +
+        "length: a long generation streams tokens the whole time)",
       intArg(1, 86_400_000),
       120_000,
+    )
+    .addOption(
+      new Option(
+        "--fallback <mode>",
+        "when the handoff falls back to colocated generation, still print the result and " +
+          "then exit non-zero (error), or accept it (colocated). Default error: this command " +
+          "exists to script a handoff, so a run without one must not pass unnoticed",
+      ).choices(["error", "colocated"]).default("error"),
     )
     .option("--json", "print one JSON object with text, tokens and telemetry", false)
     .option("--probe", "with --json: add a SHA-256 of every step's logits", false);
@@ -67,11 +80,20 @@ async function runHandoffCommand(flags: HandoffFlags): Promise<void> {
     });
     if (flags.json) {
       console.log(JSON.stringify(result, null, 2));
-      return;
+    } else {
+      Deno.stdout.writeSync(out.encode("\n"));
     }
-    Deno.stdout.writeSync(out.encode("\n"));
-    if (result.fallbackReason) console.error(`placement: colocated (${result.fallbackReason})`);
-    console.error(`telemetry: ${formatTelemetry(result.telemetry)}`);
+    if (result.fallbackReason !== null) {
+      console.error(`handoff: fell back to colocated generation: ${result.fallbackReason}`);
+    }
+    if (!flags.json) console.error(`telemetry: ${formatTelemetry(result.telemetry)}`);
+    if (result.fallbackReason !== null && flags.fallback === "error") {
+      throw new HandoffAbortedError(
+        "fallback",
+        `The handoff did not happen: generation ran colocated (${result.fallbackReason})`,
+        { hint: "pass --fallback colocated to accept that; see both workers' logs for why" },
+      );
+    }
   } finally {
     Deno.removeSignalListener("SIGINT", onSignal);
   }

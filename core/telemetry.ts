@@ -10,6 +10,14 @@
  */
 import type { AbortReason } from "./handoff.ts";
 import type { ComponentKind } from "./schema.ts";
+import {
+  type DecoderTelemetrySummary,
+  type PrefillerTelemetrySummary,
+  summarizeDecoder,
+  summarizePrefiller,
+} from "./telemetry_summary.ts";
+
+export * from "./telemetry_summary.ts";
 
 /** Events recorded on the prefiller's (or coordinator's) clock. */
 export type PrefillerTelemetryEvent =
@@ -33,7 +41,7 @@ export type PrefillerTelemetryEvent =
   | { type: "chunk-staged"; atMs: number; seq: number; bytes: number }
   | { type: "manifest-sent"; atMs: number }
   | { type: "commit-ack"; atMs: number }
-  /** The first token reached the client. */
+  /** The first token left for the client (FirstToken sent). */
   | { type: "first-token"; atMs: number }
   | { type: "retry"; atMs: number; reason: AbortReason }
   | { type: "fallback"; atMs: number; reason: AbortReason };
@@ -90,32 +98,47 @@ export interface HandoffTelemetry {
   fallbackReason: AbortReason | null;
   targetReady: boolean;
   mtpReady: boolean | null;
-  /** End of prefill to the first token reaching the client. */
+  /** Prefiller's clock: end of prefill to the first token leaving for the client. */
   firstTokenDelayMs: number | null;
+  /**
+   * End of prefill (prefiller) to the first token received (client), from both processes'
+   * wall clocks: meaningful on one host or with synchronized clocks; null when not measured.
+   */
+  firstTokenAfterPrefillMs: number | null;
   ttftMs: number | null;
   /** Mean gap between generated tokens on the decoder. */
   tpotMs: number | null;
 }
 
 /**
- * Derives the telemetry record from each side's events.
+ * Derives the telemetry record from each side's summary (or its events, folded here).
  *
  * @example
  * ```ts
- * const t = deriveTelemetry({ prefiller: pEvents, decoder: dEvents,
+ * const t = deriveTelemetry({ prefiller: outcome.telemetry, decoder: done.telemetry,
  *   link: { bandwidthBytesPerS: 3e9, rttMs: 0.4 } });
  * console.log(formatTelemetry(t));
  * ```
  */
 export function deriveTelemetry(input: {
-  prefiller: readonly PrefillerTelemetryEvent[];
-  decoder: readonly DecoderTelemetryEvent[];
+  prefiller: readonly PrefillerTelemetryEvent[] | PrefillerTelemetrySummary;
+  decoder: readonly DecoderTelemetryEvent[] | DecoderTelemetrySummary;
   link?: LinkFacts;
   sourceRole?: string;
   destRole?: string;
+  /** Measured by the client: end of prefill to the first token received (see the field). */
+  firstTokenAfterPrefillMs?: number | null;
 }): HandoffTelemetry {
-  const p = _prefillerSide(input.prefiller);
-  const d = _decoderSide(input.decoder);
+  const p = _prefillerSide(
+    Array.isArray(input.prefiller)
+      ? summarizePrefiller(input.prefiller)
+      : input.prefiller as PrefillerTelemetrySummary,
+  );
+  const d = _decoderSide(
+    Array.isArray(input.decoder)
+      ? summarizeDecoder(input.decoder)
+      : input.decoder as DecoderTelemetrySummary,
+  );
   return {
     sourceRole: input.sourceRole ?? "prefill",
     destRole: input.destRole ?? "decode",
@@ -123,65 +146,42 @@ export function deriveTelemetry(input: {
     ...d,
     bandwidthBytesPerS: input.link?.bandwidthBytesPerS ?? null,
     rttMs: input.link?.rttMs ?? null,
+    firstTokenAfterPrefillMs: input.firstTokenAfterPrefillMs ?? null,
   };
-}
-
-function _first<E extends { type: string; atMs: number }>(events: readonly E[], type: string) {
-  return events.find((e) => e.type === type)?.atMs ?? null;
-}
-
-function _last<E extends { type: string; atMs: number }>(events: readonly E[], type: string) {
-  return events.findLast((e) => e.type === type)?.atMs ?? null;
 }
 
 function _sub(a: number | null, b: number | null): number | null {
   return a === null || b === null ? null : a - b;
 }
 
-function _prefillerSide(events: readonly PrefillerTelemetryEvent[]) {
-  const chunks = events.filter((e) => e.type === "prefill-chunk-done");
-  const cachedTokens = chunks.filter((c) => c.cached).reduce((s, c) => s + c.tokens, 0);
-  const computedTokens = chunks.filter((c) => !c.cached).reduce((s, c) => s + c.tokens, 0);
-  const start = _first(events, "request-start");
-  const prefillEnd = _last(events, "prefill-chunk-done");
-  const sent = events.filter((e) => e.type === "chunk-sent");
-  const queued = new Map<number, number>();
-  for (const e of events) if (e.type === "chunk-queued") queued.set(e.seq, e.atMs);
-  const bytesByComponent: Partial<Record<ComponentKind, number>> = {};
-  for (const s of sent) bytesByComponent[s.kind] = (bytesByComponent[s.kind] ?? 0) + s.bytes;
-  const totalBytes = sent.reduce((sum, s) => sum + s.bytes, 0);
-  const wireMs = sent.reduce((sum, s) => sum + s.durationMs, 0);
-  // Queue time: from queued to the start of its write.
-  const queueMs = sent.reduce((sum, s) => {
-    const q = queued.get(s.seq);
-    return q === undefined ? sum : sum + Math.max(0, s.atMs - s.durationMs - q);
-  }, 0);
-  const commitAck = _first(events, "commit-ack");
-  const firstToken = _first(events, "first-token");
+/** Share of non-last KV bytes that `early` bytes are (null with under two pages). */
+function _fraction(s: PrefillerTelemetrySummary, early: number): number | null {
+  if (s.kvPagesSent < 2 || s.prefillEndMs === null) return null;
+  const total = s.kvSentBytes - s.lastKvBytes;
+  return total > 0 ? Math.min(1, early / total) : null;
+}
+
+function _prefillerSide(s: PrefillerTelemetrySummary) {
   return {
-    promptTokens: cachedTokens + computedTokens,
-    cachedTokens,
-    computedTokens,
-    bytesByComponent,
-    totalBytes,
-    prefillMs: _sub(prefillEnd, start),
-    exportMs: events.reduce((s, e) => s + (e.type === "export" ? e.durationMs : 0), 0),
-    queueMs,
-    wireMs,
-    commitRoundTripMs: _sub(commitAck, _first(events, "manifest-sent")),
-    overlapFraction: overlapFraction(sent, prefillEnd),
-    stagedBeforePrefillEndFraction: overlapFraction(
-      events.flatMap((e) => e.type === "chunk-staged" ? [{ ...e, kind: "kv-page" as const }] : []),
-      prefillEnd,
-      sent.filter((e) => e.kind === "kv-page"),
-    ),
-    uncoveredTailMs: _sub(commitAck, prefillEnd),
-    achievedBytesPerS: wireMs > 0 ? (totalBytes / wireMs) * 1000 : null,
-    retries: events.filter((e) => e.type === "retry").length,
-    retryReasons: events.flatMap((e) => e.type === "retry" ? [e.reason] : []),
-    fallbackReason: events.find((e) => e.type === "fallback")?.reason ?? null,
-    firstTokenDelayMs: _sub(firstToken, prefillEnd),
-    ttftMs: _sub(firstToken, start),
+    promptTokens: s.cachedTokens + s.computedTokens,
+    cachedTokens: s.cachedTokens,
+    computedTokens: s.computedTokens,
+    bytesByComponent: { ...s.bytesByComponent },
+    totalBytes: s.totalBytes,
+    prefillMs: _sub(s.prefillEndMs, s.startMs),
+    exportMs: s.exportMs,
+    queueMs: s.queueMs,
+    wireMs: s.wireMs,
+    commitRoundTripMs: _sub(s.commitAckMs, s.manifestSentMs),
+    overlapFraction: _fraction(s, s.kvSentByPrefillEndBytes),
+    stagedBeforePrefillEndFraction: _fraction(s, s.kvStagedByPrefillEndBytes),
+    uncoveredTailMs: _sub(s.commitAckMs, s.prefillEndMs),
+    achievedBytesPerS: s.wireMs > 0 ? (s.totalBytes / s.wireMs) * 1000 : null,
+    retries: s.retries,
+    retryReasons: [...s.retryReasons],
+    fallbackReason: s.fallbackReason,
+    firstTokenDelayMs: _sub(s.firstTokenMs, s.prefillEndMs),
+    ttftMs: _sub(s.firstTokenMs, s.startMs),
   };
 }
 
@@ -212,16 +212,15 @@ export function overlapFraction(
   return early / total;
 }
 
-function _decoderSide(events: readonly DecoderTelemetryEvent[]) {
-  const tokens = events.filter((e) => e.type === "token").map((e) => e.atMs);
-  let tpotMs: number | null = null;
-  if (tokens.length >= 2) tpotMs = (tokens[tokens.length - 1] - tokens[0]) / (tokens.length - 1);
-  const ready = events.findLast((e) => e.type === "ready");
+function _decoderSide(s: DecoderTelemetrySummary) {
+  const tpotMs = s.tokens >= 2 && s.firstTokenAtMs !== null && s.lastTokenAtMs !== null
+    ? (s.lastTokenAtMs - s.firstTokenAtMs) / (s.tokens - 1)
+    : null;
   return {
-    importMs: events.reduce((s, e) => s + (e.type === "import" ? e.durationMs : 0), 0),
-    commitMs: _sub(_first(events, "committed"), _first(events, "manifest-received")),
-    targetReady: ready?.type === "ready" ? ready.target : false,
-    mtpReady: ready?.type === "ready" ? ready.mtp : null,
+    importMs: s.importMs,
+    commitMs: _sub(s.committedMs, s.manifestReceivedMs),
+    targetReady: s.ready?.target ?? false,
+    mtpReady: s.ready ? s.ready.mtp : null,
     tpotMs,
   };
 }
@@ -258,6 +257,9 @@ export function formatTelemetry(
   if (both) {
     parts.push(`import ${_ms(t.importMs)} commit ${_ms(t.commitMs)}`);
     parts.push(`TTFT ${_ms(t.ttftMs)} TPOT ${_ms(t.tpotMs)}`);
+    if (t.firstTokenAfterPrefillMs !== null) {
+      parts.push(`first token ${_ms(t.firstTokenAfterPrefillMs)} after prefill`);
+    }
     parts.push(`target ${t.targetReady ? "ready" : "not ready"}`);
     if (t.mtpReady !== null) parts.push(`MTP ${t.mtpReady ? "ready" : "not ready"}`);
   } else {

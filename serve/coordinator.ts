@@ -5,12 +5,25 @@
  * owns the request. When the handoff falls back, the decode worker recomputes the prompt
  * itself (colocated); so it does when the prefill worker is lost before it reported (its
  * partial state never commits: the decoder wipes it). When the handoff fails, the client
- * gets a clear error. Every wait is bounded.
+ * gets a clear error.
+ *
+ * The first token comes from the prefill worker the moment prefill ends (FirstToken), so the
+ * client's time to first token does not include the handoff; the decode worker (committed or
+ * colocated) generates it again, checks it is the same, and streams from the second.
+ *
+ * Every wait is bounded by `timeoutMs` of no progress (see IdleTimeout): tokens, progress
+ * reports and outcomes push it back, so the bound holds a silent worker to account without
+ * capping a long valid request.
  */
 import { HandoffAbortedError, LimitExceededError, PeerError } from "../core/mod.ts";
-import { deriveTelemetry, type HandoffTelemetry } from "../core/telemetry.ts";
+import {
+  type DecoderTelemetrySummary,
+  deriveTelemetry,
+  type HandoffTelemetry,
+} from "../core/telemetry.ts";
 import { eligibleForHandoff, type PeerConnection, roleCovers } from "../transport/mod.ts";
 import {
+  type FirstToken,
   type GenerateDone,
   type GenerateRequest,
   parseMessage,
@@ -21,6 +34,7 @@ import {
   type TokenBatch,
 } from "./messages.ts";
 import type { Node } from "./node.ts";
+import { IdleTimeout } from "./_idle_timeout.ts";
 
 export interface HandoffRequest {
   prefill: PeerAddress;
@@ -30,7 +44,10 @@ export interface HandoffRequest {
   sampling: SamplingSpec;
   tenantId: string;
   probe: boolean;
-  /** The whole request (handoff and generation) must finish within this. */
+  /**
+   * The request fails when no worker reports progress for this long (an idle timeout, not a
+   * cap on the request's length: a long generation streams tokens the whole time).
+   */
   timeoutMs: number;
   /** Called with each piece of generated text as it arrives. */
   onText?: (text: string) => void;
@@ -55,18 +72,29 @@ export interface HandoffResult {
   telemetry: HandoffTelemetry;
   /** On the coordinator's clock: request sent to first token received, and to the end. */
   ttftMs: number;
+  /**
+   * End of prefill (prefill worker's wall clock) to the first token received (this process's
+   * wall clock): meaningful on one host or with synchronized clocks; null without a handoff.
+   */
+  firstTokenAfterPrefillMs: number | null;
   e2eMs: number;
   mtpReady: boolean | null;
+}
+
+/** The first token as the prefill worker sent it, and when it arrived. */
+interface First {
+  message: FirstToken;
+  ttftMs: number;
+  afterPrefillMs: number;
 }
 
 /** Runs one handoff end to end. Throws HandoffAbortedError / PeerError on a clear failure. */
 export async function runHandoff(node: Node, req: HandoffRequest): Promise<HandoffResult> {
   const handoffId = req.handoffId ?? crypto.randomUUID();
   const t0 = performance.now();
-  const deadline = AbortSignal.any([
-    AbortSignal.timeout(req.timeoutMs),
-    ...(req.signal ? [req.signal] : []),
-  ]);
+  const idle = new IdleTimeout(req.timeoutMs);
+  const deadline = AbortSignal.any([idle.signal, ...(req.signal ? [req.signal] : [])]);
+  const wait: Wait = { deadline, idle, timeoutMs: req.timeoutMs };
   const [prefillPeer, decodePeer] = await Promise.all([
     req.colocated ? null : node.connect(req.prefill),
     node.connect(req.decode),
@@ -74,6 +102,7 @@ export async function runHandoff(node: Node, req: HandoffRequest): Promise<Hando
   try {
     let outcome: PrefillOutcome | null = null;
     let fallbackReason: string | null = null;
+    let first: First | null = null;
     const eligible = eligibleForHandoff(
       prefillPeer?.peerCapabilities ?? {},
       decodePeer.peerCapabilities,
@@ -90,7 +119,16 @@ export async function runHandoff(node: Node, req: HandoffRequest): Promise<Hando
     } else if (!eligible.ok) {
       fallbackReason = `decode worker not eligible for a handoff: ${eligible.reason}`;
     } else {
-      outcome = await prefillAndHandOff(prefillPeer!, handoffId, req, deadline);
+      const onFirst = (message: FirstToken) => {
+        const now = performance.now();
+        first = {
+          message,
+          ttftMs: now - t0,
+          afterPrefillMs: performance.timeOrigin + now - message.prefillEndEpochMs,
+        };
+        if (message.text) req.onText?.(message.text);
+      };
+      outcome = await prefillAndHandOff(prefillPeer!, handoffId, req, wait, onFirst);
       if (outcome.outcome === "failed") {
         throw new HandoffAbortedError(
           outcome.reason ?? "failed",
@@ -102,6 +140,7 @@ export async function runHandoff(node: Node, req: HandoffRequest): Promise<Hando
       }
       if (outcome.outcome === "fallback") fallbackReason = outcome.message ?? outcome.reason;
     }
+    const got = first as First | null;
     const generation = await generate(
       decodePeer,
       {
@@ -113,41 +152,61 @@ export async function runHandoff(node: Node, req: HandoffRequest): Promise<Hando
         prompt: fallbackReason === null ? null : req.prompt,
         sampling: fallbackReason === null ? null : req.sampling,
         probe: req.probe,
+        sentTokens: got ? [got.message.token] : [],
       },
-      deadline,
+      wait,
       req.onText,
       t0,
     );
-    const prefillEvents = outcome?.events ?? [];
+    const firstDigest = got?.message.logitsSha256;
+    const firstTokenAfterPrefillMs = got?.afterPrefillMs ?? null;
+    const ttftMs = got?.ttftMs ?? generation.ttftMs;
     return {
       handoffId,
       placement: fallbackReason === null ? "disaggregated" : "colocated",
       fallbackReason,
-      text: generation.text,
-      tokens: generation.tokens,
-      logitsSha256: fallbackReason === null && outcome?.firstLogitsSha256
-        ? [outcome.firstLogitsSha256, ...generation.logitsSha256]
+      text: (got?.message.text ?? "") + generation.text,
+      tokens: got ? [got.message.token, ...generation.tokens] : generation.tokens,
+      logitsSha256: req.probe && firstDigest
+        ? [firstDigest, ...generation.logitsSha256]
         : generation.logitsSha256,
       promptTokens: outcome?.promptTokens ?? 0,
       telemetry: {
-        ...deriveTelemetry({ prefiller: prefillEvents, decoder: generation.done.events }),
+        ...deriveTelemetry({
+          prefiller: outcome?.telemetry ?? [],
+          decoder: generation.done.telemetry ?? [],
+          firstTokenAfterPrefillMs,
+        }),
         // The client's own clock: request sent to first token received.
-        ttftMs: generation.ttftMs,
+        ttftMs,
+        // The prefiller's clock, from the last chunk computed (not as recorded after its page
+        // export) to the FirstToken message sent.
+        ...(got ? { firstTokenDelayMs: got.message.sentAfterPrefillMs } : {}),
       },
-      ttftMs: generation.ttftMs,
+      ttftMs,
+      firstTokenAfterPrefillMs,
       e2eMs: performance.now() - t0,
       mtpReady: generation.done.mtpReady,
     };
   } finally {
+    idle.clear();
     await Promise.allSettled([prefillPeer?.close(), decodePeer.close()]);
   }
+}
+
+/** What every wait of one request shares: its cancel/idle signal and the idle timer. */
+interface Wait {
+  deadline: AbortSignal;
+  idle: IdleTimeout;
+  timeoutMs: number;
 }
 
 async function prefillAndHandOff(
   peer: PeerConnection,
   handoffId: string,
   req: HandoffRequest,
-  deadline: AbortSignal,
+  wait: Wait,
+  onFirst: (message: FirstToken) => void,
 ): Promise<PrefillOutcome> {
   const request: PrefillRequest = {
     type: "PrefillRequest",
@@ -163,10 +222,13 @@ async function prefillAndHandOff(
   const onAbort = () => {
     peer.send({ type: "CancelRequest", handoffId }).catch(() => {});
   };
-  deadline.addEventListener("abort", onAbort, { once: true });
+  wait.deadline.addEventListener("abort", onAbort, { once: true });
   try {
-    const header = await receiveOne(peer, deadline, "PrefillOutcome", handoffId);
-    return parseMessage<PrefillOutcome>(header);
+    for (;;) {
+      const header = await receiveOne(peer, wait, handoffId);
+      if (header.type === "FirstToken") onFirst(parseMessage<FirstToken>(header));
+      if (header.type === "PrefillOutcome") return parseMessage<PrefillOutcome>(header);
+    }
   } catch (error) {
     if (!(error instanceof PeerError)) throw error;
     // The prefill worker died or dropped us: recompute on the decode worker.
@@ -177,11 +239,10 @@ async function prefillAndHandOff(
       reason: "connection-lost",
       message: `the prefill worker was lost: ${error.message}`,
       promptTokens: 0,
-      events: [],
-      firstLogitsSha256: null,
+      telemetry: null,
     };
   } finally {
-    deadline.removeEventListener("abort", onAbort);
+    wait.deadline.removeEventListener("abort", onAbort);
   }
 }
 
@@ -189,24 +250,24 @@ interface Generation {
   text: string;
   tokens: number[];
   logitsSha256: string[];
-  done: GenerateDone;
+  done: GenerateDone & { telemetry: DecoderTelemetrySummary | null };
   ttftMs: number;
 }
 
 async function generate(
   peer: PeerConnection,
   request: GenerateRequest,
-  deadline: AbortSignal,
+  wait: Wait,
   onText: ((text: string) => void) | undefined,
   t0: number,
 ): Promise<Generation> {
   await sendWithPrompt(peer, request);
   const out: Generation = { text: "", tokens: [], logitsSha256: [], done: null!, ttftMs: NaN };
   for (;;) {
-    const header = await receiveOne(peer, deadline, null, request.handoffId);
+    const header = await receiveOne(peer, wait, request.handoffId);
     if (header.type === "TokenBatch") {
       const batch = parseMessage<TokenBatch>(header);
-      if (out.tokens.length === 0) out.ttftMs = performance.now() - t0;
+      if (out.tokens.length === 0 && batch.tokens.length > 0) out.ttftMs = performance.now() - t0;
       out.tokens.push(...batch.tokens);
       out.text += batch.text;
       out.logitsSha256.push(...(batch.logitsSha256 ?? []));
@@ -233,34 +294,44 @@ async function sendWithPrompt(
   await peer.send({ ...header, prompt: null } as unknown as Record<string, unknown>, payload);
 }
 
-/** The next control message of `type` (any serve type if null) for this handoff, bounded. */
+/**
+ * The next control message for this handoff (any serve type), bounded by the request's idle
+ * timeout, which every message for the handoff pushes back.
+ */
 async function receiveOne(
   peer: PeerConnection,
-  deadline: AbortSignal,
-  type: string | null,
+  wait: Wait,
   handoffId: string,
 ): Promise<Record<string, unknown>> {
+  const { deadline } = wait;
+  let fail: () => void = () => {};
   const aborted = new Promise<never>((_, reject) => {
-    const fail = () =>
+    fail = () =>
       reject(
         deadline.reason instanceof DOMException && deadline.reason.name === "TimeoutError"
-          ? new LimitExceededError("The request did not finish within its timeout", {
-            hint: "raise --timeout-ms, or check the workers' logs",
-          })
+          ? new LimitExceededError(
+            `The request made no progress for ${wait.timeoutMs} ms: no message from the worker ${peer.peerNodeId}`,
+            { hint: "check the workers' logs, or raise --timeout-ms" },
+          )
           : new HandoffAbortedError("cancelled", "The request was cancelled"),
       );
     if (deadline.aborted) fail();
     deadline.addEventListener("abort", fail, { once: true });
   });
-  for (;;) {
-    const msg = await Promise.race([peer.receive(), aborted]);
-    if (msg === null) {
-      throw new PeerError(`The worker ${peer.peerNodeId} closed the connection`, {
-        hint: "it may have stopped or crashed; see its log",
-      });
+  try {
+    for (;;) {
+      const msg = await Promise.race([peer.receive(), aborted]);
+      if (msg === null) {
+        throw new PeerError(`The worker ${peer.peerNodeId} closed the connection`, {
+          hint: "it may have stopped or crashed; see its log",
+        });
+      }
+      const header = msg.header as Record<string, unknown>;
+      if (header.handoffId !== handoffId) continue;
+      wait.idle.touch();
+      return header;
     }
-    const header = msg.header as Record<string, unknown>;
-    if (header.handoffId !== handoffId) continue;
-    if (type === null || header.type === type) return header;
+  } finally {
+    deadline.removeEventListener("abort", fail);
   }
 }

@@ -18,8 +18,8 @@ import type { ResolvedIdentity } from "./identity.ts";
 import type { GenerateRequest, WorkerCounters } from "./messages.ts";
 import type { Node } from "./node.ts";
 import type { EnginePool, PooledEngine } from "./pool.ts";
-import type { DecoderTelemetryEvent } from "../core/telemetry.ts";
-import { sendDone, streamTokens } from "./token_stream.ts";
+import { DecoderTelemetry } from "../core/telemetry.ts";
+import { reportProgress, sendDone, streamTokens } from "./token_stream.ts";
 import { atMost } from "./_deadline.ts";
 
 /** How long a GenerateRequest waits for an attempt still importing. */
@@ -247,19 +247,22 @@ export class DecodeRole {
     }
     clearTimeout(held.timer);
     this.#committed.delete(request.handoffId);
+    const { session } = held;
+    const stopProgress = reportProgress(peer, request.handoffId, () => session.engine.position);
     try {
-      const { session } = held;
-      const events = [...session.events];
+      const telemetry = new DecoderTelemetry();
+      for (const e of session.events) telemetry.push(e);
       const steps = continueSession(session, request.generateTokens);
-      await streamTokens(peer, request, steps, events, session.engine.model.vocab);
+      await streamTokens(peer, request, steps, telemetry, session.engine.model.vocab);
       await sendDone(
         peer,
         request.handoffId,
         { ok: true, message: null },
-        events,
+        telemetry.summary(),
         session.mtpReady,
       );
     } finally {
+      stopProgress();
       this.pool.release(held.pooled);
     }
   }
@@ -282,8 +285,9 @@ export class DecodeRole {
       const message = "The decode worker is busy (all sessions in use)";
       return await sendDone(peer, request.handoffId, { ok: false, message });
     }
+    const engine = pooled.engine;
+    const stopProgress = reportProgress(peer, request.handoffId, () => engine.position);
     try {
-      const engine = pooled.engine;
       const prompt = engine.model.vocab.tokenize(request.prompt!);
       const s = request.sampling!;
       const params = { temperature: s.temperature, topK: s.topK, topP: s.topP };
@@ -291,10 +295,11 @@ export class DecodeRole {
       const steps = async function* (): AsyncGenerator<GeneratedStep> {
         yield* engine.generate(logits, request.generateTokens, params, { seed: s.seed, draws: 0 });
       };
-      const events: DecoderTelemetryEvent[] = [];
-      await streamTokens(peer, request, steps(), events, engine.model.vocab);
-      await sendDone(peer, request.handoffId, { ok: true, message: null }, events);
+      const telemetry = new DecoderTelemetry();
+      await streamTokens(peer, request, steps(), telemetry, engine.model.vocab);
+      await sendDone(peer, request.handoffId, { ok: true, message: null }, telemetry.summary());
     } finally {
+      stopProgress();
       this.pool.release(pooled);
     }
   }

@@ -83,6 +83,13 @@ export const DEFAULT_EXPORT_LIMITS: Readonly<ExportLimits> = {
   snapshotChunkBytes: 4 * 1024 * 1024,
 };
 
+/**
+ * Called once, right after the last prefill chunk is computed and the first token sampled,
+ * before the last page and the tail are exported, with the logits it was sampled from and when
+ * that was (this process's clock). It must not block: the export waits for it to return.
+ */
+export type FirstTokenHook = (token: number, logits: Float32Array, prefillEndMs: number) => void;
+
 export class StateExporter {
   #seq = 0;
   /** Per paged kind: tokens per page that fit `chunkBytesMax`, once a range was too large. */
@@ -114,20 +121,29 @@ export class StateExporter {
     sampling: SamplingParams,
     sampler: SamplerState,
     sink: ChunkSink,
+    onFirstToken?: FirstTokenHook,
   ): Promise<ExportResult> {
     const ctx = this.engine.ctx;
     const chunkMs: number[] = [];
     // A pure recurrent model has no attention cache: its whole state is the final snapshot.
     const paged = this.identity.numerical.family !== "recurrent";
+    // The first token is sampled the moment the last chunk is computed, before that chunk's
+    // page and the tail are exported, so the client can have it at once (onFirstToken).
+    let firstToken = -1;
+    const sampleFirst = (logits: Float32Array) => {
+      firstToken = sampleToken(logits, sampling, sampler);
+      onFirstToken?.(firstToken, logits, performance.now());
+    };
     const logits = await this.engine.prefill(prompt, async ({ p0, p1, computeMs }) => {
       chunkMs.push(computeMs);
+      if (p1 === prompt.length) sampleFirst(ctx.logits(-1));
       await this.draft?.catchUp(prompt.subarray(p0, p1), p0);
       if (paged) await this.#pages("kv-page", ctx, p0, p1, sink);
       // The draft's KV for these positions is final too: it streams like the target's.
       if (this.draft) await this.#pages("mtp-kv", this.draft.ctx, p0, p1, sink);
     });
     const n = prompt.length;
-    const firstToken = sampleToken(logits, sampling, sampler);
+    if (firstToken < 0) sampleFirst(logits); // the engine's positions did not start at 0
     const firstLogitsSha256 = await logitsDigest(logits);
     await this.#exportTail(n, prompt, firstToken, sampling, sampler, sink);
     // The probe: continue one token here so the decoder can prove it continues identically.

@@ -38,6 +38,7 @@ import {
 import { connectWith } from "./_fake_prefiller.ts";
 import { type HandoffRequest, type HandoffResult, runHandoff } from "./coordinator.ts";
 import type { Node } from "./node.ts";
+import { PROMPT_BYTES_MAX } from "./messages.ts";
 
 const PROMPT = promptOf(50); // about 1,150 tokens: 18 KV pages of 64 tokens
 /** The cancel cases slow the handoff stream: each write is held this long (a timer). */
@@ -282,12 +283,12 @@ const STEPS: Record<string, Step> = {
     s,
     baseline,
   ) => {
-    const big = { headerBytesMax: 64 * 1024, payloadBytesMax: 8 * 1024 * 1024 };
+    const big = { headerBytesMax: 64 * 1024, payloadBytesMax: 2 * PROMPT_BYTES_MAX };
     const conn = await connectWith(s.client, s.prefill.peer, { controlFrameLimits: big });
     const r = await timed(async () => {
       await conn.send(
         { type: "PrefillRequest", handoffId: "x" },
-        new Uint8Array(5 * 1024 * 1024),
+        new Uint8Array(PROMPT_BYTES_MAX + 1),
       );
       return await withTimeout(conn.receive(), REFUSAL_BOUND_MS, "the worker's answer");
     });

@@ -7,18 +7,38 @@
  * fields are a ProtocolError that says which field was wrong (never its content).
  */
 import { type AbortReason, isAbortReason, ProtocolError } from "../core/mod.ts";
-import type { PrefillerTelemetryEvent } from "../core/telemetry.ts";
-import type { DecoderTelemetryEvent } from "../core/telemetry.ts";
+import type { DecoderTelemetrySummary, PrefillerTelemetrySummary } from "../core/telemetry.ts";
 
+/**
+ * Every bound on the request path is sized so that no valid request reaches it: results and
+ * telemetry are fixed-size, tokens stream in bounded batches, and the prompt bound is sized
+ * from tokens (PROMPT_TOKENS_MAX tokens of up to PROMPT_BYTES_PER_TOKEN_MAX bytes each).
+ */
+/** Longest prompt, in tokens, the request path is sized for. */
+export const PROMPT_TOKENS_MAX = 262_144;
+/**
+ * Bytes of UTF-8 text one prompt token may stand for, on average over the prompt. English
+ * text averages about 4; 64 leaves room for long whitespace, code and non-Latin pieces.
+ */
+export const PROMPT_BYTES_PER_TOKEN_MAX = 64;
 /** Largest prompt a request may carry, in bytes of UTF-8 (it travels as a frame payload). */
-export const PROMPT_BYTES_MAX = 4 * 1024 * 1024;
-/** Control frames: small headers, payloads up to a prompt. */
+export const PROMPT_BYTES_MAX = PROMPT_TOKENS_MAX * PROMPT_BYTES_PER_TOKEN_MAX;
+/** Control frames: small headers (fixed-size messages), payloads up to a prompt. */
 export const CONTROL_FRAME_LIMITS = {
   headerBytesMax: 64 * 1024,
   payloadBytesMax: PROMPT_BYTES_MAX,
 };
 /** Largest number of tokens one request may ask to generate. */
 export const GENERATE_TOKENS_MAX = 1 << 20;
+/** Tokens in one TokenBatch message. */
+export const TOKEN_BATCH_TOKENS_MAX = 16;
+/**
+ * A TokenBatch is sent once its text reaches this many bytes, so its text stays under this
+ * plus one token's piece (vocabulary pieces are far shorter than the header bound).
+ */
+export const TOKEN_BATCH_TEXT_BYTES_MAX = 16 * 1024;
+/** Tokens a client may say it already has (the first token, streamed by the prefiller). */
+export const SENT_TOKENS_MAX = 1;
 
 export interface SamplingSpec {
   temperature: number;
@@ -64,10 +84,42 @@ export interface PrefillOutcome {
   /** One line for the user when not committed (no content). */
   message: string | null;
   promptTokens: number;
-  events: PrefillerTelemetryEvent[];
-  /** With `probe`: SHA-256 of the logits the first token was sampled from. */
-  firstLogitsSha256: string | null;
+  /** Fixed-size telemetry of the prefill side (null when the handoff never started). */
+  telemetry: PrefillerTelemetrySummary | null;
 }
+
+/**
+ * Prefill worker -> coordinator: the first generated token, sent the moment prefill ends (the
+ * prefiller samples it), before the rest of the state is exported, so the client's first token
+ * does not wait for the handoff. Whatever continues the request continues after it.
+ */
+export interface FirstToken {
+  type: "FirstToken";
+  handoffId: string;
+  token: number;
+  /** Its text (empty when the piece is an incomplete UTF-8 sequence). */
+  text: string;
+  /** With `probe`: SHA-256 (hex) of the logits it was sampled from. */
+  logitsSha256: string | null;
+  /** Prefiller's clock: end of prefill to this message being sent. */
+  sentAfterPrefillMs: number;
+  /** Prefiller's wall clock at the end of prefill (ms since the epoch; same-host telemetry). */
+  prefillEndEpochMs: number;
+}
+
+/**
+ * Worker -> coordinator: the request is progressing (`done` counts work units: positions the
+ * worker's context holds). Sent at most once per PROGRESS_INTERVAL_MS, only when `done` moved,
+ * so a coordinator's idle timeout measures progress, not time.
+ */
+export interface Progress {
+  type: "Progress";
+  handoffId: string;
+  done: number;
+}
+
+/** How often a working worker reports Progress. */
+export const PROGRESS_INTERVAL_MS = 1_000;
 
 /** Coordinator -> decode worker: generate for a committed handoff, or colocated from a prompt. */
 export interface GenerateRequest {
@@ -81,6 +133,11 @@ export interface GenerateRequest {
   sampling: SamplingSpec | null;
   /** Return the SHA-256 of every step's logits (probe mode). */
   probe: boolean;
+  /**
+   * Tokens the client already has (the prefiller's FirstToken): the decoder generates them
+   * again, checks they are equal, and streams from the next one. Absent: none.
+   */
+  sentTokens?: number[];
 }
 
 /** Decode worker -> coordinator: generated tokens, in order. */
@@ -99,7 +156,8 @@ export interface GenerateDone {
   handoffId: string;
   ok: boolean;
   message: string | null;
-  events: DecoderTelemetryEvent[];
+  /** Fixed-size telemetry of the decode side (null when generation never started). */
+  telemetry: DecoderTelemetrySummary | null;
   /** Whether the MTP draft state was imported and ready (null: the model has no MTP). */
   mtpReady: boolean | null;
 }
@@ -140,6 +198,8 @@ export type ServeMessage =
   | PrefillRequest
   | CancelRequest
   | PrefillOutcome
+  | FirstToken
+  | Progress
   | GenerateRequest
   | TokenBatch
   | GenerateDone
@@ -152,6 +212,8 @@ const str = (v: unknown, max = 256) => typeof v === "string" && v.length > 0 && 
 const count = (v: unknown, max = Number.MAX_SAFE_INTEGER) =>
   Number.isSafeInteger(v) && (v as number) >= 0 && (v as number) <= max;
 const num = (v: unknown) => typeof v === "number" && Number.isFinite(v);
+const objectOrNull = (v: unknown) => v === null || (typeof v === "object" && !Array.isArray(v));
+const hex64 = (v: unknown) => typeof v === "string" && /^[0-9a-f]{64}$/.test(v);
 
 function samplingOk(v: unknown): boolean {
   if (typeof v !== "object" || v === null) return false;
@@ -189,9 +251,24 @@ const CHECKS: Record<ServeMessage["type"], Checker> = {
       ? "outcome"
       : m.reason !== null && !isAbortReason(m.reason)
       ? "reason"
-      : !Array.isArray(m.events)
-      ? "events"
+      : !objectOrNull(m.telemetry)
+      ? "telemetry"
       : null,
+  FirstToken: (m) =>
+    !str(m.handoffId, 64)
+      ? "handoffId"
+      : !count(m.token, 0x7fffffff)
+      ? "token"
+      : typeof m.text !== "string" || m.text.length > TOKEN_BATCH_TEXT_BYTES_MAX
+      ? "text"
+      : m.logitsSha256 !== null && !hex64(m.logitsSha256)
+      ? "logitsSha256"
+      : !num(m.sentAfterPrefillMs)
+      ? "sentAfterPrefillMs"
+      : !num(m.prefillEndEpochMs)
+      ? "prefillEndEpochMs"
+      : null,
+  Progress: (m) => !str(m.handoffId, 64) ? "handoffId" : !count(m.done) ? "done" : null,
   GenerateRequest: (m) =>
     !str(m.handoffId, 64)
       ? "handoffId"
@@ -203,17 +280,30 @@ const CHECKS: Record<ServeMessage["type"], Checker> = {
       ? "mode"
       : m.mode === "local" && (typeof m.prompt !== "string" || !samplingOk(m.sampling))
       ? "prompt"
+      : m.sentTokens !== undefined && (!Array.isArray(m.sentTokens) ||
+          m.sentTokens.length > SENT_TOKENS_MAX || !m.sentTokens.every((t) => count(t, 0x7fffffff)))
+      ? "sentTokens"
       : null,
   TokenBatch: (m) =>
     !str(m.handoffId, 64)
       ? "handoffId"
-      : !Array.isArray(m.tokens) || !m.tokens.every((t) => count(t))
+      : !Array.isArray(m.tokens) || m.tokens.length > TOKEN_BATCH_TOKENS_MAX ||
+          !m.tokens.every((t) => count(t, 0x7fffffff))
       ? "tokens"
       : typeof m.text !== "string"
       ? "text"
+      : !Array.isArray(m.logitsSha256) || m.logitsSha256.length > m.tokens.length ||
+          !m.logitsSha256.every(hex64)
+      ? "logitsSha256"
       : null,
   GenerateDone: (m) =>
-    !str(m.handoffId, 64) ? "handoffId" : typeof m.ok !== "boolean" ? "ok" : null,
+    !str(m.handoffId, 64)
+      ? "handoffId"
+      : typeof m.ok !== "boolean"
+      ? "ok"
+      : !objectOrNull(m.telemetry)
+      ? "telemetry"
+      : null,
   StatsRequest: (m) => !str(m.requestId, 64) ? "requestId" : null,
   WorkerStats: (m) =>
     !str(m.requestId, 64) ? "requestId" : COUNTER_FIELDS.find((f) => !count(m[f])) ?? null,

@@ -1,17 +1,23 @@
 /**
  * The prefill role of a worker: takes PrefillRequests from a coordinator, checks the decode
  * worker is eligible (authenticated, capabilities, identical numerical identity), runs the
- * handoff (serve/prefill_session.ts) and answers with a PrefillOutcome. A coordinator that
- * goes away cancels its requests.
+ * handoff (serve/prefill_session.ts) and answers with a PrefillOutcome. The first token goes
+ * to the coordinator the moment prefill ends (FirstToken), before the rest of the state moves;
+ * Progress messages say the prefill is moving while it runs. A coordinator that goes away
+ * cancels its requests.
  */
 import type { HandoffTiming } from "../core/mod.ts";
 import { deriveTelemetry, formatTelemetry } from "../core/telemetry.ts";
 import { type Capabilities, eligibleForHandoff, type PeerConnection } from "../transport/mod.ts";
 import type { ResolvedIdentity } from "./identity.ts";
-import type { PrefillOutcome, PrefillRequest } from "./messages.ts";
+import { PieceDecoder } from "../ffi/mod.ts";
+import type { FirstToken, PrefillOutcome, PrefillRequest } from "./messages.ts";
 import type { Node } from "./node.ts";
 import type { EnginePool } from "./pool.ts";
 import { PrefillHandoff, type PrefillLimits } from "./prefill_session.ts";
+import type { Engine } from "./engine.ts";
+import { logitsDigest } from "./probe.ts";
+import { reportProgress, sendOrExplain } from "./token_stream.ts";
 
 interface Active {
   controller: AbortController;
@@ -69,6 +75,12 @@ export class PrefillRole {
     if (!pooled) return failed(request, "The prefill worker is busy (all sessions in use)", 0);
     const prompt = pooled.engine.model.vocab.tokenize(request.prompt);
     let decoder: PeerConnection | null = null;
+    let firstTokenSent: Promise<void> = Promise.resolve();
+    const stopProgress = reportProgress(
+      active.peer,
+      request.handoffId,
+      () => pooled.engine.position,
+    );
     try {
       try {
         decoder = await this.node.connect(request.decode, this.capabilities);
@@ -112,12 +124,22 @@ export class PrefillRole {
         timing: this.timing,
         limits: this.limits,
         cancel,
+        onFirstToken: (token, logits, prefillEndMs) => {
+          firstTokenSent = sendFirstToken(active.peer, request, pooled.engine, {
+            token,
+            logits,
+            prefillEndMs,
+          });
+        },
       });
       active.handoff = handoff;
       const outcome = await handoff.run();
-      const summary = formatTelemetry(deriveTelemetry({ prefiller: outcome.events, decoder: [] }), {
-        side: "prefill",
-      });
+      // The outcome follows the first token on the same stream, never overtakes it.
+      await firstTokenSent;
+      const summary = formatTelemetry(
+        deriveTelemetry({ prefiller: outcome.telemetry ?? [], decoder: [] }),
+        { side: "prefill" },
+      );
       this.log(
         `handoff ${request.handoffId}: ${outcome.outcome}` +
           (outcome.reason ? ` (${outcome.reason})` : "") + ` | ${summary}`,
@@ -126,18 +148,44 @@ export class PrefillRole {
     } catch (error) {
       return failed(request, (error as Error).message, prompt.length);
     } finally {
+      stopProgress();
+      await firstTokenSent;
       await decoder?.close().catch(() => {});
       this.pool.release(pooled);
     }
   }
 
+  /** Sends the outcome; one that cannot be sent is replaced by a failure saying why. */
   async #reply(peer: PeerConnection, outcome: PrefillOutcome): Promise<void> {
-    try {
-      await peer.send(outcome as unknown as Record<string, unknown>);
-    } catch {
-      // The coordinator is gone; nothing to tell.
-    }
+    await sendOrExplain(peer, outcome as unknown as Record<string, unknown>, (message) => ({
+      ...failed({ handoffId: outcome.handoffId } as PrefillRequest, message, outcome.promptTokens),
+      reason: "protocol-error",
+    }));
   }
+}
+
+/**
+ * Sends the first token to the coordinator. A first token that cannot be sent is not an
+ * error: the coordinator then has no token, and the decode side streams it as usual.
+ */
+async function sendFirstToken(
+  peer: PeerConnection,
+  request: PrefillRequest,
+  engine: Engine,
+  first: { token: number; logits: Float32Array; prefillEndMs: number },
+): Promise<void> {
+  const text = new PieceDecoder(engine.model.vocab).push(first.token);
+  const logitsSha256 = request.probe ? await logitsDigest(first.logits) : null;
+  const message: FirstToken = {
+    type: "FirstToken",
+    handoffId: request.handoffId,
+    token: first.token,
+    text,
+    logitsSha256,
+    sentAfterPrefillMs: performance.now() - first.prefillEndMs,
+    prefillEndEpochMs: performance.timeOrigin + first.prefillEndMs,
+  };
+  await peer.send(message as unknown as Record<string, unknown>).catch(() => {});
 }
 
 function failed(request: PrefillRequest, message: string, promptTokens: number): PrefillOutcome {
@@ -148,7 +196,6 @@ function failed(request: PrefillRequest, message: string, promptTokens: number):
     reason: null,
     message,
     promptTokens,
-    events: [],
-    firstLogitsSha256: null,
+    telemetry: null,
   };
 }

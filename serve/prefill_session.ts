@@ -30,10 +30,15 @@ import {
   StateValidationError,
 } from "../core/mod.ts";
 import type { BindingContext } from "../core/binding.ts";
-import type { PrefillerTelemetryEvent } from "../core/telemetry.ts";
+import { PrefillerTelemetry } from "../core/telemetry.ts";
 import type { HandoffSender, PeerConnection } from "../transport/mod.ts";
 import type { Engine } from "./engine.ts";
-import { type ExportedChunk, reexportPage, StateExporter } from "./exporter.ts";
+import {
+  type ExportedChunk,
+  type FirstTokenHook,
+  reexportPage,
+  StateExporter,
+} from "./exporter.ts";
 import { ExportStopped, RetainedState } from "./_retained_state.ts";
 import { within } from "./_deadline.ts";
 import type { ResolvedIdentity } from "./identity.ts";
@@ -72,17 +77,19 @@ export interface PrefillHandoffInput {
   timing: HandoffTiming;
   limits: PrefillLimits;
   cancel: AbortSignal;
+  /** Called once the first token is sampled, before the tail is exported (see FirstTokenHook). */
+  onFirstToken?: FirstTokenHook;
 }
 
 export class PrefillHandoff {
   #state: PrefillerState;
   readonly #events = new BoundedQueue<HandoffEvent>(EVENTS_MAX);
-  readonly #telemetry: PrefillerTelemetryEvent[] = [];
+  readonly #telemetry = new PrefillerTelemetry();
   readonly #retained: RetainedState;
   /** The attempt each ConnectionLost event was raised in: older ones are stale. */
   readonly #lostIn = new WeakMap<HandoffEvent, number>();
   #feedIndex = 0;
-  #exportDone: { manifest: Omit<FinalManifest, "tag">; firstLogitsSha256: string } | null = null;
+  #exportDone: { manifest: Omit<FinalManifest, "tag"> } | null = null;
   #exportError: unknown = null;
   #manifestFed = false;
   #decoder: PeerConnection | null = null;
@@ -170,12 +177,7 @@ export class PrefillHandoff {
   #finish(): PrefillOutcome {
     this.#retained.erase();
     const o = this.#outcome ?? this.#result("failed", "protocol-error", "handoff ended early");
-    const probe = this.input.request.probe && o.outcome === "committed";
-    return {
-      ...o,
-      events: this.#telemetry,
-      firstLogitsSha256: probe ? this.#exportDone?.firstLogitsSha256 ?? null : null,
-    };
+    return { ...o, telemetry: this.#telemetry.summary() };
   }
 
   async #connect(): Promise<boolean> {
@@ -407,11 +409,13 @@ export class PrefillHandoff {
         sampling,
         { seed, draws: 0 },
         (chunk, exportMs) => this.#accept(chunk, exportMs),
+        this.input.onFirstToken &&
+          ((token, logits, prefillEndMs) => {
+            this.input.onFirstToken!(token, logits, prefillEndMs);
+            this.#telemetry.push({ type: "first-token", atMs: performance.now() });
+          }),
       );
-      this.#exportDone = {
-        manifest: exporter.manifest(this.#retained.headers(), result),
-        firstLogitsSha256: result.firstLogitsSha256,
-      };
+      this.#exportDone = { manifest: exporter.manifest(this.#retained.headers(), result) };
     } catch (error) {
       if (!(error instanceof ExportStopped)) this.#exportError = error;
     }
@@ -446,7 +450,7 @@ export class PrefillHandoff {
     const { handoffId } = this.input.request;
     const promptTokens = this.input.prompt.length;
     const head = { type: "PrefillOutcome" as const, handoffId, outcome, reason, message };
-    const out: PrefillOutcome = { ...head, promptTokens, events: [], firstLogitsSha256: null };
+    const out: PrefillOutcome = { ...head, promptTokens, telemetry: null };
     return out;
   }
 }

@@ -259,8 +259,7 @@ export class Worker {
       reason: "protocol-error",
       message,
       promptTokens: 0,
-      events: [],
-      firstLogitsSha256: null,
+      telemetry: null,
     };
     await peer.send(outcome as unknown as Record<string, unknown>).catch(() => {});
   }

@@ -1,0 +1,241 @@
+/**
+ * Fixed-size telemetry summaries: each side folds its events as they happen into counts, sums,
+ * first and last times and bytes per component, so what travels in PrefillOutcome and
+ * GenerateDone has the same size for a 10-token prompt and a 262,144-token one.
+ * `deriveTelemetry` (core/telemetry.ts) turns the two summaries into the handoff's record.
+ *
+ * @module
+ */
+import type { AbortReason } from "./handoff.ts";
+import type { ComponentKind } from "./schema.ts";
+import type { DecoderTelemetryEvent, PrefillerTelemetryEvent } from "./telemetry.ts";
+
+/** Retry reasons kept in a summary (the retry count itself is exact). */
+export const RETRY_REASONS_MAX = 16;
+/**
+ * KV sends (and staged grants) remembered to correct the overlap snapshot: a prefill chunk's
+ * end is recorded after its page export, so sends that finished during that export must not
+ * count as early. More than this many sends during one page export is not possible with a
+ * bounded export queue of whole pages; were it to happen, those sends count as early.
+ */
+const RECENT_MAX = 32;
+
+/**
+ * What the prefiller's events add up to: fixed-size (counts, sums, first and last times, bytes
+ * per component), whatever the prompt length. It travels in PrefillOutcome.
+ */
+export interface PrefillerTelemetrySummary {
+  startMs: number | null;
+  /** End of the last prefill chunk. */
+  prefillEndMs: number | null;
+  cachedTokens: number;
+  computedTokens: number;
+  bytesByComponent: Partial<Record<ComponentKind, number>>;
+  totalBytes: number;
+  exportMs: number;
+  queueMs: number;
+  wireMs: number;
+  manifestSentMs: number | null;
+  commitAckMs: number | null;
+  firstTokenMs: number | null;
+  retries: number;
+  /** The first RETRY_REASONS_MAX retry reasons, in order. */
+  retryReasons: AbortReason[];
+  fallbackReason: AbortReason | null;
+  /** KV bytes sent, and the bytes of the highest-seq page sent (the "last" page). */
+  kvSentBytes: number;
+  kvPagesSent: number;
+  lastKvSeq: number;
+  lastKvBytes: number;
+  /** KV bytes sent / staged by the end of prefill (snapshot at the last chunk end). */
+  kvSentByPrefillEndBytes: number;
+  kvStagedByPrefillEndBytes: number;
+}
+
+/** What the decoder's events add up to: fixed-size, whatever the generation length. */
+export interface DecoderTelemetrySummary {
+  importMs: number;
+  manifestReceivedMs: number | null;
+  committedMs: number | null;
+  ready: { target: boolean; mtp: boolean | null } | null;
+  tokens: number;
+  firstTokenAtMs: number | null;
+  lastTokenAtMs: number | null;
+}
+
+/**
+ * Folds prefiller events into a PrefillerTelemetrySummary as they happen, in O(1) memory per
+ * handoff (plus the chunks queued but not yet sent). `push` takes the same events an array
+ * would, so recording code reads the same.
+ *
+ * @example
+ * ```ts
+ * const t = new PrefillerTelemetry();
+ * t.push({ type: "request-start", atMs: performance.now() });
+ * const summary = t.summary(); // fixed size, JSON-safe
+ * ```
+ */
+export class PrefillerTelemetry {
+  readonly #s: PrefillerTelemetrySummary = {
+    startMs: null,
+    prefillEndMs: null,
+    cachedTokens: 0,
+    computedTokens: 0,
+    bytesByComponent: {},
+    totalBytes: 0,
+    exportMs: 0,
+    queueMs: 0,
+    wireMs: 0,
+    manifestSentMs: null,
+    commitAckMs: null,
+    firstTokenMs: null,
+    retries: 0,
+    retryReasons: [],
+    fallbackReason: null,
+    kvSentBytes: 0,
+    kvPagesSent: 0,
+    lastKvSeq: -1,
+    lastKvBytes: 0,
+    kvSentByPrefillEndBytes: 0,
+    kvStagedByPrefillEndBytes: 0,
+  };
+  /** Queue time of chunks queued and not yet sent, by seq. */
+  readonly #queued = new Map<number, number>();
+  readonly #recentSent: { atMs: number; bytes: number }[] = [];
+  readonly #recentStaged: { atMs: number; bytes: number }[] = [];
+  #kvStagedBytes = 0;
+
+  push(e: PrefillerTelemetryEvent): void {
+    const s = this.#s;
+    switch (e.type) {
+      case "request-start":
+        s.startMs ??= e.atMs;
+        return;
+      case "prefill-chunk-done":
+        if (e.cached) s.cachedTokens += e.tokens;
+        else s.computedTokens += e.tokens;
+        if (s.prefillEndMs === null || e.atMs >= s.prefillEndMs) {
+          s.prefillEndMs = e.atMs;
+          s.kvSentByPrefillEndBytes = s.kvSentBytes - _after(this.#recentSent, e.atMs);
+          s.kvStagedByPrefillEndBytes = this.#kvStagedBytes - _after(this.#recentStaged, e.atMs);
+        }
+        return;
+      case "export":
+        s.exportMs += e.durationMs;
+        return;
+      case "chunk-queued":
+        this.#queued.set(e.seq, e.atMs);
+        return;
+      case "chunk-sent": {
+        s.bytesByComponent[e.kind] = (s.bytesByComponent[e.kind] ?? 0) + e.bytes;
+        s.totalBytes += e.bytes;
+        s.wireMs += e.durationMs;
+        const q = this.#queued.get(e.seq);
+        this.#queued.delete(e.seq);
+        // Queue time: from queued to the start of its write.
+        if (q !== undefined) s.queueMs += Math.max(0, e.atMs - e.durationMs - q);
+        if (e.kind !== "kv-page") return;
+        s.kvSentBytes += e.bytes;
+        s.kvPagesSent++;
+        if (e.seq >= s.lastKvSeq) {
+          s.lastKvSeq = e.seq;
+          s.lastKvBytes = e.bytes;
+        }
+        _remember(this.#recentSent, e);
+        return;
+      }
+      case "chunk-staged":
+        this.#kvStagedBytes += e.bytes;
+        _remember(this.#recentStaged, e);
+        return;
+      case "manifest-sent":
+        s.manifestSentMs ??= e.atMs;
+        return;
+      case "commit-ack":
+        s.commitAckMs ??= e.atMs;
+        return;
+      case "first-token":
+        s.firstTokenMs ??= e.atMs;
+        return;
+      case "retry":
+        s.retries++;
+        if (s.retryReasons.length < RETRY_REASONS_MAX) s.retryReasons.push(e.reason);
+        return;
+      case "fallback":
+        s.fallbackReason ??= e.reason;
+        return;
+    }
+  }
+
+  /** A copy of the summary so far. */
+  summary(): PrefillerTelemetrySummary {
+    const s = this.#s;
+    return { ...s, bytesByComponent: { ...s.bytesByComponent }, retryReasons: [...s.retryReasons] };
+  }
+}
+
+/** Folds decoder events into a DecoderTelemetrySummary, in O(1) memory. */
+export class DecoderTelemetry {
+  readonly #s: DecoderTelemetrySummary = {
+    importMs: 0,
+    manifestReceivedMs: null,
+    committedMs: null,
+    ready: null,
+    tokens: 0,
+    firstTokenAtMs: null,
+    lastTokenAtMs: null,
+  };
+
+  push(e: DecoderTelemetryEvent): void {
+    const s = this.#s;
+    switch (e.type) {
+      case "import":
+        s.importMs += e.durationMs;
+        return;
+      case "manifest-received":
+        s.manifestReceivedMs ??= e.atMs;
+        return;
+      case "committed":
+        s.committedMs ??= e.atMs;
+        return;
+      case "ready":
+        s.ready = { target: e.target, mtp: e.mtp };
+        return;
+      case "token":
+        s.tokens++;
+        s.firstTokenAtMs ??= e.atMs;
+        s.lastTokenAtMs = e.atMs;
+        return;
+    }
+  }
+
+  summary(): DecoderTelemetrySummary {
+    return { ...this.#s, ready: this.#s.ready && { ...this.#s.ready } };
+  }
+}
+
+function _remember(ring: { atMs: number; bytes: number }[], e: { atMs: number; bytes: number }) {
+  ring.push({ atMs: e.atMs, bytes: e.bytes });
+  if (ring.length > RECENT_MAX) ring.shift();
+}
+
+function _after(ring: readonly { atMs: number; bytes: number }[], atMs: number): number {
+  return ring.reduce((sum, r) => sum + (r.atMs > atMs ? r.bytes : 0), 0);
+}
+
+/** The summary of `events` (each side's events, folded in order). */
+export function summarizePrefiller(
+  events: readonly PrefillerTelemetryEvent[],
+): PrefillerTelemetrySummary {
+  const t = new PrefillerTelemetry();
+  for (const e of events) t.push(e);
+  return t.summary();
+}
+
+export function summarizeDecoder(
+  events: readonly DecoderTelemetryEvent[],
+): DecoderTelemetrySummary {
+  const t = new DecoderTelemetry();
+  for (const e of events) t.push(e);
+  return t.summary();
+}

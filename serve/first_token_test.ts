@@ -1,0 +1,161 @@
+/**
+ * The first token reaches the client at the end of prefill, from the prefill worker, before
+ * the state moves; and when the handoff then fails and the decode worker recomputes, the
+ * colocated continuation goes on after the token already sent, with the same tokens and
+ * logits as the handoff would have produced (greedy and seeded sampling). Two workers in this
+ * process on real QUIC, tiny hybrid model.
+ */
+import assert from "node:assert/strict";
+import { testModel } from "../testing/models.ts";
+import { type RawConnection, withFaults } from "../transport/mod.ts";
+import {
+  makeNodes,
+  promptOf,
+  SAMPLING,
+  startInProcess,
+  type TestWorker,
+  waitForIdle,
+  withTimeout,
+} from "./_failure_harness.ts";
+import { type HandoffRequest, runHandoff } from "./coordinator.ts";
+import type { FirstToken, PrefillOutcome } from "./messages.ts";
+import type { Node } from "./node.ts";
+
+const PROMPT = promptOf(30); // about 700 tokens: 11 KV pages of 64 tokens
+const SEEDED = { temperature: 0.9, topK: 40, topP: 0.95, seed: 7 };
+/** Bounds on waiting for an answer (a hung test is a failed test), not on how fast it is. */
+const ANSWER_WAIT_MS = 30_000;
+
+/**
+ * Breaks the handoff stream of the first attempt and of every retry (retries max 2) after
+ * prefill has ended: a frame of the tail (after the prompt's 11 KV pages) arrives twice, which
+ * the decoder rejects as invalid state; after the last retry the prefiller falls back.
+ */
+function corruptEveryAttempt(raw: RawConnection): RawConnection {
+  let wrapped = raw;
+  for (const streamIndex of [1, 2, 3]) {
+    wrapped = withFaults(wrapped, { streamIndex, duplicateFrameIndex: 14 });
+  }
+  return wrapped;
+}
+
+interface Setup {
+  client: Node;
+  prefill: TestWorker;
+  decode: TestWorker;
+  /** Set: every handoff stream the prefill worker opens is corrupted (each attempt fails). */
+  corrupt: { on: boolean };
+  run(over?: Partial<HandoffRequest>): ReturnType<typeof runHandoff>;
+}
+
+async function setup(dir: string, nodes: Map<string, Node>): Promise<Setup> {
+  const model = await testModel("hybrid");
+  const corrupt = { on: false };
+  const decode = await startInProcess("decode", "decode", `${dir}/decode`, model);
+  const prefill = await startInProcess("prefill", "prefill", `${dir}/prefill`, model, {
+    faults: {
+      connect: (raw: RawConnection) => corrupt.on ? corruptEveryAttempt(raw) : raw,
+    },
+  });
+  const client = nodes.get("client")!;
+  const run = (over: Partial<HandoffRequest> = {}) =>
+    runHandoff(client, {
+      prefill: prefill.peer,
+      decode: decode.peer,
+      prompt: PROMPT,
+      generateTokens: 12,
+      sampling: SAMPLING,
+      tenantId: "tenant-a",
+      probe: true,
+      timeoutMs: ANSWER_WAIT_MS,
+      ...over,
+    });
+  return { client, prefill, decode, corrupt, run };
+}
+
+Deno.test({
+  name: "first token at prefill end; a failed handoff's recompute continues after it",
+  sanitizeOps: false,
+  sanitizeResources: false,
+  fn: async (t) => {
+    const { dir, nodes } = await makeNodes(["prefill", "decode", "client"]);
+    const s = await setup(dir, nodes);
+    try {
+      const greedy = await s.run();
+      assert.equal(greedy.placement, "disaggregated");
+      assert.equal(greedy.tokens.length, 12);
+      assert.equal(greedy.logitsSha256.length, 12);
+      assert.ok(greedy.firstTokenAfterPrefillMs !== null);
+      assert.ok(greedy.telemetry.firstTokenAfterPrefillMs !== null);
+
+      await t.step("FirstToken comes before the outcome, and before the manifest", async () => {
+        const conn = await s.client.connect(s.prefill.peer);
+        const handoffId = crypto.randomUUID();
+        await conn.send({
+          type: "PrefillRequest",
+          handoffId,
+          tenantId: "tenant-a",
+          prompt: null,
+          generateTokens: 12,
+          sampling: SAMPLING,
+          decode: s.decode.peer,
+          probe: true,
+        }, new TextEncoder().encode(PROMPT));
+        const seen: Record<string, unknown>[] = [];
+        while (seen.at(-1)?.type !== "PrefillOutcome") {
+          const msg = await withTimeout(conn.receive(), ANSWER_WAIT_MS, "PrefillOutcome");
+          const h = msg!.header as Record<string, unknown>;
+          if (h.handoffId === handoffId && h.type !== "Progress") seen.push(h);
+        }
+        await conn.close();
+        assert.deepEqual(seen.map((h) => h.type), ["FirstToken", "PrefillOutcome"]);
+        const first = seen[0] as unknown as FirstToken;
+        const outcome = seen[1] as unknown as PrefillOutcome;
+        assert.equal(first.token, greedy.tokens[0]);
+        assert.equal(first.logitsSha256, greedy.logitsSha256[0]);
+        assert.equal(outcome.outcome, "committed");
+        // On the prefiller's clock: the token left before the state's manifest did.
+        const p = outcome.telemetry!;
+        assert.ok(p.firstTokenMs! < p.manifestSentMs!, JSON.stringify(p));
+        assert.ok(p.firstTokenMs! < p.commitAckMs!);
+        // Nobody asks for the committed session: the decoder releases it on its own.
+        await waitForIdle(s.prefill, ANSWER_WAIT_MS);
+      });
+
+      await t.step("handoff fails after the first token: same tokens, greedy", async () => {
+        s.corrupt.on = true;
+        const texts: string[] = [];
+        const r = await s.run({ onText: (text) => texts.push(text) });
+        s.corrupt.on = false;
+        assert.equal(r.placement, "colocated");
+        assert.match(r.fallbackReason!, /invalid/);
+        // The first token came from the prefill worker before the handoff failed.
+        assert.ok(r.firstTokenAfterPrefillMs !== null);
+        assert.deepEqual(r.tokens, greedy.tokens);
+        assert.deepEqual(r.logitsSha256, greedy.logitsSha256);
+        assert.equal(r.text, greedy.text);
+        assert.equal(texts.join(""), greedy.text);
+      });
+
+      await t.step("handoff fails after the first token: same tokens, seeded", async () => {
+        const seeded = await s.run({ sampling: SEEDED });
+        assert.equal(seeded.placement, "disaggregated");
+        assert.notDeepEqual(seeded.tokens, greedy.tokens); // sampling, not argmax
+        s.corrupt.on = true;
+        const r = await s.run({ sampling: SEEDED });
+        s.corrupt.on = false;
+        assert.equal(r.placement, "colocated");
+        assert.ok(r.firstTokenAfterPrefillMs !== null);
+        assert.deepEqual(r.tokens, seeded.tokens);
+        assert.deepEqual(r.logitsSha256, seeded.logitsSha256);
+        assert.equal(r.text, seeded.text);
+      });
+
+      await waitForIdle(s.prefill, ANSWER_WAIT_MS);
+      await waitForIdle(s.decode, ANSWER_WAIT_MS);
+    } finally {
+      await Promise.allSettled([s.prefill.stop(), s.decode.stop()]);
+      await Deno.remove(dir, { recursive: true }).catch(() => {});
+    }
+  },
+});

@@ -1,0 +1,203 @@
+/**
+ * No bound on the request path is one a valid request can reach: the largest messages a
+ * 262,144-token prompt and a 2^20-token generation can produce (built synthetically, each
+ * field at its largest) encode within the control frame limits, and parse.
+ */
+import assert from "node:assert/strict";
+import {
+  ABORT_REASONS,
+  type AbortReason,
+  COMPONENT_KINDS,
+  DecoderTelemetry,
+  PrefillerTelemetry,
+} from "../core/mod.ts";
+import { encodeFrame } from "../transport/mod.ts";
+import {
+  CONTROL_FRAME_LIMITS,
+  type FirstToken,
+  GENERATE_TOKENS_MAX,
+  type GenerateDone,
+  type GenerateRequest,
+  parseMessage,
+  type PrefillOutcome,
+  type PrefillRequest,
+  PROMPT_BYTES_MAX,
+  PROMPT_TOKENS_MAX,
+  SENT_TOKENS_MAX,
+  TOKEN_BATCH_TEXT_BYTES_MAX,
+  TOKEN_BATCH_TOKENS_MAX,
+  type TokenBatch,
+} from "./messages.ts";
+
+const HANDOFF_ID = "h".repeat(64);
+const DIGEST = "f".repeat(64);
+/** Largest token id a vocabulary can have (llama_token is int32). */
+const TOKEN_MAX = 0x7fffffff;
+
+function headerBytes(message: object, payload?: Uint8Array): number {
+  const frame = encodeFrame(message as Record<string, unknown>, payload, {
+    limits: CONTROL_FRAME_LIMITS,
+  });
+  return frame.head.length;
+}
+
+/**
+ * The prefill side's telemetry after a prompt of `tokens` prefilled one token per chunk (the
+ * most chunks there can be), with every page queued, sent, staged, and retried to the limit.
+ */
+function prefillSummary(tokens: number, retries: number) {
+  const t = new PrefillerTelemetry();
+  t.push({ type: "request-start", atMs: 0 });
+  let at = 1;
+  for (let seq = 0; seq < tokens; seq++) {
+    const bytes = 4096 + (seq % 7);
+    t.push({ type: "prefill-chunk-done", atMs: at++, tokens: 1, cached: seq % 3 === 0 });
+    t.push({ type: "export", atMs: at++, kind: "kv-page", bytes, durationMs: 0.25 });
+    t.push({ type: "chunk-queued", atMs: at++, seq, kind: "kv-page", bytes });
+    t.push({ type: "chunk-sent", atMs: at++, seq, kind: "kv-page", bytes, durationMs: 0.5 });
+    t.push({ type: "chunk-staged", atMs: at++, seq, bytes });
+  }
+  for (const kind of COMPONENT_KINDS) {
+    t.push({ type: "chunk-sent", atMs: at++, seq: tokens, kind, bytes: 2 ** 40, durationMs: 1 });
+  }
+  for (let i = 0; i < retries; i++) {
+    t.push({ type: "retry", atMs: at++, reason: ABORT_REASONS[i % ABORT_REASONS.length] });
+  }
+  t.push({ type: "first-token", atMs: at++ });
+  t.push({ type: "manifest-sent", atMs: at++ });
+  t.push({ type: "commit-ack", atMs: at++ });
+  t.push({ type: "fallback", atMs: at++, reason: "probe-failed" });
+  return t.summary();
+}
+
+function decodeSummary(tokens: number) {
+  const t = new DecoderTelemetry();
+  t.push({ type: "manifest-received", atMs: 1 });
+  for (let i = 0; i < 600; i++) {
+    t.push({ type: "import", atMs: 2, kind: "kv-page", bytes: 4096, durationMs: 0.1 });
+  }
+  t.push({ type: "committed", atMs: 3 });
+  t.push({ type: "ready", atMs: 3, target: true, mtp: true });
+  for (let i = 0; i < tokens; i++) t.push({ type: "token", atMs: 4 + i * 12.345 });
+  return t.summary();
+}
+
+function outcome(telemetry: PrefillOutcome["telemetry"]): PrefillOutcome {
+  return {
+    type: "PrefillOutcome",
+    handoffId: HANDOFF_ID,
+    outcome: "fallback",
+    reason: "reservation-expired" satisfies AbortReason,
+    message: "m".repeat(1024),
+    promptTokens: PROMPT_TOKENS_MAX,
+    telemetry,
+  };
+}
+
+Deno.test("PrefillOutcome of a 262,144-token prompt is as small as a 16-token prompt's", () => {
+  const big = headerBytes(outcome(prefillSummary(PROMPT_TOKENS_MAX, 1000)));
+  const small = headerBytes(outcome(prefillSummary(16, 1)));
+  assert.ok(big <= CONTROL_FRAME_LIMITS.headerBytesMax, `${big} bytes`);
+  // O(1): only the widths of numbers (at most 9 bytes each) and the bounded reasons differ.
+  assert.ok(big - small < 512, `grew from ${small} to ${big} bytes`);
+  const parsed = parseMessage<PrefillOutcome>(
+    structuredClone(outcome(prefillSummary(PROMPT_TOKENS_MAX, 3))) as unknown as Record<
+      string,
+      unknown
+    >,
+  );
+  assert.equal(parsed.telemetry!.computedTokens + parsed.telemetry!.cachedTokens, 262_144);
+});
+
+Deno.test("GenerateDone of a 2^20-token generation is as small as an 8-token one's", () => {
+  const done = (tokens: number): GenerateDone => ({
+    type: "GenerateDone",
+    handoffId: HANDOFF_ID,
+    ok: false,
+    message: "m".repeat(1024),
+    telemetry: decodeSummary(tokens),
+    mtpReady: true,
+  });
+  const big = headerBytes(done(GENERATE_TOKENS_MAX));
+  const small = headerBytes(done(8));
+  assert.ok(big <= CONTROL_FRAME_LIMITS.headerBytesMax, `${big} bytes`);
+  assert.ok(big - small < 64, `grew from ${small} to ${big} bytes`);
+  assert.equal(done(GENERATE_TOKENS_MAX).telemetry!.tokens, GENERATE_TOKENS_MAX);
+});
+
+Deno.test("the fullest TokenBatch and FirstToken encode within the control frame limits", () => {
+  // A batch is sent once its text reaches TOKEN_BATCH_TEXT_BYTES_MAX, so its text is at most
+  // that plus one more piece; 4-byte characters, and a piece as long as the whole bound.
+  const text = "\u{1F600}".repeat((2 * TOKEN_BATCH_TEXT_BYTES_MAX) / 4);
+  const batch: TokenBatch = {
+    type: "TokenBatch",
+    handoffId: HANDOFF_ID,
+    tokens: new Array(TOKEN_BATCH_TOKENS_MAX).fill(TOKEN_MAX),
+    text,
+    logitsSha256: new Array(TOKEN_BATCH_TOKENS_MAX).fill(DIGEST),
+  };
+  assert.ok(headerBytes(batch) <= CONTROL_FRAME_LIMITS.headerBytesMax);
+  assert.equal(parseMessage<TokenBatch>({ ...batch }).tokens.length, TOKEN_BATCH_TOKENS_MAX);
+  const first: FirstToken = {
+    type: "FirstToken",
+    handoffId: HANDOFF_ID,
+    token: TOKEN_MAX,
+    text: "\u{1F600}".repeat(TOKEN_BATCH_TEXT_BYTES_MAX / 2),
+    logitsSha256: DIGEST,
+    sentAfterPrefillMs: 1e9,
+    prefillEndEpochMs: 4e12,
+  };
+  assert.ok(headerBytes(first) <= CONTROL_FRAME_LIMITS.headerBytesMax);
+  assert.equal(parseMessage<FirstToken>({ ...first }).token, TOKEN_MAX);
+});
+
+Deno.test("a 262,144-token prompt at the stated bytes per token fits the prompt path", () => {
+  const prompt = "x".repeat(PROMPT_BYTES_MAX);
+  const payload = new TextEncoder().encode(prompt);
+  const request: PrefillRequest = {
+    type: "PrefillRequest",
+    handoffId: HANDOFF_ID,
+    tenantId: "t".repeat(128),
+    prompt,
+    generateTokens: GENERATE_TOKENS_MAX,
+    sampling: { temperature: 1, topK: 40, topP: 0.95, seed: 0xffffffff },
+    decode: { host: "h".repeat(256), port: 65535, nodeId: "n".repeat(64) },
+    probe: true,
+  };
+  assert.ok(PROMPT_BYTES_MAX >= PROMPT_TOKENS_MAX * 64);
+  // The prompt travels as the payload; the header carries everything else.
+  const { prompt: _, ...rest } = request;
+  assert.ok(headerBytes({ ...rest, prompt: null }, payload) <= CONTROL_FRAME_LIMITS.headerBytesMax);
+  assert.equal(parseMessage<PrefillRequest>({ ...request }).prompt.length, PROMPT_BYTES_MAX);
+  assert.throws(
+    () => encodeFrame({}, new Uint8Array(PROMPT_BYTES_MAX + 1), { limits: CONTROL_FRAME_LIMITS }),
+    /payloadBytesMax/,
+  );
+  const generate: GenerateRequest = {
+    type: "GenerateRequest",
+    handoffId: HANDOFF_ID,
+    tenantId: "t".repeat(128),
+    generateTokens: GENERATE_TOKENS_MAX,
+    mode: "local",
+    prompt,
+    sampling: request.sampling,
+    probe: true,
+    sentTokens: new Array(SENT_TOKENS_MAX).fill(TOKEN_MAX),
+  };
+  assert.equal(parseMessage<GenerateRequest>({ ...generate }).sentTokens!.length, SENT_TOKENS_MAX);
+});
+
+Deno.test("a TokenBatch over its token bound, or with stray digests, is refused by name", () => {
+  const batch = {
+    type: "TokenBatch",
+    handoffId: HANDOFF_ID,
+    tokens: new Array(TOKEN_BATCH_TOKENS_MAX + 1).fill(1),
+    text: "",
+    logitsSha256: [],
+  };
+  assert.throws(() => parseMessage(batch), /field "tokens"/);
+  assert.throws(
+    () => parseMessage({ ...batch, tokens: [1], logitsSha256: [DIGEST, DIGEST] }),
+    /field "logitsSha256"/,
+  );
+});
