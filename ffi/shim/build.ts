@@ -22,6 +22,7 @@ export const SHIM_SOURCES = [
   "_import.cpp",
   "_facts.cpp",
   "_crc32c.cpp",
+  "_capture.cpp",
 ] as const;
 const SHIM_HEADERS = ["skippy_shim.h", "_internal.h", "_crc32c.h"] as const;
 
