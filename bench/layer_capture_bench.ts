@@ -12,13 +12,21 @@
  *
  * Per mode: the last chunk's decode time; when layers become ready relative to the decode's end
  * (negative = before it); how long after the end the last layer is in JavaScript's hands; and
- * the time of a full PARTIAL_ONLY export after the decode (what the capture replaces).
+ * the time of a full PARTIAL_ONLY export after the decode (what the capture replaces). Wall
+ * times on a shared machine are noisy; the CPU column (all threads of the process, Linux) shows
+ * the work itself.
  *
  * `deno run -A --unstable-net bench/layer_capture_bench.ts --model <gguf> [--prompt 1024]
  * [--chunk 512] [--repeats 3] [--threads 2]`
  */
 import { parseArgs } from "node:util";
-import { type ContextOptions, LlamaBatch, LlamaContext, LlamaModel, loadLlama } from "../ffi/mod.ts";
+import {
+  type ContextOptions,
+  LlamaBatch,
+  LlamaContext,
+  LlamaModel,
+  loadLlama,
+} from "../ffi/mod.ts";
 import { LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY } from "../ffi/llama.ts";
 import { LayerCapture } from "../ffi/layer_capture.ts";
 import { testTokens } from "../testing/models.ts";
@@ -29,6 +37,8 @@ type Mode = typeof MODES[number];
 
 interface Run {
   decodeMs: number;
+  /** CPU time all threads of this process spent during the decode (Linux; NaN elsewhere). */
+  decodeCpuMs: number;
   /** Per recurrent layer: ready time minus decode end, ms (armed modes). */
   readyVsEndMs: number[];
   /** Last layer drained by JavaScript, minus decode end, ms (copy mode). */
@@ -36,6 +46,8 @@ interface Run {
   exportMs: number;
   exact: boolean | null;
   observed: number;
+  /** Callback time copying rows (native clock). */
+  copyMs: number;
 }
 
 export interface LayerCaptureBenchOptions {
@@ -89,6 +101,7 @@ export async function runLayerCaptureBench(o: LayerCaptureBenchOptions): Promise
     const armed = mode === "armed, no copy" || mode === "armed + copy";
     if (c && armed) await c.arm(0, finalPos, { copyRows: mode === "armed + copy" });
     const clock = () => c?.nowNs() ?? BigInt(Math.round(performance.now() * 1e6));
+    const cpu0 = cpuNs();
     const t0 = clock();
     const done = ctx.decode(batch);
     let drained = 0n;
@@ -100,10 +113,12 @@ export async function runLayerCaptureBench(o: LayerCaptureBenchOptions): Promise
     await done;
     const end = clock();
     await drainedAll;
+    const cpu1 = cpuNs();
     const readyVsEndMs = c && armed
       ? Array.from({ length: c.nLayers }, (_, k) => ms(c.readyNs(k) - end))
       : [];
     const observed = c?.stats().observed ?? 0;
+    const copyMs = c?.stats().copyMs ?? 0;
     if (c && armed) await c.disarm();
     const e0 = performance.now();
     const blob = await ctx.stateSeqGet(0, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
@@ -111,11 +126,13 @@ export async function runLayerCaptureBench(o: LayerCaptureBenchOptions): Promise
     const exact = mode === "armed + copy" && c ? equal(c.snapshot(), blob) : null;
     return {
       decodeMs: ms(end - t0),
+      decodeCpuMs: cpu0 === null || cpu1 === null ? NaN : ms(cpu1 - cpu0),
       readyVsEndMs,
       drainedVsEndMs: mode === "armed + copy" ? ms(drained - end) : NaN,
       exportMs,
       exact,
       observed,
+      copyMs,
     };
   };
 
@@ -141,24 +158,32 @@ export async function runLayerCaptureBench(o: LayerCaptureBenchOptions): Promise
     return [
       mode,
       col((r) => r.decodeMs),
+      Math.min(...rs.map((r) => r.decodeMs)),
+      col((r) => r.decodeCpuMs),
+      Math.min(...rs.map((r) => r.decodeCpuMs)),
       armed ? col((r) => r.readyVsEndMs[0]) : "-",
       armed ? col((r) => median(r.readyVsEndMs)) : "-",
       armed ? col((r) => r.readyVsEndMs.at(-1)!) : "-",
       mode === "armed + copy" ? col((r) => r.drainedVsEndMs) : "-",
       col((r) => r.exportMs),
       rs[0].observed,
+      mode === "armed + copy" ? col((r) => r.copyMs) : "-",
       rs[0].exact === null ? "-" : rs.every((r) => r.exact) ? "yes" : "NO",
     ];
   });
   lines.push(table([
     "mode",
     "last chunk ms",
+    "min",
+    "CPU ms",
+    "min",
     "layer 1 ready vs end ms",
     "median layer",
     "last layer",
     "last drained vs end ms",
     "PARTIAL_ONLY export ms",
     "observed nodes",
+    "callback copy ms",
     "capture exact",
   ], rows));
   const copy = runs.get("armed + copy")!;
@@ -174,6 +199,27 @@ export async function runLayerCaptureBench(o: LayerCaptureBenchOptions): Promise
   }
   info.close();
   return lines.join("\n");
+}
+
+/**
+ * Nanoseconds on CPU of every thread of this process so far (`/proc/self/task/N/schedstat`),
+ * or null where that is not readable. Wall time on a shared machine mostly measures the
+ * neighbours; CPU time shows what observing nodes costs.
+ */
+function cpuNs(): bigint | null {
+  try {
+    let sum = 0n;
+    for (const t of Deno.readDirSync("/proc/self/task")) {
+      try {
+        sum += BigInt(Deno.readTextFileSync(`/proc/self/task/${t.name}/schedstat`).split(" ")[0]);
+      } catch {
+        // the thread ended meanwhile
+      }
+    }
+    return sum;
+  } catch {
+    return null;
+  }
 }
 
 function equal(a: Uint8Array, b: Uint8Array): boolean {

@@ -58,10 +58,12 @@ export interface LayersOptions {
   pollMs?: number;
 }
 
-/** Counters of the last armed decode: nodes offered to the callback and nodes observed. */
+/** Counters since the last arm: nodes offered to the callback, nodes observed, copy time. */
 export interface CaptureStats {
   asked: number;
   observed: number;
+  /** Time the callback spent copying rows (on the decode's critical path). */
+  copyMs: number;
 }
 
 export type LayerCaptureStatus =
@@ -267,7 +269,11 @@ export class LayerCapture implements Disposable {
 
   stats(): CaptureStats {
     const info = this.#info();
-    return { asked: info[SHIM_CAPINFO.ASKED], observed: info[SHIM_CAPINFO.OBSERVED] };
+    return {
+      asked: info[SHIM_CAPINFO.ASKED],
+      observed: info[SHIM_CAPINFO.OBSERVED],
+      copyMs: info[SHIM_CAPINFO.COPY_NS] / 1e6,
+    };
   }
 
   /** Removes the callback from the context and frees the rows. Idempotent. */

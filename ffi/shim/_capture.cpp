@@ -70,7 +70,7 @@ struct skippy_capture {
     std::atomic<int32_t>                 n_ready{ 0 };
     std::atomic<int32_t>                 error{ SKIPPY_OK };
     char                                 message[256] = { 0 };
-    std::atomic<int64_t>                 asked{ 0 }, observed{ 0 };
+    std::atomic<int64_t>                 asked{ 0 }, observed{ 0 }, copy_ns{ 0 };
 
     size_t layers() const { return layer_of.size(); }
     uint8_t * conv_entry(size_t k) { return buf.data() + k * (ENTRY_HEAD + conv_row); }
@@ -142,12 +142,9 @@ bool on_eval(ggml_tensor * t, bool ask, void * user_data) {
     if (c->flags & SKIPPY_CAPTURE_COPY) {
         const size_t row = ssm ? c->ssm_row : c->conv_row;
         uint8_t *    dst = (ssm ? c->ssm_entry(k) : c->conv_entry(k)) + ENTRY_HEAD;
-        try {
-            ggml_backend_tensor_get(t->view_src, dst, (size_t) cell * row, row);
-        } catch (...) {
-            set_error(c, SKIPPY_E_NATIVE, "reading a recurrent row failed");
-            return true;
-        }
+        const int64_t t0 = now_ns();
+        ggml_backend_tensor_get(t->view_src, dst, (size_t) cell * row, row);
+        c->copy_ns.fetch_add(now_ns() - t0, std::memory_order_relaxed);
     }
     const uint8_t bit = ssm ? GOT_SSM : GOT_CONV;
     if (c->got[k] & bit) {
@@ -321,6 +318,7 @@ int32_t skippy_capture_arm(skippy_capture * c, int32_t seq, int32_t final_pos, u
     c->message[0] = 0;
     c->asked.store(0);
     c->observed.store(0);
+    c->copy_ns.store(0);
     c->armed.store(true, std::memory_order_release);
     return SKIPPY_OK;
 }
@@ -379,6 +377,7 @@ void skippy_capture_info(const skippy_capture * c, int64_t * out) {
     out[SKIPPY_CAPINFO_OBSERVED]  = c->observed.load();
     out[SKIPPY_CAPINFO_CONV_TYPE] = c->conv_type;
     out[SKIPPY_CAPINFO_SSM_TYPE]  = c->ssm_type;
+    out[SKIPPY_CAPINFO_COPY_NS]   = c->copy_ns.load();
 }
 
 } // extern "C"

@@ -78,6 +78,7 @@ export const SHIM_CAPINFO = {
   OBSERVED: 6,
   CONV_TYPE: 7,
   SSM_TYPE: 8,
+  COPY_NS: 9,
   LEN: 16,
 } as const;
 

@@ -131,6 +131,7 @@ SKIPPY_API int32_t skippy_seq_facts(struct llama_context * ctx, int32_t seq, int
 #define SKIPPY_CAPINFO_OBSERVED  6 /* nodes observed (each one splits the graph) since arm */
 #define SKIPPY_CAPINFO_CONV_TYPE 7 /* ggml type of the conv rows */
 #define SKIPPY_CAPINFO_SSM_TYPE  8
+#define SKIPPY_CAPINFO_COPY_NS   9 /* ns the callback spent copying rows since arm */
 #define SKIPPY_CAPINFO_LEN      16
 
 struct skippy_capture;
