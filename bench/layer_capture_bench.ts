@@ -3,6 +3,8 @@
  * prompt chunk of a hybrid model. Side by side in one run, medians of repeats, modes
  * interleaved per repeat:
  *
+ * Modes run in an order rotated per repeat.
+ *
  * - `no callback`: the context without the shim's eval callback (llama.cpp's default);
  * - `disarmed`: the callback installed, not armed (every node is asked, none observed);
  * - `armed, no copy`: each layer's two final-state writes observed (graph split there),
@@ -139,7 +141,11 @@ export async function runLayerCaptureBench(o: LayerCaptureBenchOptions): Promise
   const runs = new Map<Mode, Run[]>(MODES.map((m) => [m, []]));
   await runOnce("no callback"); // warm-up
   for (let r = 0; r < o.repeats; r++) {
-    for (const mode of MODES) runs.get(mode)!.push(await runOnce(mode));
+    // Rotated per repeat, so no mode always runs right after the same neighbour.
+    for (let i = 0; i < MODES.length; i++) {
+      const mode = MODES[(i + r) % MODES.length];
+      runs.get(mode)!.push(await runOnce(mode));
+    }
   }
   await setCallback(true);
   const info = capture!;
@@ -202,21 +208,15 @@ export async function runLayerCaptureBench(o: LayerCaptureBenchOptions): Promise
 }
 
 /**
- * Nanoseconds on CPU of every thread of this process so far (`/proc/self/task/N/schedstat`),
- * or null where that is not readable. Wall time on a shared machine mostly measures the
- * neighbours; CPU time shows what observing nodes costs.
+ * CPU time of this process so far, exited threads included (`/proc/self/stat` utime + stime,
+ * in clock ticks of 10 ms), or null where that is not readable. Wall time on a shared machine
+ * mostly measures the neighbours; CPU time shows the work itself.
  */
 function cpuNs(): bigint | null {
   try {
-    let sum = 0n;
-    for (const t of Deno.readDirSync("/proc/self/task")) {
-      try {
-        sum += BigInt(Deno.readTextFileSync(`/proc/self/task/${t.name}/schedstat`).split(" ")[0]);
-      } catch {
-        // the thread ended meanwhile
-      }
-    }
-    return sum;
+    const stat = Deno.readTextFileSync("/proc/self/stat");
+    const f = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+    return (BigInt(f[11]) + BigInt(f[12])) * 10_000_000n; // fields 14 and 15, CLK_TCK = 100
   } catch {
     return null;
   }
