@@ -6,7 +6,8 @@
  * Modes run in an order rotated per repeat.
  *
  * - `no callback`: the context without the shim's eval callback (llama.cpp's default);
- * - `disarmed`: the callback installed, not armed (every node is asked, none observed);
+ * - `disarmed`: a capture open but not armed (the callback is only on the context while armed,
+ *   so this should equal `no callback`);
  * - `armed, no copy`: each layer's two final-state writes observed (graph split there),
  *   readiness times only;
  * - `armed + copy`: observed, rows copied in the callback, and drained by JavaScript as they

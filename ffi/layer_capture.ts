@@ -22,8 +22,8 @@
  * ```
  *
  * Ownership: the rows live in the shim's buffer until the next `arm` or `close`; `layers()` and
- * `layer()` return copies the caller owns. Close the capture before freeing its context (the
- * callback is installed on the context).
+ * `layer()` return copies the caller owns. The callback is on the context only between `arm`
+ * and `disarm`; close the capture before freeing its context.
  */
 import { assert, RuntimeLibraryError, StateValidationError } from "../core/errors.ts";
 import type { LlamaContext } from "./context.ts";

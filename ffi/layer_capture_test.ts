@@ -160,7 +160,7 @@ captureTest("the capture is refused, with a reason, where it cannot work", async
   await withContext("hybrid", async (ctx) => {
     using first = await openCapture(ctx);
     const second = await LayerCapture.open(ctx);
-    assert.match(second.ok ? "" : second.reason, /already has an eval callback/);
+    assert.match(second.ok ? "" : second.reason, /already has a layer capture/);
     first.close();
     using third = await openCapture(ctx); // closing removed the callback
     assert.ok(third.nLayers > 0);

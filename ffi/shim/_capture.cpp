@@ -28,7 +28,9 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 using namespace skippy;
@@ -38,6 +40,10 @@ namespace {
 constexpr size_t ENTRY_HEAD = sizeof(int32_t) + sizeof(uint64_t); // {i32 type, u64 row bytes}
 constexpr uint8_t GOT_CONV  = 1;
 constexpr uint8_t GOT_SSM   = 2;
+
+// Contexts with an open capture: one capture per context.
+std::mutex                               open_mutex;
+std::unordered_set<const llama_context *> open_contexts;
 
 int64_t now_ns() {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -159,6 +165,23 @@ bool on_eval(ggml_tensor * t, bool ask, void * user_data) {
     return true;
 }
 
+// The callback is on the context only while armed, so unarmed decodes run the graph exactly as
+// without a capture (no per-node questions, no per-split synchronization).
+void install(skippy_capture * c) {
+    c->ctx->cparams.cb_eval           = on_eval;
+    c->ctx->cparams.cb_eval_user_data = c;
+    ggml_backend_sched_set_eval_callback(c->ctx->get_sched(), on_eval, c);
+}
+
+void uninstall(skippy_capture * c) {
+    llama_context * ctx = c->ctx;
+    if (ctx->cparams.cb_eval == on_eval && ctx->cparams.cb_eval_user_data == c) {
+        ctx->cparams.cb_eval           = nullptr;
+        ctx->cparams.cb_eval_user_data = nullptr;
+        ggml_backend_sched_set_eval_callback(ctx->get_sched(), nullptr, nullptr);
+    }
+}
+
 // Compares inline reads of the context with libllama's exported accessors.
 int32_t check_context(llama_context * ctx, err_sink e) {
     if (&ctx->cparams != &ctx->get_cparams() || ctx->sched.get() != ctx->get_sched() ||
@@ -184,6 +207,12 @@ int32_t open_capture(llama_context * ctx, skippy_capture * c, err_sink e) {
     }
     if (ctx->cparams.cb_eval != nullptr) {
         return fail(e, SKIPPY_E_KIND, "the context already has an eval callback");
+    }
+    {
+        std::lock_guard<std::mutex> lock(open_mutex);
+        if (open_contexts.count(ctx) != 0) {
+            return fail(e, SKIPPY_E_KIND, "the context already has a layer capture");
+        }
     }
     llama_memory_recurrent * m = v.recr;
     if (m->n_rs_seq != 0) {
@@ -244,9 +273,10 @@ int32_t open_capture(llama_context * ctx, skippy_capture * c, err_sink e) {
     for (size_t k = 0; k < n; k++) {
         c->ready_ns[k].store(0);
     }
-    ctx->cparams.cb_eval           = on_eval;
-    ctx->cparams.cb_eval_user_data = c;
-    ggml_backend_sched_set_eval_callback(ctx->get_sched(), on_eval, c);
+    std::lock_guard<std::mutex> lock(open_mutex);
+    if (!open_contexts.insert(ctx).second) {
+        return fail(e, SKIPPY_E_KIND, "the context already has a layer capture");
+    }
     return SKIPPY_OK;
 }
 
@@ -287,11 +317,10 @@ void skippy_capture_close(skippy_capture * c) {
         return;
     }
     c->armed.store(false);
-    llama_context * ctx = c->ctx;
-    if (ctx->cparams.cb_eval == on_eval && ctx->cparams.cb_eval_user_data == c) {
-        ctx->cparams.cb_eval           = nullptr;
-        ctx->cparams.cb_eval_user_data = nullptr;
-        ggml_backend_sched_set_eval_callback(ctx->get_sched(), nullptr, nullptr);
+    uninstall(c);
+    {
+        std::lock_guard<std::mutex> lock(open_mutex);
+        open_contexts.erase(c->ctx);
     }
     delete c;
 }
@@ -304,6 +333,10 @@ int32_t skippy_capture_arm(skippy_capture * c, int32_t seq, int32_t final_pos, u
     }
     if (seq < 0 || (size_t) seq >= c->mem->cells.size() || final_pos < 0) {
         return fail(e, SKIPPY_E_ARG, "sequence %d or position %d out of range", seq, final_pos);
+    }
+    const auto & p = c->ctx->cparams;
+    if (p.cb_eval != nullptr && !(p.cb_eval == on_eval && p.cb_eval_user_data == c)) {
+        return fail(e, SKIPPY_E_KIND, "the context has another eval callback");
     }
     c->armed.store(false);
     c->seq       = seq;
@@ -320,12 +353,14 @@ int32_t skippy_capture_arm(skippy_capture * c, int32_t seq, int32_t final_pos, u
     c->observed.store(0);
     c->copy_ns.store(0);
     c->armed.store(true, std::memory_order_release);
+    install(c);
     return SKIPPY_OK;
 }
 
 void skippy_capture_disarm(skippy_capture * c) {
     if (c != nullptr) {
         c->armed.store(false, std::memory_order_release);
+        uninstall(c);
     }
 }
 

@@ -108,9 +108,10 @@ SKIPPY_API int32_t skippy_page_import(struct llama_context * ctx, int32_t cache,
 SKIPPY_API int32_t skippy_seq_facts(struct llama_context * ctx, int32_t seq, int32_t * out, char * err,
                          uint64_t err_cap);
 
-/* Layer capture (see _capture.cpp). A capture is opened on a hybrid or recurrent context and
- * installs the shim's own eval callback there (llama_context_params.cb_eval and the scheduler),
- * which does nothing until armed. Armed for (seq, final_pos), it observes only the graph nodes
+/* Layer capture (see _capture.cpp). A capture is opened on a hybrid or recurrent context (one
+ * per context); arming installs the shim's own eval callback there (llama_context_params.cb_eval
+ * and the scheduler) and disarming removes it, so unarmed decodes run exactly as without one.
+ * Arm and disarm only while no decode runs on the context. Armed for (seq, final_pos), it observes only the graph nodes
  * that write the final conv and SSM rows of each recurrent layer into the recurrent memory,
  * and only in the ubatch that leaves the sequence's recurrent cell at final_pos; after each
  * such node is computed it copies that layer's rows of the sequence (ggml_backend_tensor_get)
@@ -141,9 +142,10 @@ SKIPPY_API struct skippy_capture * skippy_capture_open(struct llama_context * ct
                                                       uint64_t err_cap);
 /* Removes the callback from the context and frees the capture. */
 SKIPPY_API void skippy_capture_close(struct skippy_capture * c);
-/* Arms for the next decode(s): resets readiness; flags SKIPPY_CAPTURE_*. */
+/* Arms for the next decode(s): resets readiness, installs the callback; SKIPPY_CAPTURE_* flags. */
 SKIPPY_API int32_t skippy_capture_arm(struct skippy_capture * c, int32_t seq, int32_t final_pos,
                                       uint32_t flags, char * err, uint64_t err_cap);
+/* Stops observing and removes the callback. */
 SKIPPY_API void skippy_capture_disarm(struct skippy_capture * c);
 /* Layers ready so far (0..layers), or a negative code when the capture failed (message via
  * skippy_capture_error). Never blocks. */
