@@ -26,9 +26,12 @@ export const LLAMA_HEADERS = [
   "src/llama-adapter.h",
   "src/llama-arch.h",
   "src/llama-batch.h",
+  "src/llama-context.h",
   "src/llama-cparams.h",
+  "src/llama-ext.h",
   "src/llama-graph.h",
   "src/llama-hparams.h",
+  "src/llama-impl.h",
   "src/llama-io.h",
   "src/llama-kv-cache.h",
   "src/llama-kv-cache-iswa.h",
@@ -102,7 +105,10 @@ async function sourceTarball(dir: string): Promise<string> {
  * Idempotent and safe to interrupt: the folder appears (by rename) only when complete.
  */
 export async function ensureHeaders(cacheDir: string): Promise<string> {
-  const target = `${cacheDir}/llama-headers/${LLAMA_CPP_RELEASE}-${SOURCE_COMMIT.slice(0, 12)}`;
+  // The folder name carries the header count, so a longer list is fetched again, not reused.
+  const target = `${cacheDir}/llama-headers/${LLAMA_CPP_RELEASE}-${
+    SOURCE_COMMIT.slice(0, 12)
+  }-h${LLAMA_HEADERS.length}`;
   if (await exists(`${target}/.complete`)) return target;
   const work = `${cacheDir}/llama-headers/.work-${Deno.pid}`;
   await Deno.remove(work, { recursive: true }).catch(() => {});

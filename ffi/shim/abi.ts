@@ -64,6 +64,24 @@ export const SHIM_FACT = {
   LEN: 16,
 } as const;
 
+/** Layer-capture flags (`SKIPPY_CAPTURE_*`). */
+export const SHIM_CAPTURE = { COPY: 1 } as const;
+
+/** Indices into the capture info array (`SKIPPY_CAPINFO_*`). */
+export const SHIM_CAPINFO = {
+  LAYERS: 0,
+  N_LAYER: 1,
+  CONV_ROW: 2,
+  SSM_ROW: 3,
+  BYTES: 4,
+  ASKED: 5,
+  OBSERVED: 6,
+  CONV_TYPE: 7,
+  SSM_TYPE: 8,
+  COPY_NS: 9,
+  LEN: 16,
+} as const;
+
 const P = "pointer" as const;
 const BUF = "buffer" as const;
 
@@ -107,6 +125,18 @@ export const SHIM_SYMBOLS = {
     result: "i32",
     nonblocking: true,
   },
+  skippy_capture_open: { parameters: [P, BUF, "u64"], result: P },
+  skippy_capture_close: { parameters: [P], result: "void" },
+  skippy_capture_arm: { parameters: [P, "i32", "i32", "u32", BUF, "u64"], result: "i32" },
+  skippy_capture_disarm: { parameters: [P], result: "void" },
+  skippy_capture_ready: { parameters: [P], result: "i32" },
+  skippy_capture_error: { parameters: [P], result: P },
+  skippy_capture_layer: { parameters: [P, "i32"], result: "i32" },
+  skippy_capture_is_ready: { parameters: [P, "i32"], result: "i32" },
+  skippy_capture_ready_ns: { parameters: [P, "i32"], result: "i64" },
+  skippy_capture_now_ns: { parameters: [], result: "i64" },
+  skippy_capture_entries: { parameters: [P], result: P },
+  skippy_capture_info: { parameters: [P, BUF], result: "void" },
 } as const satisfies Deno.ForeignLibraryInterface;
 
 export type ShimSymbols = Deno.DynamicLibrary<typeof SHIM_SYMBOLS>["symbols"];

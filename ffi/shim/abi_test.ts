@@ -1,6 +1,8 @@
 import assert from "node:assert/strict";
 import {
   SHIM_CACHE,
+  SHIM_CAPINFO,
+  SHIM_CAPTURE,
   SHIM_FACT,
   SHIM_MEM,
   SHIM_PAGE,
@@ -27,6 +29,8 @@ Deno.test("abi.ts mirrors every constant of skippy_shim.h", () => {
   for (const [k, v] of Object.entries(SHIM_FACT)) {
     assert.equal(v, define(k === "LEN" ? "SKIPPY_FACTS_LEN" : `SKIPPY_FACT_${k}`), k);
   }
+  for (const [k, v] of Object.entries(SHIM_CAPTURE)) assert.equal(v, define(`SKIPPY_CAPTURE_${k}`));
+  for (const [k, v] of Object.entries(SHIM_CAPINFO)) assert.equal(v, define(`SKIPPY_CAPINFO_${k}`));
 });
 
 Deno.test("the ABI version is defined once in C", () => {

@@ -23,6 +23,7 @@ export const SHIM_SOURCES = [
   "_facts.cpp",
   "_crc32c.cpp",
   "_recurrent.cpp",
+  "_capture.cpp",
 ] as const;
 const SHIM_HEADERS = ["skippy_shim.h", "_internal.h", "_crc32c.h"] as const;
 

@@ -13,6 +13,8 @@
  *      chunks and frames are checksummed natively instead of in JavaScript.
  *      skippy_recurrent_layout / _export / _import: byte windows of a sequence's recurrent
  *      snapshot, so it is exported and imported chunk by chunk (see _recurrent.cpp).
+ *      Layer capture: a native cb_eval that copies each recurrent layer's final conv/SSM rows
+ *      of one sequence while the rest of the last ubatch still computes (skippy_capture_*).
  */
 #ifndef SKIPPY_SHIM_H
 #define SKIPPY_SHIM_H
@@ -127,6 +129,59 @@ SKIPPY_API int32_t skippy_recurrent_import(struct llama_context * ctx, int32_t s
 /* Fills out[SKIPPY_FACTS_LEN]. */
 SKIPPY_API int32_t skippy_seq_facts(struct llama_context * ctx, int32_t seq, int32_t * out, char * err,
                          uint64_t err_cap);
+
+/* Layer capture (see _capture.cpp). A capture is opened on a hybrid or recurrent context (one
+ * per context); arming installs the shim's own eval callback there (llama_context_params.cb_eval
+ * and the scheduler) and disarming removes it, so unarmed decodes run exactly as without one.
+ * Arm and disarm only while no decode runs on the context. Armed for (seq, final_pos), it observes only the graph nodes
+ * that write the final conv and SSM rows of each recurrent layer into the recurrent memory,
+ * and only in the ubatch that leaves the sequence's recurrent cell at final_pos; after each
+ * such node is computed it copies that layer's rows of the sequence (ggml_backend_tensor_get)
+ * into its own buffer, as the entries llama_state_seq_get_data_ext(PARTIAL_ONLY) writes
+ * ({i32 type, u64 row bytes, row}): all conv entries, then all SSM entries. A layer is ready
+ * when both its rows are; the count of ready layers is an atomic the caller may poll from any
+ * thread while the decode runs. Refused: n_rs_seq > 0, extra per-layer rows (PLE), a context
+ * that already has an eval callback. Close the capture before freeing its context. */
+#define SKIPPY_CAPTURE_COPY 1u /* copy rows (without it only readiness times are recorded) */
+
+/* Indices into the int64_t[SKIPPY_CAPINFO_LEN] of skippy_capture_info. */
+#define SKIPPY_CAPINFO_LAYERS    0 /* recurrent layers captured (entries per part) */
+#define SKIPPY_CAPINFO_N_LAYER   1 /* trunk layers (the snapshot's n_layer field) */
+#define SKIPPY_CAPINFO_CONV_ROW  2 /* conv row bytes (equal for every layer, else refused) */
+#define SKIPPY_CAPINFO_SSM_ROW   3 /* SSM row bytes */
+#define SKIPPY_CAPINFO_BYTES     4 /* bytes of all entries (conv entries then SSM entries) */
+#define SKIPPY_CAPINFO_ASKED     5 /* nodes offered to the callback since the last arm */
+#define SKIPPY_CAPINFO_OBSERVED  6 /* nodes observed (each one splits the graph) since arm */
+#define SKIPPY_CAPINFO_CONV_TYPE 7 /* ggml type of the conv rows */
+#define SKIPPY_CAPINFO_SSM_TYPE  8
+#define SKIPPY_CAPINFO_COPY_NS   9 /* ns the callback spent copying rows since arm */
+#define SKIPPY_CAPINFO_LEN      16
+
+struct skippy_capture;
+
+/* Opens a capture on ctx, or returns NULL with the reason in err. */
+SKIPPY_API struct skippy_capture * skippy_capture_open(struct llama_context * ctx, char * err,
+                                                      uint64_t err_cap);
+/* Removes the callback from the context and frees the capture. */
+SKIPPY_API void skippy_capture_close(struct skippy_capture * c);
+/* Arms for the next decode(s): resets readiness, installs the callback; SKIPPY_CAPTURE_* flags. */
+SKIPPY_API int32_t skippy_capture_arm(struct skippy_capture * c, int32_t seq, int32_t final_pos,
+                                      uint32_t flags, char * err, uint64_t err_cap);
+/* Stops observing and removes the callback. */
+SKIPPY_API void skippy_capture_disarm(struct skippy_capture * c);
+/* Layers ready so far (0..layers), or a negative code when the capture failed (message via
+ * skippy_capture_error). Never blocks. */
+SKIPPY_API int32_t skippy_capture_ready(const struct skippy_capture * c);
+SKIPPY_API const char * skippy_capture_error(const struct skippy_capture * c);
+/* Trunk layer index of recurrent entry k, and whether (1) it is ready. */
+SKIPPY_API int32_t skippy_capture_layer(const struct skippy_capture * c, int32_t k);
+SKIPPY_API int32_t skippy_capture_is_ready(const struct skippy_capture * c, int32_t k);
+/* steady-clock nanoseconds at which entry k became ready (0 = not ready). */
+SKIPPY_API int64_t skippy_capture_ready_ns(const struct skippy_capture * c, int32_t k);
+SKIPPY_API int64_t skippy_capture_now_ns(void);
+/* Start of all entries (conv entries, then SSM entries); layout from skippy_capture_info. */
+SKIPPY_API const uint8_t * skippy_capture_entries(const struct skippy_capture * c);
+SKIPPY_API void skippy_capture_info(const struct skippy_capture * c, int64_t * out);
 
 #ifdef __cplusplus
 }
