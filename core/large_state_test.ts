@@ -136,11 +136,18 @@ Deno.test("MTP KV pages stream in their own lane: a hole or a short lane is refu
     () => holed.forEach((h) => l1.accept(h)),
     /mtp-kv tokens \[512, 1024\) missing/,
   );
-  // A short lane: the last MTP page is missing when the snapshot arrives.
+  // A short lane: the last MTP page never comes; the snapshot fixed n, so verify refuses.
   const short = stream.filter((h) => h !== mtpPages[2]).map((h, seq) => ({ ...h, seq }));
   const l2 = ledger();
-  assert.throws(
-    () => short.forEach((h) => l2.accept(h)),
-    /mtp-kv pages .* end at 1024|end at 1536 but mtp-kv/,
-  );
+  for (const h of short) l2.accept(h);
+  const manifest = buildManifest({
+    handoffId: HANDOFF_ID,
+    identityDigest: DIGEST,
+    family: "hybrid-moe-mtp",
+    components: short.map(componentOf),
+    logical: { position: 1536, tokenCount: 1536 },
+  });
+  const verdict = l2.verifyAgainst({ ...manifest, tag: "ee".repeat(32) });
+  assert.equal(verdict.ok, false);
+  assert.match(verdict.ok ? "" : verdict.error.message, /mtp-kv tokens \[1024, 1536\) missing/);
 });

@@ -32,6 +32,8 @@ import { SHIM_CAPINFO, SHIM_CAPTURE } from "./shim/abi.ts";
 
 const SEQ_MAGIC = 0xaf143cd8;
 const ENTRY_HEAD_BYTES = 12;
+/** Bytes of a one-cell snapshot's header, up to the first conv entry. */
+const HEADER_BYTES = 28;
 const ERR_BYTES = 512;
 
 /** One recurrent layer's final rows. */
@@ -251,9 +253,21 @@ export class LayerCapture implements Disposable {
       throw new StateValidationError(`Layer capture holds ${n} of ${this.nLayers} layers`);
     }
     assert(this.#copyRows, "rows were not copied (armed with copyRows: false)");
-    const head = 28;
+    const head = HEADER_BYTES;
     const bytes = this.#info()[SHIM_CAPINFO.BYTES];
     const out = new Uint8Array(head + bytes);
+    out.set(this.header());
+    const base = this.shim.symbols.skippy_capture_entries(this.#ptr)!;
+    new Deno.UnsafePointerView(base).copyInto(out.subarray(head));
+    return out;
+  }
+
+  /**
+   * The snapshot header of the armed sequence and position (magic, seq, one cell at
+   * `finalPos`, s_trans, n_layer): what precedes the first conv entry in the PARTIAL_ONLY blob.
+   */
+  header(): Uint8Array<ArrayBuffer> {
+    const out = new Uint8Array(HEADER_BYTES);
     const d = new DataView(out.buffer);
     d.setUint32(0, SEQ_MAGIC, true);
     d.setInt32(4, this.#seq, true);
@@ -262,8 +276,6 @@ export class LayerCapture implements Disposable {
     d.setUint32(16, 0, true); // n_seq_id (0: a single-sequence export)
     d.setUint32(20, 0, true); // s_trans
     d.setUint32(24, this.nTrunkLayers, true);
-    const base = this.shim.symbols.skippy_capture_entries(this.#ptr)!;
-    new Deno.UnsafePointerView(base).copyInto(out.subarray(head));
     return out;
   }
 

@@ -54,6 +54,16 @@ export const CHUNK_TOKENS_MAX = 8192;
  */
 export const UBATCH_TOKENS = 512;
 
+/** Hooks into `prefill`. */
+export interface PrefillHooks {
+  /**
+   * Runs the last chunk's decode (`decode()`, which must be called exactly once) and may work
+   * beside it: the prefill worker captures each recurrent layer's final rows while later layers
+   * still compute. `finalPos` is the prompt's last position.
+   */
+  lastDecode?: (decode: () => Promise<void>, finalPos: number) => Promise<void>;
+}
+
 /** Per-chunk progress report from `prefill`. */
 export interface ChunkDone {
   /** Token positions [p0, p1) just computed. */
@@ -118,6 +128,7 @@ export class Engine implements Disposable {
   async prefill(
     tokens: Int32Array,
     onChunk?: (chunk: ChunkDone) => Promise<void> | void,
+    options: PrefillHooks = {},
   ): Promise<Float32Array> {
     if (tokens.length === 0) throw new UsageError("The prompt is empty");
     const needed = this.#pos + tokens.length;
@@ -133,7 +144,10 @@ export class Engine implements Disposable {
       const p0 = this.#pos;
       this.batch.fill(part, p0, i + chunk >= tokens.length);
       const t0 = performance.now();
-      await this.ctx.decode(this.batch);
+      const last = i + chunk >= tokens.length;
+      const decode = () => this.ctx.decode(this.batch);
+      if (last && options.lastDecode) await options.lastDecode(decode, p0 + part.length - 1);
+      else await decode();
       this.#pos += part.length;
       await onChunk?.({ p0, p1: this.#pos, computeMs: performance.now() - t0 });
     }

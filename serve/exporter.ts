@@ -14,6 +14,7 @@ import {
   type ChunkHeader,
   type ComponentKind,
   componentOf,
+  concatBytes,
   DEFAULT_STATE_BOUNDS,
   encodePositions,
   encodeSampler,
@@ -40,7 +41,8 @@ import {
   recurrentLayout,
 } from "../ffi/state.ts";
 import type { LlamaContext } from "../ffi/mod.ts";
-import type { Engine } from "./engine.ts";
+import type { Engine, PrefillHooks } from "./engine.ts";
+import { LayerCapture, type LayerCaptureStatus } from "../ffi/layer_capture.ts";
 import type { ResolvedIdentity } from "./identity.ts";
 import type { MtpDraft } from "../ffi/mtp.ts";
 import { logitsDigest, probeStep } from "./probe.ts";
@@ -76,12 +78,29 @@ export interface ExportLimits {
    * per-chunk costs (tag, frame, ledger) stay negligible.
    */
   snapshotChunkBytes: number;
+  /**
+   * Send each recurrent layer's final rows while the last chunk still computes (the shim's
+   * layer capture); off, or where the capture cannot run, the snapshot is exported after.
+   */
+  layerCapture: boolean;
 }
 
 export const DEFAULT_EXPORT_LIMITS: Readonly<ExportLimits> = {
   chunkBytesMax: DEFAULT_STATE_BOUNDS.chunkPayloadBytesMax,
   snapshotChunkBytes: 4 * 1024 * 1024,
+  layerCapture: true,
 };
+
+/** One layer capture per context, opened on first use (it holds a snapshot-sized buffer). */
+const CAPTURES = new WeakMap<LlamaContext, Promise<LayerCaptureStatus>>();
+
+const warned = new Set<string>();
+/** Says `line` on stderr once per process: a fallback is never silent. */
+function warnOnce(line: string): void {
+  if (warned.has(line)) return;
+  warned.add(line);
+  console.error(`skippy: ${line}`);
+}
 
 /**
  * Called once, right after the last prefill chunk is computed and the first token sampled,
@@ -92,6 +111,8 @@ export type FirstTokenHook = (token: number, logits: Float32Array, prefillEndMs:
 
 export class StateExporter {
   #seq = 0;
+  /** Recurrent layers (by index) the layer capture already sent for this run. */
+  #captured = new Set<number>();
   /** Per paged kind: tokens per page that fit `chunkBytesMax`, once a range was too large. */
   readonly #pageTokens = new Map<string, number>();
 
@@ -134,6 +155,16 @@ export class StateExporter {
       firstToken = sampleToken(logits, sampling, sampler);
       onFirstToken?.(firstToken, logits, performance.now());
     };
+    const n = prompt.length;
+    // Recurrent layers sent while the last chunk computed (layer capture), by index.
+    const captured = new Set<number>();
+    const capture = await this.#capture();
+    const hooks: PrefillHooks = capture
+      ? {
+        lastDecode: (decode, finalPos) =>
+          this.#streamLayers(capture, decode, finalPos, n, sink, captured),
+      }
+      : {};
     const logits = await this.engine.prefill(prompt, async ({ p0, p1, computeMs }) => {
       chunkMs.push(computeMs);
       if (p1 === prompt.length) sampleFirst(ctx.logits(-1));
@@ -141,14 +172,71 @@ export class StateExporter {
       if (paged) await this.#pages("kv-page", ctx, p0, p1, sink);
       // The draft's KV for these positions is final too: it streams like the target's.
       if (this.draft) await this.#pages("mtp-kv", this.draft.ctx, p0, p1, sink);
-    });
-    const n = prompt.length;
+    }, hooks);
     if (firstToken < 0) sampleFirst(logits); // the engine's positions did not start at 0
     const firstLogitsSha256 = await logitsDigest(logits);
+    this.#captured = captured;
     await this.#exportTail(n, prompt, firstToken, sampling, sampler, sink);
     // The probe: continue one token here so the decoder can prove it continues identically.
     const { digest: probeLogitsSha256 } = await probeStep(this.engine, firstToken);
     return { nTokens: n, firstToken, probeLogitsSha256, firstLogitsSha256, chunkMs };
+  }
+
+  /** The layer capture for this engine's context, or null (off, or not possible: said once). */
+  async #capture(): Promise<LayerCapture | null> {
+    const family = this.identity.numerical.family;
+    const recurrent = family === "recurrent" || family === "hybrid" || family === "hybrid-moe-mtp";
+    if (!recurrent || !this.limits.layerCapture) return null;
+    const ctx = this.engine.ctx;
+    let opening = CAPTURES.get(ctx);
+    if (!opening) CAPTURES.set(ctx, opening = LayerCapture.open(ctx));
+    const status = await opening;
+    if (!status.ok) {
+      warnOnce(`layer capture off (${status.reason}): the recurrent snapshot is exported after prefill`);
+      return null;
+    }
+    return status.capture;
+  }
+
+  /**
+   * Runs the last chunk's decode with the capture armed, sending each recurrent layer (its conv
+   * run, then its ssm run) as soon as its final rows are computed, while later layers still
+   * run. Layers the capture did not deliver are exported after prefill (said once).
+   */
+  async #streamLayers(
+    capture: LayerCapture,
+    decode: () => Promise<void>,
+    finalPos: number,
+    n: number,
+    sink: ChunkSink,
+    sent: Set<number>,
+  ): Promise<void> {
+    const trunkKinds = this.identity.numerical.layerKinds.filter((k) => k !== "mtp");
+    const recurrentAt = trunkKinds.flatMap((k, i) => (k === "recurrent" ? [i] : []));
+    if (capture.nLayers !== recurrentAt.length) return await decode();
+    await capture.arm(0, finalPos);
+    const done = decode();
+    try {
+      for await (const layer of capture.layers(done)) {
+        const i = layer.index;
+        const a = i === 0 ? 0 : recurrentAt[i];
+        const b = i === recurrentAt.length - 1 ? trunkKinds.length : recurrentAt[i + 1];
+        const conv = i === 0 ? concatBytes([capture.header(), layer.conv]) : layer.conv;
+        await sink(this.#chunk("conv", [a, b], conv, false, [0, n]), 0);
+        await sink(this.#chunk("ssm", [a, b], layer.ssm, false, [0, n]), 0);
+        sent.add(i);
+      }
+    } catch (error) {
+      await done; // a failed decode is the error that matters
+      warnOnce(
+        `layer capture incomplete (${
+          (error as Error).message
+        }): the remaining layers are exported after prefill`,
+      );
+    } finally {
+      await capture.disarm();
+    }
+    await done;
   }
 
   /**
@@ -198,7 +286,12 @@ export class StateExporter {
       await sink(chunk, performance.now() - t0);
     };
     if (family === "iswa") await timed("swa-kv", [0, n], () => exportSwa(ctx));
-    if (family === "recurrent" || family === "hybrid" || family === "hybrid-moe-mtp") {
+    const recurrentLayers = this.identity.numerical.layerKinds.filter((k) => k === "recurrent");
+    const allCaptured = this.#captured.size === recurrentLayers.length;
+    if (
+      (family === "recurrent" || family === "hybrid" || family === "hybrid-moe-mtp") &&
+      !allCaptured
+    ) {
       await this.#recurrent(n, sink);
     }
     if (this.draft) {
@@ -258,11 +351,16 @@ export class StateExporter {
       );
     }
     let exportMs = performance.now() - t0;
+    const captured = this.#captured;
     for (const part of ["conv", "ssm"] as const) {
       const list = spans[part];
       // The first conv run carries the snapshot header.
       const start = (a: number) => (part === "conv" && a === 0 ? 0 : list[a].start);
-      for (const [first, last] of this.#groups(list, start)) {
+      // After a partial capture, only the layers it missed, one run each.
+      const groups: [number, number][] = captured.size === 0
+        ? this.#groups(list, start)
+        : list.flatMap((_, i) => (captured.has(i) ? [] : [[i, i] as [number, number]]));
+      for (const [first, last] of groups) {
         const t1 = performance.now();
         const payload = await read(start(first), list[last].end);
         const a = first === 0 ? 0 : recurrentAt[first];

@@ -269,7 +269,12 @@ const STEPS: Record<string, (c: Ctx) => Promise<void>> = {
       decode: s.decode.peer,
       probe: false,
     }, new TextEncoder().encode(PROMPT));
-    const outcome = await withTimeout(toPrefill.receive(), HANG_MS, "PrefillOutcome"); // compute
+    // The first token comes first (FirstToken, and Progress while the state moves), then
+    // the outcome.
+    let outcome = await withTimeout(toPrefill.receive(), HANG_MS, "PrefillOutcome"); // compute
+    while (outcome && outcome.header.type !== "PrefillOutcome") {
+      outcome = await withTimeout(toPrefill.receive(), HANG_MS, "PrefillOutcome");
+    }
     assert.equal(outcome!.header.outcome, "committed");
     await toPrefill.close();
     const toDecode = await s.client.connect(s.decode.peer);
