@@ -267,7 +267,11 @@ const STEPS: Record<string, (c: Ctx) => Promise<void>> = {
       decode: s.decode.peer,
       probe: false,
     }, new TextEncoder().encode(PROMPT));
-    const outcome = await withTimeout(toPrefill.receive(), 5_000, "PrefillOutcome");
+    // The FirstToken (and any Progress) come before the outcome.
+    let outcome = await withTimeout(toPrefill.receive(), 5_000, "PrefillOutcome");
+    while (outcome!.header.type !== "PrefillOutcome") {
+      outcome = await withTimeout(toPrefill.receive(), 5_000, "PrefillOutcome");
+    }
     assert.equal(outcome!.header.outcome, "committed");
     await toPrefill.close();
     const toDecode = await s.client.connect(s.decode.peer);
