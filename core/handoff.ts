@@ -317,7 +317,10 @@ export interface HandoffTiming {
   leaseMs: number;
   /** Prefiller: how long one chunk may wait for credit before the decoder is deemed stalled. */
   creditStallMs: number;
-  /** Decoder: how long a reservation may stay uncommitted. */
+  /**
+   * Decoder: how long a reservation may stay uncommitted without a chunk staged (each staged
+   * chunk renews it, so a long prefill that streams pages never hits it).
+   */
   reservationMs: number;
   /** Prefiller: retries (fresh reservations) after the first attempt. */
   retriesMax: number;

@@ -37,7 +37,10 @@ export interface DecoderState {
   readonly stagesInFlight: number;
   /** A manifest that arrived while stages were still in flight. */
   readonly manifest: FinalManifest | null;
-  /** Time since the ReserveRequest; bounded by `reservationMs` until commit. */
+  /**
+   * Time since the ReserveRequest or the last staged chunk; bounded by `reservationMs` until
+   * commit (a lease renewed by progress).
+   */
   readonly reservedMs: number;
   readonly position: number | null;
   readonly outcome: { reason: AbortReason } | null;
@@ -143,7 +146,8 @@ const onChunkStaged: Handler = (s, e) => {
   if (e.type !== "ChunkStaged" || !isCount(e.creditBytes) || s.stagesInFlight === 0) {
     return _protocolError(s, e, "stage result without a stage in flight");
   }
-  const next: S = { ...s, stagesInFlight: s.stagesInFlight - 1 };
+  // Progress renews the reservation: `reservationMs` bounds a stall, never a long prompt.
+  const next: S = { ...s, stagesInFlight: s.stagesInFlight - 1, reservedMs: 0 };
   const actions: HandoffAction[] = [];
   if (e.creditBytes > 0 && next.manifest === null) {
     actions.push(_send(s, { type: "TransferCredit", creditBytes: e.creditBytes }));

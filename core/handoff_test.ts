@@ -297,3 +297,22 @@ Deno.test("leastAdvanced() is the minimum phase, Failed lowest", () => {
       Phase.Committed < Phase.Released,
   );
 });
+
+Deno.test("each staged chunk renews the decoder's reservation; a stall still expires it", () => {
+  const id = PARAMS.handoffId;
+  let d = createDecoder(resolveHandoffTiming({ reservationMs: 1000 }));
+  d = decoderStep(d, { type: "ReserveRequest", handoffId: id, attempt: 0 } as never).state;
+  d = decoderStep(d, { type: "Reserved", creditBytes: 1 << 30, bindingKey: newBindingKey() }).state;
+  const pages = completeStream("hybrid", 4096).filter((h) => h.kind === "kv-page");
+  // A long prefill: 800 ms between pages, 6.4 s in all, far past reservationMs.
+  for (const page of pages) {
+    d = decoderStep(d, { type: "Tick", elapsedMs: 800 }).state;
+    d = decoderStep(d, { type: "StateChunk", handoffId: id, attempt: 0, header: page }).state;
+    d = decoderStep(d, { type: "ChunkStaged", creditBytes: 0 }).state;
+    assert.equal(d.phase, Phase.Streaming);
+  }
+  // A stall: no chunk for longer than reservationMs.
+  const stalled = decoderStep(d, { type: "Tick", elapsedMs: 1001 });
+  assert.equal(stalled.state.phase, Phase.Failed);
+  assert.equal(stalled.state.outcome?.reason, "reservation-expired");
+});
