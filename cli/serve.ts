@@ -23,6 +23,7 @@ interface ServeFlags extends RuntimeFlags {
   maxIdleTimeoutMs: number;
   inflightBytesMax: number;
   committedIdleMs: number;
+  layerCapture: "on" | "off";
 }
 
 export function register(program: Command): void {
@@ -57,7 +58,7 @@ export function register(program: Command): void {
     )
     .option(
       "--reservation-ms <ms>",
-      "how long a decode reservation may stay uncommitted (it covers the whole prefill)",
+      "how long a decode reservation may wait for its next state chunk (renewed by each)",
       intArg(1, 86_400_000),
       DEFAULT_HANDOFF_TIMING.reservationMs,
     )
@@ -78,6 +79,12 @@ export function register(program: Command): void {
       "a committed session waits this long for its generate request",
       intArg(1, 3_600_000),
       30_000,
+    )
+    .addOption(
+      new Option(
+        "--layer-capture <on|off>",
+        "prefill: send each recurrent layer's final state while the last chunk still computes",
+      ).choices(["on", "off"]).default("on"),
     );
   addRuntimeOptions(cmd).action((flags: ServeFlags) => runServe(flags));
 }
@@ -99,6 +106,7 @@ async function runServe(flags: ServeFlags): Promise<void> {
     },
     link: { maxIdleTimeoutMs: flags.maxIdleTimeoutMs, inflightBytesMax: flags.inflightBytesMax },
     committedIdleMs: flags.committedIdleMs,
+    prefillLimits: { layerCapture: flags.layerCapture === "on" },
   });
   // The first SIGINT/SIGTERM stops cleanly: the listener and its endpoint close (freeing the
   // port), peers get a graceful close (bounded by closeTimeoutMs), and in-flight handoffs are

@@ -50,6 +50,8 @@ export type PrefillerTelemetryEvent =
 export type DecoderTelemetryEvent =
   | { type: "import"; atMs: number; kind: ComponentKind; bytes: number; durationMs: number }
   | { type: "manifest-received"; atMs: number }
+  /** The continuation probe's decode step on the decoder. */
+  | { type: "probe"; atMs: number; durationMs: number }
   | { type: "committed"; atMs: number }
   /** Readiness at commit: target state always, MTP when the family has it (null: no MTP). */
   | { type: "ready"; atMs: number; target: boolean; mtp: boolean | null }
@@ -78,6 +80,10 @@ export interface HandoffTelemetry {
   importMs: number;
   /** Decoder: manifest received to commit (validate, tail import, probe). */
   commitMs: number | null;
+  /** Decoder: the last import before commit (the import that could not overlap the wire). */
+  lastImportMs: number;
+  /** Decoder: the continuation probe's decode step (it also yields token 2's logits). */
+  probeMs: number | null;
   /** Prefiller: manifest sent to CommitAck. */
   commitRoundTripMs: number | null;
   /** Share of KV bytes of all chunks but the last that left before the last chunk finished. */
@@ -219,6 +225,8 @@ function _decoderSide(s: DecoderTelemetrySummary) {
   return {
     importMs: s.importMs,
     commitMs: _sub(s.committedMs, s.manifestReceivedMs),
+    lastImportMs: s.lastImportMs ?? 0,
+    probeMs: s.probeMs ?? null,
     targetReady: s.ready?.target ?? false,
     mtpReady: s.ready ? s.ready.mtp : null,
     tpotMs,

@@ -55,6 +55,10 @@ export interface PrefillerTelemetrySummary {
 /** What the decoder's events add up to: fixed-size, whatever the generation length. */
 export interface DecoderTelemetrySummary {
   importMs: number;
+  /** The last import before commit: what could not overlap the transfer. */
+  lastImportMs: number;
+  /** The continuation probe's decode (which also yields the second token's logits). */
+  probeMs: number | null;
   manifestReceivedMs: number | null;
   committedMs: number | null;
   ready: { target: boolean; mtp: boolean | null } | null;
@@ -178,6 +182,8 @@ export class PrefillerTelemetry {
 export class DecoderTelemetry {
   readonly #s: DecoderTelemetrySummary = {
     importMs: 0,
+    lastImportMs: 0,
+    probeMs: null,
     manifestReceivedMs: null,
     committedMs: null,
     ready: null,
@@ -191,6 +197,10 @@ export class DecoderTelemetry {
     switch (e.type) {
       case "import":
         s.importMs += e.durationMs;
+        s.lastImportMs = e.durationMs;
+        return;
+      case "probe":
+        s.probeMs = e.durationMs;
         return;
       case "manifest-received":
         s.manifestReceivedMs ??= e.atMs;

@@ -424,7 +424,10 @@ export class DecodeHandoff {
         this.input.draft.adoptPending(committed.mtpHidden);
       }
       this.input.engine.adoptPosition(this.input.request.promptTokens);
+      const t0 = performance.now();
       const { logits, digest } = await probeStep(this.input.engine, this.#tail.firstToken!);
+      const atMs = performance.now();
+      this.#telemetry.push({ type: "probe", atMs, durationMs: atMs - t0 });
       const want = this.#manifest?.probe?.logitsSha256;
       if (want !== undefined && digest !== want) {
         return this.#fail("ProbeFailed", "probe-failed", "continuation probe logits differ");

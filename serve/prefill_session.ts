@@ -34,6 +34,7 @@ import { PrefillerTelemetry } from "../core/telemetry.ts";
 import type { HandoffSender, PeerConnection } from "../transport/mod.ts";
 import type { Engine } from "./engine.ts";
 import {
+  DEFAULT_EXPORT_LIMITS,
   type ExportedChunk,
   type FirstTokenHook,
   reexportPage,
@@ -54,12 +55,15 @@ export interface PrefillLimits {
   retainedBytesMax: number;
   /** How often the table's timers are advanced. */
   tickMs: number;
+  /** Send recurrent layers while the last chunk computes (see ExportLimits.layerCapture). */
+  layerCapture: boolean;
 }
 
 export const DEFAULT_PREFILL_LIMITS: Readonly<PrefillLimits> = {
   exportQueueBytesMax: 256 * 1024 * 1024,
   retainedBytesMax: 1024 * 1024 * 1024,
   tickMs: 50,
+  layerCapture: true,
 };
 
 /** Pending events are few by construction (one chunk held, control messages bounded). */
@@ -401,7 +405,10 @@ export class PrefillHandoff {
   async #runExporter(): Promise<void> {
     const r = this.input.request;
     const { engine, identity, draft } = this.input;
-    const exporter = new StateExporter(engine, identity, r.handoffId, draft);
+    const exporter = new StateExporter(engine, identity, r.handoffId, draft, {
+      ...DEFAULT_EXPORT_LIMITS,
+      layerCapture: this.input.limits.layerCapture,
+    });
     const { seed, ...sampling } = r.sampling;
     try {
       const result = await exporter.run(

@@ -1,0 +1,250 @@
+/**
+ * The handoff's tail on `lab-state` (Nemotron 3 Super's state geometry: 8,192 B/token of KV,
+ * 172,687,360 B of recurrent state), side by side with its physical floors, in one run:
+ *
+ * - floor: (last page + recurrent snapshot + MTP state) / raw QUIC rate + import + 1 RTT, the
+ *   raw rate measured in the same run, import the decoder's import step after the last byte,
+ *   RTT a control round trip (StatsRequest) between the same processes;
+ * - layer floor: (last Mamba layer's state + last page) / raw QUIC rate + import + 1 RTT, what
+ *   remains when every other layer left while the last chunk still computed (layer capture).
+ *
+ * The measured tail is prefill end -> CommitAck on the prefill worker's clock. It contains
+ * the decoder's continuation probe (one decode step, which also yields token 2's logits), so
+ * the ratio is taken on the tail without that step; both are reported. TTFT is on the client's
+ * clock beside the prefill time: the first token leaves at prefill end. Two workers and the
+ * client share two cores here, so sending while computing competes with the prefill: prefill
+ * time is shown with layer capture on and off.
+ */
+import { ensureModelFile } from "../models/mod.ts";
+import { runHandoff } from "../serve/coordinator.ts";
+import { startLocalCluster } from "../serve/local_cluster.ts";
+import { queryStats } from "../serve/stats.ts";
+import { LlamaModel, loadLlama } from "../ffi/mod.ts";
+import { runTransportBench } from "./transport_bench.ts";
+import { type PayloadPathResult, runPayloadPathBench } from "./handoff_payload.ts";
+import { median, table } from "./stats.ts";
+import { lineChart } from "./svg.ts";
+
+export interface LabTailRow {
+  promptTokens: number;
+  layerCapture: boolean;
+  prefillMs: number;
+  ttftMs: number;
+  firstTokenAfterPrefillMs: number | null;
+  /** Prefill end -> CommitAck (prefill worker's clock). */
+  tailMs: number;
+  /** The decoder's continuation probe (one decode step). */
+  probeMs: number;
+  /** `tailMs - probeMs`: the transfer, import and commit round trip. */
+  tailToReadyMs: number;
+  lastImportMs: number;
+  tailBytes: number;
+  lastLayerBytes: number;
+  floorMs: number;
+  layerFloorMs: number;
+}
+
+export interface LabTailResult {
+  rawMBps: number;
+  rttMs: number;
+  payload: PayloadPathResult;
+  rows: LabTailRow[];
+}
+
+const MAMBA_LAYERS = 40;
+const CHUNK_TOKENS = 512;
+const SENTENCE = "the quick brown fox jumps over the lazy dog and ";
+
+export async function runLabTailBench(o: {
+  modelDir: string;
+  promptTokens: number[];
+  /** Prompt lengths also run with layer capture off. */
+  captureOffTokens: number[];
+  repeats: number;
+}): Promise<LabTailResult> {
+  const model = await ensureModelFile(o.modelDir, {
+    family: "hybrid",
+    preset: "lab-state",
+    seed: 1,
+  });
+  const transport = await runTransportBench({ transferMiB: 128, repeats: o.repeats });
+  const payload = await runPayloadPathBench({
+    modelPath: model,
+    promptTokens: 2048,
+    pageTokens: CHUNK_TOKENS,
+    repeats: o.repeats,
+  });
+  const perSentence = await tokensPerSentence(model);
+  const ctx = Math.ceil((Math.max(...o.promptTokens) + 256) / 256) * 256;
+  const rows: LabTailRow[] = [];
+  let rttMs = NaN;
+  for (const capture of [true, false]) {
+    const sizes = capture ? o.promptTokens : o.captureOffTokens;
+    if (sizes.length === 0) continue;
+    const cluster = await startLocalCluster({
+      args: ["--model", model, "--ctx", String(ctx), "--layer-capture", capture ? "on" : "off"],
+    });
+    try {
+      if (capture) rttMs = await controlRoundTripMs(cluster);
+      for (const size of sizes) {
+        const prompt = SENTENCE.repeat(Math.max(1, Math.round(size / perSentence)));
+        const runs = [];
+        for (let i = 0; i < o.repeats; i++) {
+          const r = await runHandoff(cluster.client, {
+            prefill: cluster.prefill.peer,
+            decode: cluster.decode.peer,
+            prompt,
+            generateTokens: 2,
+            sampling: { temperature: 0, topK: 40, topP: 0.95, seed: 1 },
+            tenantId: "bench",
+            probe: false,
+            timeoutMs: 600_000,
+          });
+          if (r.placement !== "disaggregated") {
+            throw new Error(`lab-state handoff fell back: ${r.fallbackReason}`);
+          }
+          runs.push(r);
+        }
+        rows.push(row(runs, capture, transport.rawMBpsMedian, rttMs));
+      }
+    } finally {
+      await cluster.stop();
+    }
+  }
+  return { rawMBps: transport.rawMBpsMedian, rttMs, payload, rows };
+}
+
+function row(
+  runs: Awaited<ReturnType<typeof runHandoff>>[],
+  capture: boolean,
+  rawMBps: number,
+  rttMs: number,
+): LabTailRow {
+  const t = runs.map((r) => r.telemetry);
+  const n = runs[0].promptTokens;
+  const b = t[0].bytesByComponent;
+  const lastPageTokens = n - Math.floor((n - 1) / CHUNK_TOKENS) * CHUNK_TOKENS;
+  const lastPage = (b["kv-page"] ?? 0) * (lastPageTokens / n);
+  const recurrent = (b.conv ?? 0) + (b.ssm ?? 0);
+  const mtp = (b["mtp-hidden"] ?? 0) + (b["mtp-kv"] ?? 0) * (lastPageTokens / n);
+  const tailBytes = lastPage + recurrent + mtp;
+  const lastLayerBytes = recurrent / MAMBA_LAYERS;
+  const lastImportMs = median(t.map((x) => x.lastImportMs));
+  const wireMs = (bytes: number) => bytes / (rawMBps * 1e6) * 1000;
+  const tailMs = median(t.map((x) => x.uncoveredTailMs ?? NaN));
+  const probeMs = median(t.map((x) => x.probeMs ?? 0));
+  return {
+    promptTokens: n,
+    layerCapture: capture,
+    prefillMs: median(t.map((x) => x.prefillMs ?? NaN)),
+    ttftMs: median(runs.map((r) => r.ttftMs)),
+    firstTokenAfterPrefillMs: median(runs.map((r) => r.firstTokenAfterPrefillMs ?? NaN)),
+    tailMs,
+    probeMs,
+    tailToReadyMs: median(t.map((x) => (x.uncoveredTailMs ?? NaN) - (x.probeMs ?? 0))),
+    lastImportMs,
+    tailBytes,
+    lastLayerBytes,
+    floorMs: wireMs(tailBytes) + lastImportMs + rttMs,
+    layerFloorMs: wireMs(lastLayerBytes + lastPage + mtp) + lastImportMs + rttMs,
+  };
+}
+
+/** Median of a few StatsRequest round trips to the decode worker: an upper bound on RTT. */
+async function controlRoundTripMs(
+  cluster: Awaited<ReturnType<typeof startLocalCluster>>,
+): Promise<number> {
+  const peer = await cluster.client.connect(cluster.decode.peer);
+  try {
+    const times: number[] = [];
+    for (let i = 0; i < 7; i++) {
+      const t0 = performance.now();
+      await queryStats(peer);
+      times.push(performance.now() - t0);
+    }
+    return median(times.slice(2));
+  } finally {
+    await peer.close();
+  }
+}
+
+async function tokensPerSentence(model: string): Promise<number> {
+  using m = await LlamaModel.load(loadLlama(), model);
+  return m.vocab.tokenize(SENTENCE.repeat(100), false).length / 100;
+}
+
+/** The `lab` section of `deno task bench`: table, notes and the tail-vs-floor chart. */
+export async function labTailSection(o: { quick: boolean; modelDir: string }) {
+  const r = await runLabTailBench({
+    modelDir: o.modelDir,
+    promptTokens: o.quick ? [512] : [512, 2048, 8192],
+    captureOffTokens: o.quick ? [] : [512, 2048],
+    repeats: o.quick ? 1 : 2,
+  });
+  const on = r.rows.filter((x) => x.layerCapture);
+  const off = r.rows.filter((x) => !x.layerCapture);
+  const pts = (rows: LabTailRow[], f: (x: LabTailRow) => number) =>
+    rows.map((x) => ({ x: x.promptTokens, y: f(x) }));
+  const p = r.payload;
+  return {
+    name: "lab",
+    rows: r,
+    table: table(
+      [
+        "prompt",
+        "capture",
+        "prefill ms",
+        "TTFT ms",
+        "1st tok after prefill ms",
+        "tail ms",
+        "probe ms",
+        "tail-probe ms",
+        "floor ms",
+        "x floor",
+        "layer floor ms",
+        "x layer floor",
+      ],
+      r.rows.map((x) => [
+        x.promptTokens,
+        x.layerCapture ? "on" : "off",
+        x.prefillMs,
+        x.ttftMs,
+        x.firstTokenAfterPrefillMs ?? NaN,
+        x.tailMs,
+        x.probeMs,
+        x.tailToReadyMs,
+        x.floorMs,
+        x.tailToReadyMs / x.floorMs,
+        x.layerFloorMs,
+        x.tailToReadyMs / x.layerFloorMs,
+      ]),
+    ),
+    notes: [
+      `lab-state hybrid (88 layers: 40 Mamba2 with d_inner 8192 / d_state 128, 8 attention with 2 KV heads x 128; hidden 64): 8,192 B/token of KV, 172,687,360 B recurrent. Raw QUIC ${
+        r.rawMBps.toFixed(0)
+      } MB/s and control round trip ${r.rttMs.toFixed(2)} ms, measured in this run.`,
+      "tail: prefill end -> CommitAck; probe: the decoder's continuation probe (one decode step, which also yields token 2's logits); the floors are compared with tail - probe.",
+      `Payload path on lab-state (${p.pages} real KV pages of ${p.pageTokens} tokens, ${
+        (p.stateBytes / 1e6).toFixed(1)
+      } MB: binding tag, framing, credit, CRC-32C check, append-import): ${
+        p.payloadMBps.toFixed(0)
+      } MB/s vs raw QUIC ${p.rawMBps.toFixed(0)} MB/s, ratio ${p.ratio.toFixed(2)}.`,
+      "Both workers and the client share two cores: sending while the last chunk computes competes with it (prefill ms, capture on vs off).",
+    ],
+    charts: {
+      "lab-tail-vs-floor.svg": lineChart([
+        { name: "tail - probe, layer capture on", points: pts(on, (x) => x.tailToReadyMs) },
+        ...(off.length
+          ? [{ name: "tail - probe, layer capture off", points: pts(off, (x) => x.tailToReadyMs) }]
+          : []),
+        { name: "floor (snapshot + last page)", points: pts(on, (x) => x.floorMs) },
+        { name: "layer floor (last layer + last page)", points: pts(on, (x) => x.layerFloorMs) },
+      ], {
+        title: "lab-state: uncovered handoff tail vs its floors",
+        xLabel: "prompt tokens",
+        yLabel: "ms",
+        logX: true,
+      }),
+    },
+  };
+}
