@@ -54,7 +54,16 @@ export type DecoderTelemetryEvent =
   | { type: "probe"; atMs: number; durationMs: number }
   | { type: "committed"; atMs: number }
   /** Readiness at commit: target state always, MTP when the family has it (null: no MTP). */
-  | { type: "ready"; atMs: number; target: boolean; mtp: boolean | null }
+  | {
+    type: "ready";
+    atMs: number;
+    target: boolean;
+    mtp: boolean | null;
+    /** Bitwise parity with the decoder's own colocated run: claimed, or not (and why). */
+    parity?: "bitwise" | "not-claimed" | null;
+    /** The parity-only identity fields that differ (names, no values). */
+    parityFields?: string[];
+  }
   /** A generated token left the decoder. */
   | { type: "token"; atMs: number };
 
@@ -80,6 +89,10 @@ export interface HandoffTelemetry {
   importMs: number;
   /** Decoder: manifest received to commit (validate, tail import, probe). */
   commitMs: number | null;
+  /** Decoder: whether bitwise parity with its own colocated run is claimed (null: unknown). */
+  parity: "bitwise" | "not-claimed" | null;
+  /** Decoder: the parity-only identity fields that differ. */
+  parityFields: string[];
   /** Decoder: the last import before commit (the import that could not overlap the wire). */
   lastImportMs: number;
   /** Decoder: the continuation probe's decode step (it also yields token 2's logits). */
@@ -228,6 +241,8 @@ function _decoderSide(s: DecoderTelemetrySummary) {
     lastImportMs: s.lastImportMs ?? 0,
     probeMs: s.probeMs ?? null,
     targetReady: s.ready?.target ?? false,
+    parity: s.ready?.parity ?? null,
+    parityFields: s.ready?.parityFields ?? [],
     mtpReady: s.ready ? s.ready.mtp : null,
     tpotMs,
   };
@@ -270,6 +285,10 @@ export function formatTelemetry(
     }
     parts.push(`target ${t.targetReady ? "ready" : "not ready"}`);
     if (t.mtpReady !== null) parts.push(`MTP ${t.mtpReady ? "ready" : "not ready"}`);
+    if (t.parity === "bitwise") parts.push("parity bitwise");
+    if (t.parity === "not-claimed") {
+      parts.push(`parity not claimed (${t.parityFields.join(", ") || "unknown"})`);
+    }
   } else {
     parts.push(`commit round trip ${_ms(t.commitRoundTripMs)}`);
   }

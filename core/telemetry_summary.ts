@@ -61,7 +61,12 @@ export interface DecoderTelemetrySummary {
   probeMs: number | null;
   manifestReceivedMs: number | null;
   committedMs: number | null;
-  ready: { target: boolean; mtp: boolean | null } | null;
+  ready: {
+    target: boolean;
+    mtp: boolean | null;
+    parity?: "bitwise" | "not-claimed" | null;
+    parityFields?: string[];
+  } | null;
   tokens: number;
   firstTokenAtMs: number | null;
   lastTokenAtMs: number | null;
@@ -209,7 +214,12 @@ export class DecoderTelemetry {
         s.committedMs ??= e.atMs;
         return;
       case "ready":
-        s.ready = { target: e.target, mtp: e.mtp };
+        s.ready = {
+          target: e.target,
+          mtp: e.mtp,
+          parity: e.parity ?? null,
+          parityFields: [...(e.parityFields ?? [])].slice(0, 16),
+        };
         return;
       case "token":
         s.tokens++;

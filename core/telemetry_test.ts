@@ -135,3 +135,27 @@ Deno.test("retries and fallback reasons are reported by machine-readable reason"
     /retries 2 \(connection-lost, reserve-timeout\) fallback probe-failed/,
   );
 });
+
+Deno.test("the decoder's parity verdict reaches the record and the line, fields by name only", () => {
+  const decoder: DecoderTelemetryEvent[] = [
+    { type: "manifest-received" as const, atMs: 10 },
+    { type: "committed" as const, atMs: 12 },
+    {
+      type: "ready" as const,
+      atMs: 12,
+      target: true,
+      mtp: null,
+      parity: "not-claimed" as const,
+      parityFields: ["computeDevice"],
+    },
+  ];
+  const t = deriveTelemetry({ prefiller: [], decoder });
+  assert.equal(t.parity, "not-claimed");
+  assert.deepEqual(t.parityFields, ["computeDevice"]);
+  assert.match(formatTelemetry(t), /parity not claimed \(computeDevice\)/);
+  const bitwise = deriveTelemetry({
+    prefiller: [],
+    decoder: [{ type: "ready", atMs: 12, target: true, mtp: null, parity: "bitwise" }],
+  });
+  assert.equal(bitwise.parity, "bitwise");
+});

@@ -19,6 +19,7 @@ import {
   type HandoffAction,
   type HandoffEvent,
   type HandoffTiming,
+  type ParityVerdict,
   IdentityMismatchError,
   LimitExceededError,
   newBindingKey,
@@ -81,6 +82,8 @@ export class DecodeHandoff {
   #binding: BindingContext | null = null;
   readonly #tail: StagedTail;
   readonly #trunkKinds: readonly string[];
+  /** Whether bitwise parity with this worker's own colocated run can be claimed. */
+  #parity: ParityVerdict | null = null;
   #receiver: HandoffReceiver | null = null;
   #manifest: FinalManifest | null = null;
   #nextLogits: Float32Array | null = null;
@@ -284,7 +287,7 @@ export class DecodeHandoff {
     const own = this.input.identity;
     try {
       const nCtx = this.input.engine.ctx.nCtx;
-      checkReservation(request, this.input.peer, {
+      this.#parity = checkReservation(request, this.input.peer, {
         nodeId: this.input.nodeId,
         identity: own,
         nCtx,
@@ -443,7 +446,14 @@ export class DecodeHandoff {
     const now = performance.now();
     const mtp = this.input.draft !== null;
     this.#telemetry.push({ type: "committed", atMs: now });
-    this.#telemetry.push({ type: "ready", atMs: now, target: true, mtp: mtp ? true : null });
+    this.#telemetry.push({
+      type: "ready",
+      atMs: now,
+      target: true,
+      mtp: mtp ? true : null,
+      parity: this.#parity?.parity ?? null,
+      parityFields: this.#parity?.differingFields.map(String) ?? [],
+    });
     return {
       handoffId: this.handoffId,
       tenantId: this.input.request.tenantId,
