@@ -115,6 +115,7 @@ async function transferPages(
   const staged = await StagedImport.open(decoder, { nTokens });
   const started = performance.now();
   const receiving = (async () => {
+    let importing = Promise.resolve();
     const receiver = (await server.acceptHandoffStream())!.accept();
     for await (const frame of receiver) {
       const h = frame.header as Record<string, unknown>;
@@ -122,8 +123,11 @@ async function transferPages(
       const header = h.header as ChunkHeader;
       if (!await verifyChunkTag(binding, header, String(h.tag))) throw new Error("tag");
       verifyChunkPayload(header, frame.payload);
-      await staged.addPage(frame.payload);
+      // As the decode worker does: one page importing while the next arrives.
+      await importing;
+      importing = staged.addPage(frame.payload);
     }
+    await importing;
   })();
   const sender = await client.openHandoffStream({ handoffId: "bench" });
   for (let i = 0; i < pages.length; i++) {

@@ -60,6 +60,8 @@ export async function runLabTailBench(o: {
   promptTokens: number[];
   /** Prompt lengths also run with layer capture off. */
   captureOffTokens: number[];
+  /** Prompt whose real KV pages the payload-path measurement moves. */
+  payloadTokens: number;
   repeats: number;
 }): Promise<LabTailResult> {
   const model = await ensureModelFile(o.modelDir, {
@@ -70,7 +72,7 @@ export async function runLabTailBench(o: {
   const transport = await runTransportBench({ transferMiB: 128, repeats: o.repeats });
   const payload = await runPayloadPathBench({
     modelPath: model,
-    promptTokens: 2048,
+    promptTokens: o.payloadTokens,
     pageTokens: CHUNK_TOKENS,
     repeats: o.repeats,
   });
@@ -179,6 +181,7 @@ export async function labTailSection(o: { quick: boolean; modelDir: string }) {
     modelDir: o.modelDir,
     promptTokens: o.quick ? [512] : [512, 2048, 8192],
     captureOffTokens: o.quick ? [] : [512, 2048],
+    payloadTokens: o.quick ? 2048 : 4096,
     repeats: o.quick ? 1 : 2,
   });
   const on = r.rows.filter((x) => x.layerCapture);

@@ -5,7 +5,7 @@
  * case; exits non-zero unless every continuation is bit-exact and, with enough chunks, pages
  * were staged before prefill ended. The long cases (32K) live here rather than in the tests.
  */
-import type { Command } from "commander";
+import { type Command, Option } from "commander";
 import { StateValidationError, UsageError } from "../core/errors.ts";
 import {
   PROCESS_DEFAULTS,
@@ -13,7 +13,14 @@ import {
   type ProcessCaseResult,
   runProcessMatrix,
 } from "../correctness/mod.ts";
-import { ensureModelFile, FAMILIES, type Family, familySpec } from "../models/mod.ts";
+import {
+  ensureModelFile,
+  FAMILIES,
+  type Family,
+  familySpec,
+  type Preset,
+  PRESETS,
+} from "../models/mod.ts";
 import { CHUNK_TOKENS_MAX } from "../serve/engine.ts";
 import { listArg, oneOf } from "./_list_args.ts";
 import { intArg } from "./_options.ts";
@@ -28,6 +35,7 @@ interface ProcessFlags {
   overlapChunksMin: number;
   hangMs: number;
   modelDir?: string;
+  preset?: Preset;
   json: boolean;
 }
 
@@ -80,6 +88,10 @@ export function registerProcessHandoff(correctness: Command): void {
       PROCESS_DEFAULTS.hangMs,
     )
     .option("--model-dir <dir>", "folder of the test models, made on first use (default: cache)")
+    .addOption(
+      new Option("--preset <name>", "model preset (lab-state: hybrid families only)")
+        .choices([...PRESETS]).default("tiny"),
+    )
     .option("--json", "print the results as JSON", false)
     .action((flags: ProcessFlags) => runProcessHandoff(flags));
 }
@@ -88,7 +100,7 @@ export function registerProcessHandoff(correctness: Command): void {
 export function processCasesFrom(flags: ProcessFlags): ProcessCase[] {
   const cases: ProcessCase[] = [];
   for (const family of flags.families) {
-    const limit = familySpec(family).contextLength;
+    const limit = familySpec(family, flags.preset ?? "tiny").contextLength;
     for (const promptTokens of flags.promptTokens ?? defaultProcessPromptTokens(family)) {
       if (promptTokens + flags.steps + 16 > limit) {
         throw new UsageError(
@@ -108,7 +120,7 @@ async function runProcessHandoff(flags: ProcessFlags): Promise<void> {
   const progress = Deno.stderr.isTerminal() && !flags.json;
   const t0 = performance.now();
   const results = await runProcessMatrix(cases, {
-    modelFor: (family) => ensureModelFile(dir, { family, preset: "tiny", seed: 0 }),
+    modelFor: (family) => ensureModelFile(dir, { family, preset: flags.preset ?? "tiny", seed: 0 }),
     chunkTokens: flags.chunkTokens,
     threads: flags.threads,
     generateTokens: flags.steps,

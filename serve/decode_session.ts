@@ -19,10 +19,10 @@ import {
   type HandoffAction,
   type HandoffEvent,
   type HandoffTiming,
-  type ParityVerdict,
   IdentityMismatchError,
   LimitExceededError,
   newBindingKey,
+  type ParityVerdict,
   type ReserveRequest,
   StagingLedger,
   StateValidationError,
@@ -58,6 +58,8 @@ export const DEFAULT_DECODE_LIMITS: Readonly<DecodeLimits> = {
 };
 
 const EVENTS_MAX = 4096;
+/** Frames read from the handoff stream and not yet staged: one staging, one arriving. */
+const FRAMES_IN_HAND_MAX = 2;
 
 export interface DecodeHandoffInput {
   request: ReserveRequest;
@@ -89,7 +91,9 @@ export class DecodeHandoff {
   #nextLogits: Float32Array | null = null;
   #done: { committed: boolean; reason: AbortReason | null; message: string | null } | null = null;
   #failure: string | null = null;
-  #frameConsumed: (() => void) | null = null;
+  /** Frames read but not yet staged, and the reader waiting for room (see FRAMES_IN_HAND_MAX). */
+  #inHand = 0;
+  #roomWaiter: (() => void) | null = null;
   /** Set once the attempt has committed or been wiped. */
   #ended = false;
 
@@ -160,15 +164,23 @@ export class DecodeHandoff {
       }
       const header = h.header as ChunkHeader;
       const seq = typeof header?.seq === "number" ? header.seq : -1;
-      // One frame in hand at a time: the next is read only after this one was staged, so a
-      // fast sender is held back by transport credit, not by our memory.
-      const consumed = new Promise<void>((resolve) => this.#frameConsumed = resolve);
       // The frame decoder never reuses its buffers, so the payload view stays valid after the
       // transport releases its credit: no copy on the hot path (KV pages are imported at once).
       this.#frames.set(seq, { payload: frame.payload, tag: String(h.tag ?? "") });
       this.#events.tryPush({ ...h } as unknown as HandoffEvent);
-      await consumed;
+      // At most FRAMES_IN_HAND_MAX frames read ahead of staging: the next frame arrives while
+      // this one is imported, and a fast sender is still held back by transport credit, not
+      // by our memory.
+      if (++this.#inHand >= FRAMES_IN_HAND_MAX) {
+        await new Promise<void>((resolve) => this.#roomWaiter = resolve);
+      }
     }
+  }
+
+  #makeRoom(): void {
+    const wake = this.#roomWaiter;
+    this.#roomWaiter = null;
+    wake?.();
   }
 
   /** The stream failed: a cut or lost connection, or a frame that breaks the framing. */
@@ -206,7 +218,7 @@ export class DecodeHandoff {
       }
     } finally {
       clearInterval(ticker);
-      this.#frameConsumed?.();
+      this.#makeRoom();
     }
     if (this.#done?.committed) {
       this.#ended = true;
@@ -326,8 +338,8 @@ export class DecodeHandoff {
     try {
       return await this.#stageFrame(raw, frame);
     } finally {
-      this.#frameConsumed?.();
-      this.#frameConsumed = null;
+      this.#inHand = Math.max(0, this.#inHand - 1);
+      this.#makeRoom();
     }
   }
 

@@ -192,7 +192,9 @@ export class StateExporter {
     if (!opening) CAPTURES.set(ctx, opening = LayerCapture.open(ctx));
     const status = await opening;
     if (!status.ok) {
-      warnOnce(`layer capture off (${status.reason}): the recurrent snapshot is exported after prefill`);
+      warnOnce(
+        `layer capture off (${status.reason}): the recurrent snapshot is exported after prefill`,
+      );
       return null;
     }
     return status.capture;
