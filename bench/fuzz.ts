@@ -27,6 +27,7 @@ import {
   validateManifest,
 } from "../core/mod.ts";
 import { parseMessage } from "../serve/messages.ts";
+import { seededRandom } from "../transport/mod.ts";
 import {
   encodeFrame,
   FRAME_PREFIX_BYTES,
@@ -90,17 +91,8 @@ const TYPES = [
 
 type Random = () => number;
 
-/** mulberry32: the same seed gives the same cases. */
-function prng(seed: number): Random {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+/** mulberry32 (transport's seeded PRNG): the same seed gives the same cases. */
+const prng = (seed: number): Random => seededRandom(seed);
 
 const int = (r: Random, max: number) => Math.floor(r() * (max + 1));
 const pick = <T>(r: Random, xs: readonly T[]): T => xs[int(r, xs.length - 1)];

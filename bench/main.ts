@@ -5,7 +5,7 @@
  * (default `reports/bench-<timestamp>`). Benchmarks are never asserted in the test suite.
  */
 import { parseArgs } from "node:util";
-import { cacheDir } from "../cli/_paths.ts";
+import { cacheDir } from "../cli/paths.ts";
 import { barChart } from "./svg.ts";
 import { type ReportSection, writeReport } from "./report.ts";
 import { table } from "./stats.ts";

@@ -14,7 +14,7 @@
  * [--contexts 1024,8192,32768]`.
  */
 import { parseArgs } from "node:util";
-import { cacheDir } from "../cli/_paths.ts";
+import { cacheDir } from "../cli/paths.ts";
 import { ensureModelFile } from "../models/mod.ts";
 import {
   type ContextOptions,

@@ -24,7 +24,7 @@ import {
 import { CHUNK_TOKENS_MAX } from "../serve/engine.ts";
 import { listArg, oneOf } from "./_list_args.ts";
 import { intArg } from "./_options.ts";
-import { cacheDir } from "./_paths.ts";
+import { cacheDir } from "./paths.ts";
 
 interface ProcessFlags {
   families: Family[];

@@ -3,7 +3,7 @@
  * on first use in the user's cache folder, so the main job needs no manual step.
  */
 import { ensureModelFile } from "../models/mod.ts";
-import { cacheDir } from "./_paths.ts";
+import { cacheDir } from "./paths.ts";
 
 export const DEFAULT_MODEL = { family: "hybrid", preset: "tiny", seed: 1 } as const;
 

@@ -30,7 +30,7 @@ import type { GpuLayersRequest } from "../ffi/mod.ts";
 import { registerProcessHandoff } from "./_correctness_process.ts";
 import { listArg, oneOf } from "./_list_args.ts";
 import { gpuLayersArg, intArg } from "./_options.ts";
-import { cacheDir } from "./_paths.ts";
+import { cacheDir } from "./paths.ts";
 
 interface HandoffFlags {
   families: Family[];

@@ -32,27 +32,10 @@ interface Entry {
 }
 
 function entries(blob: Uint8Array): Entry[] | null {
+  const spans = parseEntries(blob, true);
+  if (!spans) return null;
   const d = new DataView(blob.buffer, blob.byteOffset, blob.byteLength);
-  if (blob.byteLength < 12 || d.getUint32(0, true) !== SEQ_MAGIC) return null;
-  const cells = d.getUint32(8, true);
-  let at = 12;
-  for (let i = 0; i < cells; i++) {
-    if (at + 8 > blob.byteLength) return null;
-    at += 8 + 4 * d.getUint32(at + 4, true);
-  }
-  if (at + 8 > blob.byteLength || d.getUint32(at, true) !== 0) return null; // s_trans
-  at += 8;
-  const out: Entry[] = [];
-  while (at < blob.byteLength) {
-    if (at + 12 > blob.byteLength) return null;
-    const type = d.getInt32(at, true);
-    const row = Number(d.getBigUint64(at + 4, true));
-    const size = row * cells;
-    if (type < 0 || type > 64 || row === 0 || at + 12 + size > blob.byteLength) return null;
-    out.push({ at, row });
-    at += 12 + size;
-  }
-  return out;
+  return spans.map((sp) => ({ at: sp.start, row: Number(d.getBigUint64(sp.start + 4, true)) }));
 }
 
 /**

@@ -95,10 +95,35 @@ export async function runHandoff(node: Node, req: HandoffRequest): Promise<Hando
   const idle = new IdleTimeout(req.timeoutMs);
   const deadline = AbortSignal.any([idle.signal, ...(req.signal ? [req.signal] : [])]);
   const wait: Wait = { deadline, idle, timeoutMs: req.timeoutMs };
-  const [prefillPeer, decodePeer] = await Promise.all([
-    req.colocated ? null : node.connect(req.prefill),
+  // A prefill worker that cannot be reached costs the request nothing but the handoff: the
+  // decode worker, which can serve it alone, recomputes the prompt (a named fallback). A peer
+  // missing from the trust list is a configuration error, not a fallback.
+  let prefillLost: string | null = null;
+  const connectPrefill = async () => {
+    if (req.colocated) return null;
+    try {
+      return await node.connect(req.prefill);
+    } catch (error) {
+      const trusted = node.trust.lookup(req.prefill.nodeId)?.certificateSha256;
+      if (!(error instanceof PeerError) || !trusted) throw error;
+      prefillLost = `the prefill worker is unreachable (${error.message})`;
+      return null;
+    }
+  };
+  const [prefillSettled, decodeSettled] = await Promise.allSettled([
+    connectPrefill(),
     node.connect(req.decode),
   ]);
+  if (prefillSettled.status === "rejected") {
+    if (decodeSettled.status === "fulfilled") await decodeSettled.value.close().catch(() => {});
+    throw prefillSettled.reason;
+  }
+  if (decodeSettled.status === "rejected") {
+    await prefillSettled.value?.close().catch(() => {});
+    throw decodeSettled.reason;
+  }
+  const prefillPeer = prefillSettled.value;
+  const decodePeer = decodeSettled.value;
   try {
     let outcome: PrefillOutcome | null = null;
     let fallbackReason: string | null = null;
@@ -115,7 +140,7 @@ export async function runHandoff(node: Node, req: HandoffRequest): Promise<Hando
       });
     }
     if (!prefillPeer) {
-      fallbackReason = "colocated placement requested";
+      fallbackReason = prefillLost ?? "colocated placement requested";
     } else if (!eligible.ok) {
       fallbackReason = `decode worker not eligible for a handoff: ${eligible.reason}`;
     } else {

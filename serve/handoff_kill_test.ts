@@ -157,3 +157,31 @@ Deno.test({
     }
   },
 });
+
+Deno.test({
+  name: "prefill worker already dead when a request starts: it runs colocated, same tokens",
+  sanitizeOps: false,
+  sanitizeResources: false,
+  fn: async () => {
+    const model = await testModel("hybrid");
+    const { dir, nodes } = await makeNodes(["prefill", "decode", "client"]);
+    const client = nodes.get("client")!;
+    const decode = await startInProcess("decode", "decode", `${dir}/decode`, model);
+    const prefill = await startChild("prefill", "prefill", `${dir}/prefill`, model, client);
+    try {
+      const run = request(client, prefill, decode);
+      const baseline = await run();
+      assert.equal(baseline.placement, "disaggregated");
+      kill(prefill);
+      await prefill.child!.process.status;
+      const r = await run(); // the recompute is compute: not timed
+      assert.equal(r.placement, "colocated");
+      assert.match(r.fallbackReason!, /prefill worker is unreachable/);
+      assert.deepEqual(r.tokens, baseline.tokens);
+      await waitForIdle(decode, NOTICE_BOUND_MS);
+    } finally {
+      await Promise.allSettled([prefill.stop(), decode.stop()]);
+      await Deno.remove(dir, { recursive: true }).catch(() => {});
+    }
+  },
+});

@@ -19,3 +19,4 @@ export * from "./quic.ts";
 export * from "./fault_plan.ts";
 export * from "./loopback.ts";
 export * from "./handshake_gate.ts";
+export { seededRandom } from "./_prng.ts";
