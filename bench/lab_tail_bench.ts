@@ -91,7 +91,7 @@ export async function runLabTailBench(o: {
       for (const size of sizes) {
         // At most `size` tokens, so the last chunk is (nearly) full: the layer capture hides
         // the snapshot behind that chunk's compute, and a 1-token last chunk has none.
-        const prompt = SENTENCE.repeat(Math.max(1, Math.floor(size / perSentence)));
+        const prompt = SENTENCE.repeat(Math.max(1, Math.floor((size - 16) / perSentence)));
         const runs = [];
         for (let i = 0; i < o.repeats; i++) {
           const r = await runHandoff(cluster.client, {
