@@ -2,7 +2,7 @@
  * Local runtime speed per model family: prefill and decode tokens/s (median of repeats) and
  * the FFI overhead per decode call (wall time per call minus llama.cpp's own eval time).
  */
-import { syntheticTokens } from "../cli/_runtime_probe.ts";
+import { syntheticTokens } from "../models/mod.ts";
 import { ensureModelFile, FAMILIES } from "../models/mod.ts";
 import { Engine, RUNTIME_DEFAULTS } from "../serve/engine.ts";
 import { median, repeat } from "./stats.ts";

@@ -3,6 +3,7 @@
  * lengths and read llama.cpp's sequence-state size at each. The growth per token is the
  * attention KV (with per-cell metadata); the rest is fixed (recurrent snapshot, framing).
  */
+import { syntheticTokens } from "../models/mod.ts";
 import type { RuntimeStateBytes, RuntimeStateProbe } from "./_model_info.ts";
 import { Engine, RUNTIME_DEFAULTS } from "../serve/engine.ts";
 import {
@@ -51,10 +52,3 @@ export const measureStateBytes: RuntimeStateProbe = async (path, spec, kvType: K
   };
   return result;
 };
-
-/** Deterministic non-special token ids for measurement prompts. */
-export function syntheticTokens(n: number, nVocab: number): Int32Array {
-  const out = new Int32Array(n);
-  for (let i = 0; i < n; i++) out[i] = 3 + ((i * 7919) % (nVocab - 3));
-  return out;
-}

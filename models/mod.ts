@@ -73,3 +73,4 @@ export {
 } from "./tokenizer.ts";
 export type { WeightType } from "./_gguf_types.ts";
 export { cachedModelName, ensureModelFile, type ModelRequest } from "./cache.ts";
+export { syntheticTokens } from "./tokenizer.ts";

@@ -119,3 +119,10 @@ export function tokenizerMetadata(vocab: SpmVocab = buildSpmVocab()): GgufMetada
     ["tokenizer.ggml.add_space_prefix", gv.bool(true)],
   ];
 }
+
+/** Deterministic non-special token ids for measurement prompts. */
+export function syntheticTokens(n: number, nVocab: number): Int32Array {
+  const out = new Int32Array(n);
+  for (let i = 0; i < n; i++) out[i] = 3 + ((i * 7919) % (nVocab - 3));
+  return out;
+}

@@ -59,7 +59,9 @@ export interface PrefillHooks {
   /**
    * Runs the last chunk's decode (`decode()`, which must be called exactly once) and may work
    * beside it: the prefill worker captures each recurrent layer's final rows while later layers
-   * still compute. `finalPos` is the prompt's last position.
+   * still compute. `finalPos` is the prompt's last position. With this hook the prompt's
+   * remainder is prefilled first, so the last chunk is full (chunking does not change the
+   * numerics of the families that have recurrent layers: tested bitwise).
    */
   lastDecode?: (decode: () => Promise<void>, finalPos: number) => Promise<void>;
 }
@@ -139,12 +141,16 @@ export class Engine implements Disposable {
       );
     }
     const chunk = this.config.chunkTokens;
-    for (let i = 0; i < tokens.length; i += chunk) {
-      const part = tokens.subarray(i, Math.min(i + chunk, tokens.length));
+    // With a last-decode hook the remainder goes first, so the last chunk is a full one: its
+    // compute is what the hook's work (sending recurrent layers) hides behind.
+    const head = options.lastDecode ? tokens.length % chunk : 0;
+    for (let i = 0; i < tokens.length; i = i === 0 && head > 0 ? head : i + chunk) {
+      const end = Math.min(i === 0 && head > 0 ? head : i + chunk, tokens.length);
+      const part = tokens.subarray(i, end);
       const p0 = this.#pos;
-      this.batch.fill(part, p0, i + chunk >= tokens.length);
+      const last = end === tokens.length;
+      this.batch.fill(part, p0, last);
       const t0 = performance.now();
-      const last = i + chunk >= tokens.length;
       const decode = () => this.ctx.decode(this.batch);
       if (last && options.lastDecode) await options.lastDecode(decode, p0 + part.length - 1);
       else await decode();

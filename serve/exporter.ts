@@ -14,7 +14,6 @@ import {
   type ChunkHeader,
   type ComponentKind,
   componentOf,
-  concatBytes,
   DEFAULT_STATE_BOUNDS,
   encodePositions,
   encodeSampler,
@@ -42,7 +41,7 @@ import {
 } from "../ffi/state.ts";
 import type { LlamaContext } from "../ffi/mod.ts";
 import type { Engine, PrefillHooks } from "./engine.ts";
-import { LayerCapture, type LayerCaptureStatus } from "../ffi/layer_capture.ts";
+import { openLayerCapture, streamLayers } from "./_layer_stream.ts";
 import type { ResolvedIdentity } from "./identity.ts";
 import type { MtpDraft } from "../ffi/mtp.ts";
 import { logitsDigest, probeStep } from "./probe.ts";
@@ -90,17 +89,6 @@ export const DEFAULT_EXPORT_LIMITS: Readonly<ExportLimits> = {
   snapshotChunkBytes: 4 * 1024 * 1024,
   layerCapture: true,
 };
-
-/** One layer capture per context, opened on first use (it holds a snapshot-sized buffer). */
-const CAPTURES = new WeakMap<LlamaContext, Promise<LayerCaptureStatus>>();
-
-const warned = new Set<string>();
-/** Says `line` on stderr once per process: a fallback is never silent. */
-function warnOnce(line: string): void {
-  if (warned.has(line)) return;
-  warned.add(line);
-  console.error(`skippy: ${line}`);
-}
 
 /**
  * Called once, right after the last prefill chunk is computed and the first token sampled,
@@ -158,11 +146,14 @@ export class StateExporter {
     const n = prompt.length;
     // Recurrent layers sent while the last chunk computed (layer capture), by index.
     const captured = new Set<number>();
-    const capture = await this.#capture();
-    const hooks: PrefillHooks = capture
+    const capture = this.limits.layerCapture ? await openLayerCapture(this.engine.ctx) : null;
+    const kinds = this.identity.numerical.layerKinds;
+    const chunk = (part: "conv" | "ssm", layers: Range, payload: Uint8Array) =>
+      this.#chunk(part, layers, payload, false, [0, n]);
+    const hooks: PrefillHooks = capture && kinds.includes("recurrent")
       ? {
         lastDecode: (decode, finalPos) =>
-          this.#streamLayers(capture, decode, finalPos, n, sink, captured),
+          streamLayers({ capture, kinds, decode, finalPos, sink, chunk, sent: captured }),
       }
       : {};
     const logits = await this.engine.prefill(prompt, async ({ p0, p1, computeMs }) => {
@@ -180,65 +171,6 @@ export class StateExporter {
     // The probe: continue one token here so the decoder can prove it continues identically.
     const { digest: probeLogitsSha256 } = await probeStep(this.engine, firstToken);
     return { nTokens: n, firstToken, probeLogitsSha256, firstLogitsSha256, chunkMs };
-  }
-
-  /** The layer capture for this engine's context, or null (off, or not possible: said once). */
-  async #capture(): Promise<LayerCapture | null> {
-    const family = this.identity.numerical.family;
-    const recurrent = family === "recurrent" || family === "hybrid" || family === "hybrid-moe-mtp";
-    if (!recurrent || !this.limits.layerCapture) return null;
-    const ctx = this.engine.ctx;
-    let opening = CAPTURES.get(ctx);
-    if (!opening) CAPTURES.set(ctx, opening = LayerCapture.open(ctx));
-    const status = await opening;
-    if (!status.ok) {
-      warnOnce(
-        `layer capture off (${status.reason}): the recurrent snapshot is exported after prefill`,
-      );
-      return null;
-    }
-    return status.capture;
-  }
-
-  /**
-   * Runs the last chunk's decode with the capture armed, sending each recurrent layer (its conv
-   * run, then its ssm run) as soon as its final rows are computed, while later layers still
-   * run. Layers the capture did not deliver are exported after prefill (said once).
-   */
-  async #streamLayers(
-    capture: LayerCapture,
-    decode: () => Promise<void>,
-    finalPos: number,
-    n: number,
-    sink: ChunkSink,
-    sent: Set<number>,
-  ): Promise<void> {
-    const trunkKinds = this.identity.numerical.layerKinds.filter((k) => k !== "mtp");
-    const recurrentAt = trunkKinds.flatMap((k, i) => (k === "recurrent" ? [i] : []));
-    if (capture.nLayers !== recurrentAt.length) return await decode();
-    await capture.arm(0, finalPos);
-    const done = decode();
-    try {
-      for await (const layer of capture.layers(done)) {
-        const i = layer.index;
-        const a = i === 0 ? 0 : recurrentAt[i];
-        const b = i === recurrentAt.length - 1 ? trunkKinds.length : recurrentAt[i + 1];
-        const conv = i === 0 ? concatBytes([capture.header(), layer.conv]) : layer.conv;
-        await sink(this.#chunk("conv", [a, b], conv, false, [0, n]), 0);
-        await sink(this.#chunk("ssm", [a, b], layer.ssm, false, [0, n]), 0);
-        sent.add(i);
-      }
-    } catch (error) {
-      await done; // a failed decode is the error that matters
-      warnOnce(
-        `layer capture incomplete (${
-          (error as Error).message
-        }): the remaining layers are exported after prefill`,
-      );
-    } finally {
-      await capture.disarm();
-    }
-    await done;
   }
 
   /**

@@ -1,0 +1,80 @@
+/**
+ * The recurrent snapshot sent layer by layer while the prompt's last chunk still computes:
+ * the shim's layer capture (ffi/layer_capture.ts) copies each Mamba layer's final conv and
+ * SSM rows as soon as they are computed, and each layer leaves as one conv run and one ssm
+ * run (the first conv run carrying the snapshot header), exactly the chunks the exporter
+ * would cut from a snapshot exported after prefill. What the capture cannot deliver is
+ * exported after prefill instead, and said once.
+ */
+import { concatBytes, type Range } from "../core/mod.ts";
+import type { LlamaContext } from "../ffi/mod.ts";
+import { LayerCapture, type LayerCaptureStatus } from "../ffi/layer_capture.ts";
+import type { ChunkSink, ExportedChunk } from "./exporter.ts";
+
+/** One layer capture per context, opened on first use (it holds a snapshot-sized buffer). */
+const CAPTURES = new WeakMap<LlamaContext, Promise<LayerCaptureStatus>>();
+
+const warned = new Set<string>();
+/** Says `line` on stderr once per process: a fallback is never silent. */
+function warnOnce(line: string): void {
+  if (warned.has(line)) return;
+  warned.add(line);
+  console.error(`skippy: ${line}`);
+}
+
+/** The layer capture of `ctx`, or null when it cannot run here (said once, with why). */
+export async function openLayerCapture(ctx: LlamaContext): Promise<LayerCapture | null> {
+  let opening = CAPTURES.get(ctx);
+  if (!opening) CAPTURES.set(ctx, opening = LayerCapture.open(ctx));
+  const status = await opening;
+  if (status.ok) return status.capture;
+  warnOnce(
+    `layer capture off (${status.reason}): the recurrent snapshot is exported after prefill`,
+  );
+  return null;
+}
+
+export interface StreamLayersInput {
+  capture: LayerCapture;
+  /** The model's layer kinds (numerical identity). */
+  kinds: readonly string[];
+  /** The last chunk's decode; called exactly once. */
+  decode: () => Promise<void>;
+  finalPos: number;
+  sink: ChunkSink;
+  /** Makes the chunk of one conv or ssm run over trunk layers `layers`. */
+  chunk: (part: "conv" | "ssm", layers: Range, payload: Uint8Array) => ExportedChunk;
+  /** Receives the index of every recurrent layer sent. */
+  sent: Set<number>;
+}
+
+/** Runs the decode with the capture armed, sending each layer as soon as it is final. */
+export async function streamLayers(o: StreamLayersInput): Promise<void> {
+  const trunkKinds = o.kinds.filter((k) => k !== "mtp");
+  const recurrentAt = trunkKinds.flatMap((k, i) => (k === "recurrent" ? [i] : []));
+  if (o.capture.nLayers !== recurrentAt.length) return await o.decode();
+  await o.capture.arm(0, o.finalPos);
+  const done = o.decode();
+  try {
+    for await (const layer of o.capture.layers(done)) {
+      const i = layer.index;
+      // Layer runs tile the trunk: from this recurrent layer to the next one.
+      const a = i === 0 ? 0 : recurrentAt[i];
+      const b = i === recurrentAt.length - 1 ? trunkKinds.length : recurrentAt[i + 1];
+      const conv = i === 0 ? concatBytes([o.capture.header(), layer.conv]) : layer.conv;
+      await o.sink(o.chunk("conv", [a, b], conv), 0);
+      await o.sink(o.chunk("ssm", [a, b], layer.ssm), 0);
+      o.sent.add(i);
+    }
+  } catch (error) {
+    await done; // a failed decode is the error that matters
+    warnOnce(
+      `layer capture incomplete (${
+        (error as Error).message
+      }): the remaining layers are exported after prefill`,
+    );
+  } finally {
+    await o.capture.disarm();
+  }
+  await done;
+}
