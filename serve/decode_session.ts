@@ -38,6 +38,7 @@ import type { DecoderTelemetryEvent } from "../core/telemetry.ts";
 import { StagedImport } from "../ffi/staged_import.ts";
 import { FrameError, type HandoffReceiver, type PeerConnection } from "../transport/mod.ts";
 import { StagedTail } from "./_decode_tail.ts";
+import { FrameInbox } from "./_frame_inbox.ts";
 import { checkReservation } from "./_reservation.ts";
 import type { CommittedSession } from "./generation.ts";
 import type { Engine } from "./engine.ts";
@@ -78,7 +79,7 @@ export class DecodeHandoff {
   #state: DecoderState;
   readonly #events = new BoundedQueue<HandoffEvent>(EVENTS_MAX);
   readonly #telemetry: DecoderTelemetryEvent[] = [];
-  readonly #frames = new Map<number, { payload: Uint8Array; tag: string }>();
+  readonly #inbox = new FrameInbox(FRAMES_IN_HAND_MAX);
   #ledger: StagingLedger | null = null;
   #staged: StagedImport | null = null;
   #binding: BindingContext | null = null;
@@ -91,9 +92,6 @@ export class DecodeHandoff {
   #nextLogits: Float32Array | null = null;
   #done: { committed: boolean; reason: AbortReason | null; message: string | null } | null = null;
   #failure: string | null = null;
-  /** Frames read but not yet staged, and the reader waiting for room (see FRAMES_IN_HAND_MAX). */
-  #inHand = 0;
-  #roomWaiter: (() => void) | null = null;
   /** Set once the attempt has committed or been wiped. */
   #ended = false;
 
@@ -129,9 +127,7 @@ export class DecodeHandoff {
   /** Bytes of state staged for this attempt and not yet committed; zero once it has ended. */
   get stagedBytes(): number {
     if (this.#ended) return 0;
-    let bytes = this.#ledger?.receivedBytes ?? 0;
-    for (const f of this.#frames.values()) bytes += f.payload.byteLength;
-    return bytes;
+    return (this.#ledger?.receivedBytes ?? 0) + this.#inbox.bytes;
   }
 
   /** Reads this attempt's handoff stream: chunks, then the manifest as the final frame. */
@@ -164,23 +160,10 @@ export class DecodeHandoff {
       }
       const header = h.header as ChunkHeader;
       const seq = typeof header?.seq === "number" ? header.seq : -1;
-      // The frame decoder never reuses its buffers, so the payload view stays valid after the
-      // transport releases its credit: no copy on the hot path (KV pages are imported at once).
-      this.#frames.set(seq, { payload: frame.payload, tag: String(h.tag ?? "") });
+      const held = this.#inbox.put(seq, { payload: frame.payload, tag: String(h.tag ?? "") });
       this.#events.tryPush({ ...h } as unknown as HandoffEvent);
-      // At most FRAMES_IN_HAND_MAX frames read ahead of staging: the next frame arrives while
-      // this one is imported, and a fast sender is still held back by transport credit, not
-      // by our memory.
-      if (++this.#inHand >= FRAMES_IN_HAND_MAX) {
-        await new Promise<void>((resolve) => this.#roomWaiter = resolve);
-      }
+      await held;
     }
-  }
-
-  #makeRoom(): void {
-    const wake = this.#roomWaiter;
-    this.#roomWaiter = null;
-    wake?.();
   }
 
   /** The stream failed: a cut or lost connection, or a frame that breaks the framing. */
@@ -218,7 +201,7 @@ export class DecodeHandoff {
       }
     } finally {
       clearInterval(ticker);
-      this.#makeRoom();
+      this.#inbox.release();
     }
     if (this.#done?.committed) {
       this.#ended = true;
@@ -333,13 +316,11 @@ export class DecodeHandoff {
   }
 
   async #stage(raw: ChunkHeader): Promise<HandoffEvent> {
-    const frame = this.#frames.get(raw?.seq);
-    this.#frames.delete(raw?.seq);
+    const frame = this.#inbox.take(raw?.seq);
     try {
       return await this.#stageFrame(raw, frame);
     } finally {
-      this.#inHand = Math.max(0, this.#inHand - 1);
-      this.#makeRoom();
+      this.#inbox.done();
     }
   }
 
@@ -482,8 +463,7 @@ export class DecodeHandoff {
 
   /** Wipes whatever was staged or imported, zeroing held payloads. */
   async #wipe(): Promise<void> {
-    for (const f of this.#frames.values()) f.payload.fill(0);
-    this.#frames.clear();
+    this.#inbox.wipe();
     this.#tail.wipe();
     await this.#staged?.abort().catch(() => {});
     this.input.engine.ctx.clearMemory();
