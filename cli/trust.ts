@@ -2,12 +2,20 @@
  * `trust add | list | remove`: the peers this node accepts. A peer is added by its public key
  * or by its peer card (`skippy-disagg identity show --json` on that node, as text or a file);
  * the card also carries the certificate fingerprint this node pins when connecting to it.
+ * `--roles` says what the peer may act as here (coordinator, prefill, decode); an entry
+ * without roles may act in every role (see transport/trust.ts), and a notice says so.
  */
-import type { Command } from "commander";
+import { type Command, InvalidArgumentError } from "commander";
 import { UsageError } from "../core/errors.ts";
 import { resolveStateDir } from "../transport/state_dir.ts";
 import { parseFingerprint } from "../transport/tls.ts";
-import { parsePeerCard, TrustList } from "../transport/trust.ts";
+import {
+  legacyRolesNotice,
+  parsePeerCard,
+  parseTrustRoles,
+  type TrustRole,
+  TrustList,
+} from "../transport/trust.ts";
 
 const STATE_DIR_HELP = "node state directory (default: $XDG_STATE_HOME/skippy-disagg)";
 /** A peer card or key file is tiny; refuse to slurp anything large by mistake. */
@@ -29,6 +37,21 @@ async function _cardText(argument: string): Promise<string> {
   return await Deno.readTextFile(argument);
 }
 
+/** Commander's parser for `--roles`: the list, or a usage error that names the roles. */
+function _rolesArg(value: string): TrustRole[] {
+  try {
+    return parseTrustRoles(value);
+  } catch (error) {
+    const e = error as UsageError;
+    throw new InvalidArgumentError(`${e.message} (${e.hint})`);
+  }
+}
+
+/** The roles column: the entry's roles, or that it has none (every role). */
+function _roles(entry: { roles?: TrustRole[] }): string {
+  return entry.roles ? entry.roles.join(",") : "all (no roles set)";
+}
+
 export function register(program: Command): void {
   const trust = program.command("trust").description("manage the peers this node trusts");
 
@@ -42,11 +65,23 @@ export function register(program: Command): void {
       "--certificate-sha256 <hex>",
       "pin this TLS certificate fingerprint when connecting to it",
     )
+    .option(
+      "--roles <list>",
+      "what the peer may act as here: a comma-separated subset of coordinator,prefill,decode " +
+        "(a coordinator sends requests; a prefill worker hands state to this decode worker; " +
+        "this prefill worker hands off only to decode peers)",
+      _rolesArg,
+    )
     .option("--state-dir <dir>", STATE_DIR_HELP)
     .action(
       async (
         argument: string,
-        flags: { label?: string; certificateSha256?: string; stateDir?: string },
+        flags: {
+          label?: string;
+          certificateSha256?: string;
+          roles?: TrustRole[];
+          stateDir?: string;
+        },
       ) => {
         const card = parsePeerCard(await _cardText(argument));
         if (flags.label) card.label = flags.label;
@@ -54,10 +89,13 @@ export function register(program: Command): void {
           card.certificateSha256 = parseFingerprint(flags.certificateSha256);
         }
         const list = await TrustList.load(resolveStateDir(flags.stateDir));
-        const { entry, replaced } = await list.add(card);
+        const { entry, replaced } = await list.add(card, flags.roles);
         await list.save();
         const label = entry.label ? ` (${entry.label})` : "";
-        console.log(`${replaced ? "updated" : "trusted"} node ${entry.nodeId}${label}`);
+        console.log(
+          `${replaced ? "updated" : "trusted"} node ${entry.nodeId}${label} as ${_roles(entry)}`,
+        );
+        if (!entry.roles) console.log(legacyRolesNotice(1));
         if (!entry.certificateSha256) {
           console.log(
             "note: no certificate fingerprint: this node can accept it, but not connect to it",
@@ -72,7 +110,8 @@ export function register(program: Command): void {
     .option("--json", "print JSON", false)
     .option("--state-dir <dir>", STATE_DIR_HELP)
     .action(async (flags: { json: boolean; stateDir?: string }) => {
-      const entries = (await TrustList.load(resolveStateDir(flags.stateDir))).entries();
+      const list = await TrustList.load(resolveStateDir(flags.stateDir));
+      const entries = list.entries();
       if (flags.json) {
         console.log(JSON.stringify(entries));
         return;
@@ -81,15 +120,21 @@ export function register(program: Command): void {
         console.log("no trusted peers (add one with `skippy-disagg trust add`)");
         return;
       }
-      console.log(`${"node id".padEnd(18)}${"label".padEnd(20)}${"certificate".padEnd(20)}added`);
+      console.log(
+        `${"node id".padEnd(18)}${"label".padEnd(20)}${"roles".padEnd(28)}${
+          "certificate".padEnd(20)
+        }added`,
+      );
       for (const e of entries) {
         const pin = e.certificateSha256 ? e.certificateSha256.slice(0, 16) + "..." : "-";
         console.log(
-          `${e.nodeId.padEnd(18)}${(e.label ?? "-").padEnd(20)}${pin.padEnd(20)}${
-            e.addedAt.slice(0, 10)
-          }`,
+          `${e.nodeId.padEnd(18)}${(e.label ?? "-").padEnd(20)}${_roles(e).padEnd(28)}${
+            pin.padEnd(20)
+          }${e.addedAt.slice(0, 10)}`,
         );
       }
+      const legacy = list.legacyEntries().length;
+      if (legacy > 0) console.log(legacyRolesNotice(legacy));
     });
 
   trust

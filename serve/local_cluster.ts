@@ -4,7 +4,7 @@
  * loopback. Used by `demo`, the end-to-end tests and the handoff benchmark; stopped with
  * `stop()`, which also deletes the identities.
  */
-import { parsePeerCard, TrustList } from "../transport/mod.ts";
+import { parsePeerCard, TrustList, type TrustRole } from "../transport/mod.ts";
 import type { PeerAddress } from "./messages.ts";
 import { Node } from "./node.ts";
 
@@ -37,8 +37,24 @@ export interface LocalClusterOptions {
   decodeArgs?: string[];
 }
 
-/** Creates three identities that trust each other, in `dir`. */
-export async function makeTrustingNodes(dir: string, names: string[]): Promise<Map<string, Node>> {
+/**
+ * The roles each node of a local cluster is trusted in, by name: exactly what it needs (the
+ * client coordinates; each worker acts in its own role). A name not here (and not in `roles`)
+ * gets no roles field: it may act in every role.
+ */
+export const LOCAL_ROLES: Readonly<Record<string, TrustRole[]>> = {
+  client: ["coordinator"],
+  coordinator: ["coordinator"],
+  prefill: ["prefill"],
+  decode: ["decode"],
+};
+
+/** Creates identities that trust each other, in `dir`, each in its roles (LOCAL_ROLES). */
+export async function makeTrustingNodes(
+  dir: string,
+  names: string[],
+  roles: Record<string, TrustRole[]> = {},
+): Promise<Map<string, Node>> {
   const nodes = new Map<string, Node>();
   for (const name of names) nodes.set(name, await Node.open(`${dir}/${name}`));
   for (const [name, node] of nodes) {
@@ -51,7 +67,7 @@ export async function makeTrustingNodes(dir: string, names: string[]): Promise<M
           certificateSha256: peer.certificate.fingerprint,
         })),
         label: other,
-      });
+      }, roles[other] ?? LOCAL_ROLES[other]);
     }
     await trust.save();
   }

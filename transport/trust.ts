@@ -1,8 +1,16 @@
 /**
- * The trust list: the node public keys this node accepts as peers, with an optional label and
- * the pinned TLS certificate fingerprint to use when connecting to them. Stored as
- * `<state dir>/trust.json` (mode 0600). Authentication (auth.ts) accepts a peer only if its
- * full public key is here; the node id is just the lookup key.
+ * The trust list: the node public keys this node accepts as peers, with an optional label, the
+ * pinned TLS certificate fingerprint to use when connecting to them, and the roles each may
+ * act in here. Stored as `<state dir>/trust.json` (mode 0600). Authentication (auth.ts)
+ * accepts a peer only if its full public key is here; the node id is just the lookup key.
+ *
+ * Roles (`coordinator`, `prefill`, `decode`) say what a peer may ask of this node once it is
+ * authenticated (serve/authorization.ts): a coordinator sends prefill, generate and cancel
+ * requests; a prefill worker reserves and streams state to a decode worker; a prefill worker
+ * hands off only to a peer trusted as `decode`. An entry without a `roles` field (every trust
+ * file written before roles existed) may act in every role, as it could then: that keeps an
+ * existing two-worker setup working, and `trust list` and `serve` print a one-line notice
+ * asking to restrict it (`trust add <card> --roles ...`).
  */
 import { InputFileError, UsageError } from "../core/errors.ts";
 import { bytesEqual } from "./_encoding.ts";
@@ -15,6 +23,44 @@ const TRUST_FILE_VERSION = 1;
 /** A bound like any other: a trust list this long is a mistake, not a mesh. */
 export const TRUST_ENTRIES_MAX = 4096;
 
+/** What a trusted peer may act as on this node. */
+export const TRUST_ROLES = ["coordinator", "prefill", "decode"] as const;
+export type TrustRole = (typeof TRUST_ROLES)[number];
+
+/** The notice for entries without roles (one line; `count` of them). */
+export function legacyRolesNotice(count: number): string {
+  return `note: ${count} trusted peer${count === 1 ? " has" : "s have"} no roles and may act ` +
+    "in every role (as before roles existed); restrict each with " +
+    "`skippy-disagg trust add <its card> --roles coordinator|prefill|decode[,...]`";
+}
+
+/**
+ * Parses a comma-separated role list (`coordinator,prefill`): at least one role, each known,
+ * returned in canonical order without duplicates.
+ */
+export function parseTrustRoles(text: string): TrustRole[] {
+  const names = text.split(",").map((r) => r.trim()).filter((r) => r.length > 0);
+  const unknown = names.filter((r) => !(TRUST_ROLES as readonly string[]).includes(r));
+  if (names.length === 0 || unknown.length > 0) {
+    throw new UsageError(
+      names.length === 0
+        ? "No roles given"
+        : `Unknown role "${unknown[0].slice(0, 40)}" in the role list`,
+      { hint: `roles are a comma-separated subset of: ${TRUST_ROLES.join(", ")}` },
+    );
+  }
+  return TRUST_ROLES.filter((r) => names.includes(r));
+}
+
+/**
+ * The roles `entry` grants: its own list, every role for an entry without one (see the file
+ * comment), none for an untrusted peer.
+ */
+export function rolesOf(entry: TrustEntry | undefined): ReadonlySet<TrustRole> {
+  if (!entry) return new Set();
+  return new Set(entry.roles ?? TRUST_ROLES);
+}
+
 /** One trusted peer. */
 export interface TrustEntry {
   nodeId: string;
@@ -23,6 +69,11 @@ export interface TrustEntry {
   label?: string;
   /** Hex SHA-256 of the peer's TLS certificate, used to pin it when connecting. */
   certificateSha256?: string;
+  /**
+   * What the peer may act as here, in TRUST_ROLES order. Absent: every role (an entry written
+   * before roles existed; see the file comment).
+   */
+  roles?: TrustRole[];
   /** ISO date the entry was added (local bookkeeping only, never sent to peers). */
   addedAt: string;
 }
@@ -83,7 +134,15 @@ export class TrustList {
       if (json.version !== TRUST_FILE_VERSION || !Array.isArray(json.peers)) {
         throw new Error(`unsupported trust file version ${JSON.stringify(json.version)}`);
       }
-      return new TrustList(stateDir, json.peers.filter(_isEntry));
+      const entries: TrustEntry[] = json.peers.filter(_isEntry);
+      const bad = entries.find((e) => e.roles !== undefined && !_rolesOk(e.roles));
+      if (bad) {
+        throw new Error(
+          `the entry for node ${bad.nodeId} has an invalid "roles" (expected a non-empty ` +
+            `subset of ${TRUST_ROLES.join(", ")})`,
+        );
+      }
+      return new TrustList(stateDir, entries);
     } catch (error) {
       throw new InputFileError(`Cannot load trust list "${path}": ${(error as Error).message}`, {
         hint: "fix or delete the file, then re-add peers with `skippy-disagg trust add`",
@@ -113,8 +172,24 @@ export class TrustList {
     return entry && bytesEqual(parsePublicKey(entry.publicKey), publicKey) ? entry : undefined;
   }
 
-  /** Adds (or updates) a peer; returns the entry and whether one was replaced. */
-  async add(card: PeerCard): Promise<{ entry: TrustEntry; replaced: boolean }> {
+  /** Entries without roles (may act in every role; see the file comment). */
+  legacyEntries(): TrustEntry[] {
+    return this.entries().filter((e) => e.roles === undefined);
+  }
+
+  /**
+   * Adds (or updates) a peer; returns the entry and whether one was replaced. `roles` replaces
+   * the entry's roles; omitted, an existing entry keeps its roles and a new one has none.
+   */
+  async add(
+    card: PeerCard,
+    roles?: readonly TrustRole[],
+  ): Promise<{ entry: TrustEntry; replaced: boolean }> {
+    if (roles !== undefined && !_rolesOk(roles)) {
+      throw new UsageError(`Invalid roles ${JSON.stringify(roles).slice(0, 80)}`, {
+        hint: `roles are a non-empty subset of: ${TRUST_ROLES.join(", ")}`,
+      });
+    }
     const nodeId = await nodeIdOf(card.publicKey);
     const replaced = this.#entries.has(nodeId);
     if (!replaced && this.#entries.size >= TRUST_ENTRIES_MAX) {
@@ -134,6 +209,8 @@ export class TrustList {
       ? formatFingerprint(card.certificateSha256)
       : previous?.certificateSha256;
     if (pin) entry.certificateSha256 = pin;
+    const granted = roles ?? previous?.roles;
+    if (granted) entry.roles = TRUST_ROLES.filter((r) => granted.includes(r));
     this.#entries.set(nodeId, entry);
     return { entry, replaced };
   }
@@ -155,6 +232,11 @@ export class TrustList {
       JSON.stringify(body, null, 2) + "\n",
     );
   }
+}
+
+function _rolesOk(roles: unknown): boolean {
+  return Array.isArray(roles) && roles.length > 0 &&
+    roles.every((r) => (TRUST_ROLES as readonly unknown[]).includes(r));
 }
 
 function _isEntry(value: unknown): value is TrustEntry {

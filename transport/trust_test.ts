@@ -1,7 +1,14 @@
 import { assert, assertEquals, assertRejects, assertThrows } from "../testing/assert.ts";
 import { InputFileError, UsageError } from "../core/errors.ts";
 import { createEphemeralNodeIdentity } from "./node_identity.ts";
-import { parsePeerCard, TrustList } from "./trust.ts";
+import {
+  legacyRolesNotice,
+  parsePeerCard,
+  parseTrustRoles,
+  rolesOf,
+  TRUST_ROLES,
+  TrustList,
+} from "./trust.ts";
 
 Deno.test("TrustList adds, lists, finds by full key, removes, and persists with mode 0600", async () => {
   const dir = await Deno.makeTempDir();
@@ -56,4 +63,39 @@ Deno.test("parsePeerCard() reads a bare key or the identity JSON, and rejects ju
   assertEquals(card.certificateSha256?.[0], 0xcd);
   assertThrows(() => parsePeerCard("{"), UsageError, "not valid JSON");
   assertThrows(() => parsePeerCard("{}"), UsageError, "publicKey");
+});
+
+Deno.test("TrustList roles: recorded in order, kept on re-add, absent means every role, bad ones refused", async () => {
+  const dir = await Deno.makeTempDir();
+  try {
+    const [a, b] = [await createEphemeralNodeIdentity(), await createEphemeralNodeIdentity()];
+    const list = await TrustList.load(dir);
+    await list.add({ publicKey: a.publicKey }, ["prefill", "coordinator"]);
+    await list.add({ publicKey: b.publicKey });
+    await list.save();
+    const loaded = await TrustList.load(dir);
+    assertEquals(loaded.lookup(a.nodeId)?.roles, ["coordinator", "prefill"]);
+    assertEquals([...rolesOf(loaded.lookup(a.nodeId))], ["coordinator", "prefill"]);
+    assertEquals(loaded.lookup(b.nodeId)?.roles, undefined);
+    assertEquals([...rolesOf(loaded.lookup(b.nodeId))], [...TRUST_ROLES], "legacy: every role");
+    assertEquals(rolesOf(undefined).size, 0, "an untrusted peer has no role");
+    assertEquals(loaded.legacyEntries().map((e) => e.nodeId), [b.nodeId]);
+    await loaded.add({ publicKey: a.publicKey, label: "x" });
+    assertEquals(loaded.lookup(a.nodeId)?.roles, ["coordinator", "prefill"], "re-add keeps roles");
+    await loaded.add({ publicKey: a.publicKey }, ["decode"]);
+    assertEquals(loaded.lookup(a.nodeId)?.roles, ["decode"], "roles given replace them");
+    await assertRejects(() => loaded.add({ publicKey: a.publicKey }, []), UsageError, "roles");
+
+    assertEquals(parseTrustRoles(" decode, prefill,decode "), ["prefill", "decode"]);
+    assertThrows(() => parseTrustRoles("prefill,admin"), UsageError, '"admin"');
+    assertThrows(() => parseTrustRoles(","), UsageError, "No roles");
+    assert(legacyRolesNotice(2).includes("--roles"));
+
+    const file = JSON.parse(await Deno.readTextFile(`${dir}/trust.json`));
+    file.peers[0].roles = ["root"];
+    await Deno.writeTextFile(`${dir}/trust.json`, JSON.stringify(file));
+    await assertRejects(() => TrustList.load(dir), InputFileError, a.nodeId);
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
 });
