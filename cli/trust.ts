@@ -13,8 +13,8 @@ import {
   legacyRolesNotice,
   parsePeerCard,
   parseTrustRoles,
-  type TrustRole,
   TrustList,
+  type TrustRole,
 } from "../transport/trust.ts";
 
 const STATE_DIR_HELP = "node state directory (default: $XDG_STATE_HOME/skippy-disagg)";

@@ -77,12 +77,16 @@ export interface TestWorker {
   stop(): Promise<void>;
 }
 
-/** Fresh identities in a temporary folder; `client` is the test's own node. */
+/**
+ * Fresh identities in a temporary folder, each trusted in its role (LOCAL_ROLES, or `roles`);
+ * `client` is the test's own node (a coordinator).
+ */
 export async function makeNodes(
   names: string[],
+  roles: Parameters<typeof makeTrustingNodes>[2] = {},
 ): Promise<{ dir: string; nodes: Map<string, Node> }> {
   const dir = await Deno.makeTempDir({ prefix: "skippy-failures-" });
-  return { dir, nodes: await makeTrustingNodes(dir, names) };
+  return { dir, nodes: await makeTrustingNodes(dir, names, roles) };
 }
 
 /** Starts a worker in this process with the test timing. */

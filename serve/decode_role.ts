@@ -233,16 +233,14 @@ export class DecodeRole {
   }
 
   async #generateCommitted(peer: PeerConnection, request: GenerateRequest): Promise<void> {
+    // [s2-auth] Another tenant's handoff is indistinguishable from an unknown id: the same
+    // answer, and no wait on its attempt; the session stays with its own tenant.
     const inFlight = this.#attempts.get(request.handoffId);
-    if (inFlight) await atMost(inFlight.result, ATTEMPT_WAIT_MS);
+    const own = inFlight?.handoff.input.request.tenantId === request.tenantId;
+    if (inFlight && own) await atMost(inFlight.result, ATTEMPT_WAIT_MS);
     const held = this.#committed.get(request.handoffId);
-    if (!held) {
+    if (!held || held.session.tenantId !== request.tenantId) {
       const message = "No committed session for this handoff on this decode worker";
-      return await sendDone(peer, request.handoffId, { ok: false, message });
-    }
-    if (held.session.tenantId !== request.tenantId) {
-      // Another tenant's request: refuse it, and leave the session to its own tenant.
-      const message = "This handoff belongs to another tenant";
       return await sendDone(peer, request.handoffId, { ok: false, message });
     }
     clearTimeout(held.timer);

@@ -10,7 +10,12 @@
 import assert from "node:assert/strict";
 import { PeerError, type ReserveRequest } from "../core/mod.ts";
 import { testModel } from "../testing/models.ts";
-import { parsePeerCard, type TrustEntry, type TrustList } from "../transport/mod.ts";
+import {
+  parsePeerCard,
+  type PeerConnection,
+  type TrustEntry,
+  type TrustList,
+} from "../transport/mod.ts";
 import {
   assertWithin,
   HANG_MS,
@@ -51,6 +56,9 @@ async function setup(dir: string, nodes: Map<string, Node>): Promise<Setup> {
     announceCapabilities: false,
   });
   const client = nodes.get("client")!;
+  // The hand-written prefiller has its own identity, trusted as a prefill worker: the client
+  // is trusted only as a coordinator, which may not reserve (serve/authorization.ts).
+  const fakePrefill = nodes.get("fakeprefill")!;
   // A node that trusts the workers (it can pin them) but that no worker trusts.
   const stranger = await Node.open(`${dir}/stranger`);
   for (const w of [prefill, decode]) {
@@ -63,8 +71,8 @@ async function setup(dir: string, nodes: Map<string, Node>): Promise<Setup> {
   const identityDigest = decode.worker!.identity.digest;
   const fake = async (overrides = {}) =>
     new FakePrefiller(
-      await connectWith(client, decode.peer, overrides),
-      client.identity.nodeId,
+      await connectWith(fakePrefill, decode.peer, overrides),
+      fakePrefill.identity.nodeId,
       { nodeId: decode.peer.nodeId, identityDigest },
     );
   const run = (over: Partial<HandoffRequest> = {}) =>
@@ -82,6 +90,26 @@ async function setup(dir: string, nodes: Map<string, Node>): Promise<Setup> {
   return { client, stranger, prefill, decode, old, fake, run };
 }
 
+/** Asks `conn`'s decode worker to generate for committed handoff `handoffId` as `tenantId`. */
+async function generateFor(conn: PeerConnection, handoffId: string, tenantId: string) {
+  await conn.send({
+    type: "GenerateRequest",
+    handoffId,
+    tenantId,
+    generateTokens: 6,
+    mode: "committed",
+    prompt: null,
+    sampling: null,
+    probe: false,
+  });
+  const tokens: number[] = [];
+  for (;;) {
+    const h = (await withTimeout(conn.receive(), HANG_MS, "GenerateDone"))!.header;
+    if (h.type === "TokenBatch") tokens.push(...(h.tokens as number[]));
+    if (h.type === "GenerateDone") return { ok: h.ok, message: h.message, tokens };
+  }
+}
+
 /** Removes `nodeId` from `trust` for the duration of `fn`. */
 async function untrusted<T>(trust: TrustList, nodeId: string, fn: () => Promise<T>): Promise<T> {
   const entry = trust.remove(nodeId) as TrustEntry;
@@ -89,7 +117,7 @@ async function untrusted<T>(trust: TrustList, nodeId: string, fn: () => Promise<
     return await fn();
   } finally {
     const card = { publicKey: entry.publicKey, certificateSha256: entry.certificateSha256 };
-    await trust.add(parsePeerCard(JSON.stringify(card)));
+    await trust.add(parsePeerCard(JSON.stringify(card)), entry.roles);
   }
 }
 
@@ -278,28 +306,15 @@ const STEPS: Record<string, (c: Ctx) => Promise<void>> = {
     assert.equal(outcome!.header.outcome, "committed");
     await toPrefill.close();
     const toDecode = await s.client.connect(s.decode.peer);
-    const generate = async (tenantId: string) => {
-      await toDecode.send({
-        type: "GenerateRequest",
-        handoffId,
-        tenantId,
-        generateTokens: 6,
-        mode: "committed",
-        prompt: null,
-        sampling: null,
-        probe: false,
-      });
-      const tokens: number[] = [];
-      for (;;) {
-        const h = (await withTimeout(toDecode.receive(), HANG_MS, "GenerateDone"))!.header;
-        if (h.type === "TokenBatch") tokens.push(...(h.tokens as number[]));
-        if (h.type === "GenerateDone") return { ok: h.ok, message: h.message, tokens };
-      }
-    };
+    const generate = (tenantId: string) => generateFor(toDecode, handoffId, tenantId);
     const other = await timed(() => generate("tenant-b"));
     assert.equal(other.value!.ok, false);
-    assert.match(String(other.value!.message), /another tenant/);
+    assert.deepEqual(other.value!.tokens, []);
     assertWithin(other.ms, REFUSAL_BOUND_MS, "refusing another tenant's generate");
+    // It reveals nothing: the very answer an id nobody holds gets.
+    const unknown = await generateFor(toDecode, crypto.randomUUID(), "tenant-b");
+    assert.equal(unknown.ok, false);
+    assert.equal(other.value!.message, unknown.message);
     const own = await generate("tenant-a");
     assert.equal(own.ok, true);
     assert.deepEqual(own.tokens, baseline.tokens);
@@ -381,7 +396,10 @@ Deno.test({
   sanitizeOps: false,
   sanitizeResources: false,
   fn: async (t) => {
-    const { dir, nodes } = await makeNodes(["prefill", "decode", "old", "client"]);
+    const { dir, nodes } = await makeNodes(["prefill", "decode", "old", "client", "fakeprefill"], {
+      old: ["decode"],
+      fakeprefill: ["prefill"],
+    });
     const s = await setup(dir, nodes);
     let fake: FakePrefiller | null = null;
     try {

@@ -8,7 +8,12 @@
  */
 import type { HandoffTiming } from "../core/mod.ts";
 import { deriveTelemetry, formatTelemetry } from "../core/telemetry.ts";
-import { type Capabilities, eligibleForHandoff, type PeerConnection } from "../transport/mod.ts";
+import {
+  type Capabilities,
+  eligibleForHandoff,
+  type PeerConnection,
+  rolesOf,
+} from "../transport/mod.ts";
 import type { ResolvedIdentity } from "./identity.ts";
 import { PieceDecoder } from "../ffi/mod.ts";
 import type { FirstToken, PrefillOutcome, PrefillRequest } from "./messages.ts";
@@ -82,6 +87,20 @@ export class PrefillRole {
       () => pooled.engine.position,
     );
     try {
+      // State goes only to a peer trusted here as a decode worker (an untrusted one fails to
+      // connect below, with its own message).
+      const target = this.node.trust.lookup(request.decode.nodeId);
+      if (target && !rolesOf(target).has("decode")) {
+        const message = `the decode worker ${request.decode.nodeId} is trusted on the prefill ` +
+          `worker, but not as "decode": add the role there with \`skippy-disagg trust add ` +
+          `<its card> --roles decode\``;
+        this.log(`handoff ${request.handoffId}: ${message}`);
+        return {
+          ...failed(request, message, prompt.length),
+          outcome: "fallback",
+          reason: "capability-missing",
+        } satisfies PrefillOutcome;
+      }
       try {
         decoder = await this.node.connect(request.decode, this.capabilities);
       } catch (error) {

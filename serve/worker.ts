@@ -2,7 +2,9 @@
  * A worker process: one loaded model, a bounded pool of contexts, a QUIC listener, and the
  * roles it announces (`prefill`, `decode`, `prefill+decode`). It routes each authenticated
  * peer's control messages and handoff streams to the prefill side (serve/prefill_role.ts) or
- * the decode side (serve/decode_role.ts).
+ * the decode side (serve/decode_role.ts), once the peer's trusted roles permit each message
+ * (serve/authorization.ts): a refused message gets its answer (a failed outcome, or a refused
+ * reservation or stream) naming the missing role, and nothing else happens.
  */
 import {
   type HandoffTiming,
@@ -13,11 +15,13 @@ import {
 import {
   type Capabilities,
   HANDOFF_PROTOCOL_VERSION,
+  legacyRolesNotice,
   type PeerConnection,
   type PeerListener,
   type Role,
   roleCovers,
 } from "../transport/mod.ts";
+import { HANDOFF_STREAM_ROLE, PeerAuthorization } from "./authorization.ts";
 import { DecodeRole } from "./decode_role.ts";
 import { type DecodeLimits, DEFAULT_DECODE_LIMITS } from "./decode_session.ts";
 import type { RuntimeConfig } from "./engine.ts";
@@ -116,6 +120,8 @@ export class Worker {
     const listener = node.listen(options.hostname, options.port, announced);
     const timing = resolveHandoffTiming(options.timing);
     const log = options.log ?? ((line: string) => console.error(line));
+    const legacy = node.trust.legacyEntries().length;
+    if (legacy > 0) log(legacyRolesNotice(legacy));
     const prefill = roleCovers(options.role, "prefill")
       ? new PrefillRole(node, pool, identity, capabilities, timing, {
         ...DEFAULT_PREFILL_LIMITS,
@@ -184,12 +190,20 @@ export class Worker {
   }
 
   async #servePeer(peer: PeerConnection): Promise<void> {
-    this.decode?.watchStreams(peer);
+    const auth = new PeerAuthorization(peer.peerNodeId, this.node.trust.lookup(peer.peerNodeId));
+    if (auth.may(HANDOFF_STREAM_ROLE)) this.decode?.watchStreams(peer);
+    else this.#refuseStreams(peer, auth);
     try {
       for await (const msg of peer) {
         const header = msg.header as Record<string, unknown>;
         const type = String(header.type);
         try {
+          const refusal = auth.refusalFor(type);
+          if (refusal) {
+            this.#log(refusal);
+            await this.#answerRefusal(peer, type, header, refusal);
+            continue;
+          }
           if (type === "PrefillRequest" || type === "GenerateRequest") {
             // The prompt travels as the frame's payload, not in the (small) header.
             header.prompt = msg.payload.length > 0 ? new TextDecoder().decode(msg.payload) : null;
@@ -205,6 +219,17 @@ export class Worker {
     }
     this.decode?.peerGone(peer);
     this.prefill?.peerGone(peer);
+  }
+
+  /** A peer that may not hand state to this worker: every handoff stream it opens is refused. */
+  #refuseStreams(peer: PeerConnection, auth: PeerAuthorization): void {
+    const why = auth.refusal(HANDOFF_STREAM_ROLE, "open a handoff stream");
+    (async () => {
+      for await (const stream of peer.incomingHandoffStreams()) {
+        this.#log(why);
+        await stream.refuse(why).catch(() => {});
+      }
+    })().catch(() => {});
   }
 
   async #dispatch(peer: PeerConnection, type: string, header: Record<string, unknown>) {
@@ -248,6 +273,11 @@ export class Worker {
   ): Promise<void> {
     const handoffId = header.handoffId;
     if (typeof handoffId !== "string" || handoffId.length === 0 || handoffId.length > 64) return;
+    if (type === "ReserveRequest") {
+      const attempt = Number.isSafeInteger(header.attempt) ? header.attempt : 0;
+      const notice = { type: "AbortNotice", handoffId, attempt, reason: "reserve-rejected" };
+      return await peer.send(notice).catch(() => {});
+    }
     if (type === "GenerateRequest") {
       return await sendDone(peer, handoffId, { ok: false, message });
     }
