@@ -7,6 +7,7 @@ import { type Command, Option } from "commander";
 import { DEFAULT_HANDOFF_TIMING } from "../core/handoff.ts";
 import { type Role, ROLES } from "../transport/mod.ts";
 import { Worker } from "../serve/worker.ts";
+import { DEFAULT_PREFILL_QUEUE } from "../serve/prefill_queue.ts";
 import { addRuntimeOptions, intArg, runtimeConfigFrom, type RuntimeFlags } from "./_options.ts";
 import { listenArg } from "./_peers.ts";
 import { numericsOf } from "./_report.ts";
@@ -24,6 +25,8 @@ interface ServeFlags extends RuntimeFlags {
   inflightBytesMax: number;
   committedIdleMs: number;
   layerCapture: "on" | "off";
+  prefillQueueDepthMax: number;
+  prefillQueueWaitMs: number;
 }
 
 export function register(program: Command): void {
@@ -85,6 +88,18 @@ export function register(program: Command): void {
         "--layer-capture <on|off>",
         "prefill: send each recurrent layer's final state while the last chunk still computes",
       ).choices(["on", "off"]).default("on"),
+    )
+    .option(
+      "--prefill-queue-depth-max <n>",
+      "prefill: requests that may wait for a context; one more is answered busy (colocated)",
+      intArg(0, 4096),
+      DEFAULT_PREFILL_QUEUE.prefillQueueDepthMax,
+    )
+    .option(
+      "--prefill-queue-wait-ms <ms>",
+      "prefill: longest a request waits for a context before it is answered busy (colocated)",
+      intArg(1, 3_600_000),
+      DEFAULT_PREFILL_QUEUE.prefillQueueWaitMs,
     );
   addRuntimeOptions(cmd).action((flags: ServeFlags) => runServe(flags));
 }
@@ -107,6 +122,10 @@ async function runServe(flags: ServeFlags): Promise<void> {
     link: { maxIdleTimeoutMs: flags.maxIdleTimeoutMs, inflightBytesMax: flags.inflightBytesMax },
     committedIdleMs: flags.committedIdleMs,
     prefillLimits: { layerCapture: flags.layerCapture === "on" },
+    prefillQueue: {
+      prefillQueueDepthMax: flags.prefillQueueDepthMax,
+      prefillQueueWaitMs: flags.prefillQueueWaitMs,
+    },
   });
   // The first SIGINT/SIGTERM stops cleanly: the listener and its endpoint close (freeing the
   // port), peers get a graceful close (bounded by closeTimeoutMs), and in-flight handoffs are

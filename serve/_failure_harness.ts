@@ -171,6 +171,7 @@ export async function startChild(
 /** Counters that must return to zero once nothing is running (the totals need not). */
 export const HELD = [
   "prefillActive",
+  "prefillQueued",
   "retainedBytes",
   "decodeAttempts",
   "stagedBytes",

@@ -164,6 +164,9 @@ export async function runHandoff(node: Node, req: HandoffRequest): Promise<Hando
         );
       }
       if (outcome.outcome === "fallback") fallbackReason = outcome.message ?? outcome.reason;
+      // [s2-auth] A busy prefill worker (its queue full, or the wait too long) is a named
+      // colocated fallback on the decode worker, never a failure.
+      if (outcome.outcome === "busy") fallbackReason = `prefill-busy: ${outcome.message}`;
     }
     const got = first as First | null;
     const generation = await generate(
@@ -245,7 +248,8 @@ async function prefillAndHandOff(
   };
   await sendWithPrompt(peer, request);
   const onAbort = () => {
-    peer.send({ type: "CancelRequest", handoffId }).catch(() => {});
+    // [s2-auth] The tenant binds the cancel: a worker ignores it for another tenant's request.
+    peer.send({ type: "CancelRequest", handoffId, tenantId: req.tenantId }).catch(() => {});
   };
   wait.deadline.addEventListener("abort", onAbort, { once: true });
   try {

@@ -15,7 +15,7 @@ import type { PeerConnection } from "../transport/mod.ts";
 import { DecodeHandoff, type DecodeLimits } from "./decode_session.ts";
 import { type CommittedSession, continueSession, type GeneratedStep } from "./generation.ts";
 import type { ResolvedIdentity } from "./identity.ts";
-import type { GenerateRequest, WorkerCounters } from "./messages.ts";
+import type { GenerateRequest, PrefillQueueCounters, WorkerCounters } from "./messages.ts";
 import type { Node } from "./node.ts";
 import type { EnginePool, PooledEngine } from "./pool.ts";
 import { DecoderTelemetry } from "../core/telemetry.ts";
@@ -41,7 +41,10 @@ interface Held {
   attempt: number;
 }
 
-type DecodeCounters = Omit<WorkerCounters, "prefillActive" | "retainedBytes" | "contextsBusy">;
+type DecodeCounters = Omit<
+  WorkerCounters,
+  "prefillActive" | "retainedBytes" | "contextsBusy" | keyof PrefillQueueCounters
+>;
 
 export class DecodeRole {
   /** The running attempt of each handoff id. */

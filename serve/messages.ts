@@ -69,17 +69,26 @@ export interface PrefillRequest {
   probe: boolean;
 }
 
-/** Coordinator -> prefill worker: stop this handoff (the client went away or gave up). */
+/**
+ * Coordinator -> prefill worker: stop this handoff (the client went away or gave up). Only
+ * the coordinator node that sent the PrefillRequest may cancel it, and only for its tenant.
+ */
 export interface CancelRequest {
   type: "CancelRequest";
   handoffId: string;
+  /** The request's tenant; when given, a request of another tenant is left alone. */
+  tenantId?: string;
 }
 
-/** Prefill worker -> coordinator: how the handoff ended. */
+/**
+ * Prefill worker -> coordinator: how the handoff ended. `busy`: it never started, because
+ * every context was prefilling and the queue was full or the wait too long (see
+ * serve/prefill_queue.ts); the coordinator recomputes it colocated (a named fallback).
+ */
 export interface PrefillOutcome {
   type: "PrefillOutcome";
   handoffId: string;
-  outcome: "committed" | "fallback" | "failed";
+  outcome: "committed" | "fallback" | "failed" | "busy";
   reason: AbortReason | null;
   /** One line for the user when not committed (no content). */
   message: string | null;
@@ -110,12 +119,15 @@ export interface FirstToken {
 /**
  * Worker -> coordinator: the request is progressing (`done` counts work units: positions the
  * worker's context holds). Sent at most once per PROGRESS_INTERVAL_MS, only when `done` moved,
- * so a coordinator's idle timeout measures progress, not time.
+ * so a coordinator's idle timeout measures progress, not time. The one exception: a request
+ * waiting in the prefill worker's queue gets one per interval with `queued: true` and `done`
+ * 0; that wait has its own bound (prefillQueueWaitMs), after which the answer is `busy`.
  */
 export interface Progress {
   type: "Progress";
   handoffId: string;
   done: number;
+  queued?: boolean;
 }
 
 /** How often a working worker reports Progress. */
@@ -170,7 +182,7 @@ export interface StatsRequest {
 }
 
 /** What a worker holds: every count returns to zero once its handoffs have ended. */
-export interface WorkerCounters {
+export interface WorkerCounters extends PrefillQueueCounters {
   /** Prefill side: handoffs running, and bytes of exported state retained for them. */
   prefillActive: number;
   retainedBytes: number;
@@ -186,6 +198,18 @@ export interface WorkerCounters {
   reservationsTotal: number;
   commitsTotal: number;
   abortsTotal: number;
+}
+
+/** The prefill queue's counters (serve/prefill_queue.ts), part of WorkerCounters. */
+export interface PrefillQueueCounters {
+  /** Requests waiting for a prefill context now. */
+  prefillQueued: number;
+  /** Since start: requests that waited, that were answered busy, and their wait (ms). */
+  prefillQueuedTotal: number;
+  prefillBusyTotal: number;
+  prefillQueueWaitMsTotal: number;
+  /** Since start: the longest wait of a request admitted from the queue (ms). */
+  prefillQueueWaitMsMax: number;
 }
 
 /** Worker -> requester: the answer to StatsRequest. */
@@ -243,11 +267,16 @@ const CHECKS: Record<ServeMessage["type"], Checker> = {
       : !addressOk(m.decode)
       ? "decode"
       : null,
-  CancelRequest: (m) => !str(m.handoffId, 64) ? "handoffId" : null,
+  CancelRequest: (m) =>
+    !str(m.handoffId, 64)
+      ? "handoffId"
+      : m.tenantId !== undefined && !str(m.tenantId, 128)
+      ? "tenantId"
+      : null,
   PrefillOutcome: (m) =>
     !str(m.handoffId, 64)
       ? "handoffId"
-      : !["committed", "fallback", "failed"].includes(m.outcome as string)
+      : !["committed", "fallback", "failed", "busy"].includes(m.outcome as string)
       ? "outcome"
       : m.reason !== null && !isAbortReason(m.reason)
       ? "reason"
@@ -321,6 +350,11 @@ export const COUNTER_FIELDS: readonly (keyof WorkerCounters)[] = [
   "reservationsTotal",
   "commitsTotal",
   "abortsTotal",
+  "prefillQueued",
+  "prefillQueuedTotal",
+  "prefillBusyTotal",
+  "prefillQueueWaitMsTotal",
+  "prefillQueueWaitMsMax",
 ];
 
 const ABORT_TEXT: Partial<Record<AbortReason, string>> = {

@@ -5,6 +5,11 @@
  * to the coordinator the moment prefill ends (FirstToken), before the rest of the state moves;
  * Progress messages say the prefill is moving while it runs. A coordinator that goes away
  * cancels its requests.
+ *
+ * Up to `sessionsMax` prompts prefill at once, each in its own context streaming its own
+ * pages; more wait in a bounded FIFO queue (serve/prefill_queue.ts), sending Progress with
+ * `queued: true` so the coordinator's idle timeout holds while they wait; beyond its bounds
+ * the answer is `busy` (the coordinator then recomputes colocated, a named fallback).
  */
 import type { HandoffTiming } from "../core/mod.ts";
 import { deriveTelemetry, formatTelemetry } from "../core/telemetry.ts";
@@ -23,16 +28,29 @@ import { PrefillHandoff, type PrefillLimits } from "./prefill_session.ts";
 import type { Engine } from "./engine.ts";
 import { logitsDigest } from "./probe.ts";
 import { reportProgress, sendOrExplain } from "./token_stream.ts";
+import type { PooledEngine } from "./pool.ts";
+import { PrefillQueue, type PrefillQueueOptions } from "./prefill_queue.ts";
+import { type PrefillQueueCounters, type Progress, PROGRESS_INTERVAL_MS } from "./messages.ts";
+
+/** Tests only: hooks into a request's life on the prefill worker. Nothing in the product sets them. */
+export interface PrefillHooks {
+  /** Awaited once a request holds its context, before it prefills (a test holds it there). */
+  admitted?: (handoffId: string) => Promise<void>;
+}
 
 interface Active {
   controller: AbortController;
   peer: PeerConnection;
+  tenantId: string;
+  /** Set once the request holds a context (it left the queue). */
+  running: boolean;
   /** Set once the handoff runs (after a context was taken and the decoder reached). */
   handoff: PrefillHandoff | null;
 }
 
 export class PrefillRole {
   readonly #active = new Map<string, Active>();
+  readonly #queue: PrefillQueue<PooledEngine>;
 
   constructor(
     readonly node: Node,
@@ -42,7 +60,11 @@ export class PrefillRole {
     readonly timing: HandoffTiming,
     readonly limits: PrefillLimits,
     readonly log: (line: string) => void,
-  ) {}
+    queue: PrefillQueueOptions,
+    readonly hooks: PrefillHooks = {},
+  ) {
+    this.#queue = new PrefillQueue(queue, () => pool.tryAcquire(), (p) => pool.release(p));
+  }
 
   onPrefillRequest(peer: PeerConnection, request: PrefillRequest): void {
     if (this.#active.has(request.handoffId)) {
@@ -50,7 +72,13 @@ export class PrefillRole {
       return;
     }
     const controller = new AbortController();
-    const active: Active = { controller, peer, handoff: null };
+    const active: Active = {
+      controller,
+      peer,
+      tenantId: request.tenantId,
+      running: false,
+      handoff: null,
+    };
     this.#active.set(request.handoffId, active);
     this.#run(request, active)
       .catch((error) => failed(request, (error as Error).message, 0))
@@ -58,26 +86,88 @@ export class PrefillRole {
       .finally(() => this.#active.delete(request.handoffId));
   }
 
-  /** Cancels a running handoff (the client asked, or went away). */
+  /** Cancels a running or queued handoff (the client went away). */
   cancel(handoffId: string): void {
     this.#active.get(handoffId)?.controller.abort();
+  }
+
+  /**
+   * A CancelRequest: honoured only from the coordinator node that sent the request, and for
+   * its tenant when the request names one; anything else is ignored, as for an unknown id.
+   */
+  cancelFrom(peer: PeerConnection, handoffId: string, tenantId?: string): void {
+    const active = this.#active.get(handoffId);
+    if (!active || active.peer.peerNodeId !== peer.peerNodeId) return;
+    if (tenantId !== undefined && tenantId !== active.tenantId) return;
+    active.controller.abort();
   }
 
   peerGone(peer: PeerConnection): void {
     for (const [id, active] of this.#active) if (active.peer === peer) this.cancel(id);
   }
 
-  /** Handoffs running, and the bytes of exported state they retain. */
-  get counters(): { prefillActive: number; retainedBytes: number } {
+  /** Handoffs running, the bytes of exported state they retain, and the queue. */
+  get counters(): { prefillActive: number; retainedBytes: number } & PrefillQueueCounters {
     let retainedBytes = 0;
-    for (const active of this.#active.values()) retainedBytes += active.handoff?.retainedBytes ?? 0;
-    return { prefillActive: this.#active.size, retainedBytes };
+    let running = 0;
+    for (const active of this.#active.values()) {
+      retainedBytes += active.handoff?.retainedBytes ?? 0;
+      if (active.running) running++;
+    }
+    return {
+      prefillActive: running,
+      retainedBytes,
+      prefillQueued: this.#queue.depth,
+      ...this.#queue.totals,
+    };
   }
 
-  async #run(request: PrefillRequest, active: Active) {
+  /** Waits for a context (bounded, see PrefillQueue), saying so with Progress meanwhile. */
+  async #admit(request: PrefillRequest, active: Active) {
+    const queued: Progress = {
+      type: "Progress",
+      handoffId: request.handoffId,
+      done: 0,
+      queued: true,
+    };
+    const timer = setInterval(() => {
+      active.peer.send(queued as unknown as Record<string, unknown>).catch(() => {});
+    }, PROGRESS_INTERVAL_MS);
+    try {
+      return await this.#queue.admit(active.controller.signal);
+    } finally {
+      clearInterval(timer);
+    }
+  }
+
+  async #run(request: PrefillRequest, active: Active): Promise<PrefillOutcome> {
+    const admission = await this.#admit(request, active);
+    if (!admission.ok) {
+      this.log(`handoff ${request.handoffId}: not admitted: ${admission.message}`);
+      const outcome = failed(request, admission.message, 0);
+      return admission.why === "cancelled"
+        ? { ...outcome, reason: "cancelled" }
+        : { ...outcome, outcome: "busy" };
+    }
+    active.running = true;
+    try {
+      return await this.#prefill(request, active, admission.slot);
+    } finally {
+      this.pool.release(admission.slot);
+      this.#queue.wake();
+    }
+  }
+
+  async #prefill(
+    request: PrefillRequest,
+    active: Active,
+    pooled: PooledEngine,
+  ): Promise<PrefillOutcome> {
     const cancel = active.controller.signal;
-    const pooled = await this.pool.tryAcquire();
-    if (!pooled) return failed(request, "The prefill worker is busy (all sessions in use)", 0);
+    await this.hooks.admitted?.(request.handoffId);
+    if (cancel.aborted) {
+      return { ...failed(request, "The request was cancelled", 0), reason: "cancelled" };
+    }
     const prompt = pooled.engine.model.vocab.tokenize(request.prompt);
     let decoder: PeerConnection | null = null;
     let firstTokenSent: Promise<void> = Promise.resolve();
@@ -170,7 +260,6 @@ export class PrefillRole {
       stopProgress();
       await firstTokenSent;
       await decoder?.close().catch(() => {});
-      this.pool.release(pooled);
     }
   }
 

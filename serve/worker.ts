@@ -39,7 +39,8 @@ import { Node, type NodeFaults, type NodeLinkOptions } from "./node.ts";
 import { sendDone } from "./token_stream.ts";
 import { EnginePool } from "./pool.ts";
 import { DEFAULT_PREFILL_LIMITS, type PrefillLimits } from "./prefill_session.ts";
-import { PrefillRole } from "./prefill_role.ts";
+import { type PrefillHooks, PrefillRole } from "./prefill_role.ts";
+import { DEFAULT_PREFILL_QUEUE, type PrefillQueueOptions } from "./prefill_queue.ts";
 import { CORE_MESSAGE_TYPES } from "./wire.ts";
 import { SKIPPY_SHIM_ABI_VERSION } from "../ffi/shim/abi.ts";
 import { stateBackend } from "../ffi/state.ts";
@@ -56,6 +57,8 @@ export interface WorkerOptions {
   sessionsMax: number;
   timing?: Partial<HandoffTiming>;
   prefillLimits?: Partial<PrefillLimits>;
+  /** Bounds of the prefill worker's queue (serve/prefill_queue.ts). */
+  prefillQueue?: Partial<PrefillQueueOptions>;
   decodeLimits?: Partial<DecodeLimits>;
   link?: Partial<NodeLinkOptions>;
   /** A committed session waits this long for its GenerateRequest before it is released. */
@@ -69,6 +72,8 @@ export interface WorkerOptions {
   announceCapabilities?: boolean;
   /** Tests only: fault injection on this worker's connections (see NodeFaults). */
   faults?: NodeFaults;
+  /** Tests only: hooks into the prefill side's requests (see PrefillHooks). */
+  prefillHooks?: PrefillHooks;
 }
 
 export class Worker {
@@ -123,10 +128,20 @@ export class Worker {
     const legacy = node.trust.legacyEntries().length;
     if (legacy > 0) log(legacyRolesNotice(legacy));
     const prefill = roleCovers(options.role, "prefill")
-      ? new PrefillRole(node, pool, identity, capabilities, timing, {
-        ...DEFAULT_PREFILL_LIMITS,
-        ...options.prefillLimits,
-      }, log)
+      ? new PrefillRole(
+        node,
+        pool,
+        identity,
+        capabilities,
+        timing,
+        {
+          ...DEFAULT_PREFILL_LIMITS,
+          ...options.prefillLimits,
+        },
+        log,
+        { ...DEFAULT_PREFILL_QUEUE, ...options.prefillQueue },
+        options.prefillHooks,
+      )
       : null;
     const decode = roleCovers(options.role, "decode")
       ? new DecodeRole(
@@ -172,6 +187,11 @@ export class Worker {
       reservationsTotal: 0,
       commitsTotal: 0,
       abortsTotal: 0,
+      prefillQueued: 0,
+      prefillQueuedTotal: 0,
+      prefillBusyTotal: 0,
+      prefillQueueWaitMsTotal: 0,
+      prefillQueueWaitMsMax: 0,
       ...this.prefill?.counters,
       ...this.decode?.counters,
       contextsBusy: this.pool.busy,
@@ -238,7 +258,8 @@ export class Worker {
       return await this.decode.onCoreMessage(peer, header);
     }
     if (type === "CancelRequest") {
-      return this.prefill?.cancel(parseMessage<CancelRequest>(header).handoffId);
+      const { handoffId, tenantId } = parseMessage<CancelRequest>(header);
+      return this.prefill?.cancelFrom(peer, handoffId, tenantId);
     }
     if (type === "StatsRequest") {
       const { requestId } = parseMessage<StatsRequest>(header);
