@@ -211,8 +211,10 @@ export class Worker {
 
   async #servePeer(peer: PeerConnection): Promise<void> {
     const auth = new PeerAuthorization(peer.peerNodeId, this.node.trust.lookup(peer.peerNodeId));
-    if (auth.may(HANDOFF_STREAM_ROLE)) this.decode?.watchStreams(peer);
-    else this.#refuseStreams(peer, auth);
+    if (!auth.may(HANDOFF_STREAM_ROLE)) {
+      this.#refuseStreams(peer, auth.refusal(HANDOFF_STREAM_ROLE, "open a handoff stream"));
+    } else if (this.decode) this.decode.watchStreams(peer);
+    else this.#refuseStreams(peer, "Refused: this worker has no decode role (handoff stream)");
     try {
       for await (const msg of peer) {
         const header = msg.header as Record<string, unknown>;
@@ -242,8 +244,7 @@ export class Worker {
   }
 
   /** A peer that may not hand state to this worker: every handoff stream it opens is refused. */
-  #refuseStreams(peer: PeerConnection, auth: PeerAuthorization): void {
-    const why = auth.refusal(HANDOFF_STREAM_ROLE, "open a handoff stream");
+  #refuseStreams(peer: PeerConnection, why: string): void {
     (async () => {
       for await (const stream of peer.incomingHandoffStreams()) {
         this.#log(why);
