@@ -21,18 +21,23 @@ import {
 } from "../transport/mod.ts";
 import type { ResolvedIdentity } from "./identity.ts";
 import { PieceDecoder } from "../ffi/mod.ts";
-import type { FirstToken, PrefillOutcome, PrefillRequest } from "./messages.ts";
+import {
+  type FirstToken,
+  type PrefillOutcome,
+  type PrefillQueueCounters,
+  type PrefillRequest,
+  type Progress,
+  PROGRESS_INTERVAL_MS,
+} from "./messages.ts";
 import type { Node } from "./node.ts";
-import type { EnginePool } from "./pool.ts";
+import type { EnginePool, PooledEngine } from "./pool.ts";
 import { PrefillHandoff, type PrefillLimits } from "./prefill_session.ts";
 import type { Engine } from "./engine.ts";
 import { logitsDigest } from "./probe.ts";
 import { reportProgress, sendOrExplain } from "./token_stream.ts";
-import type { PooledEngine } from "./pool.ts";
 import { PrefillQueue, type PrefillQueueOptions } from "./prefill_queue.ts";
-import { type PrefillQueueCounters, type Progress, PROGRESS_INTERVAL_MS } from "./messages.ts";
 
-/** Tests only: hooks into a request's life on the prefill worker. Nothing in the product sets them. */
+/** Tests only: hooks into a request's life on this worker. Nothing in the product sets them. */
 export interface PrefillHooks {
   /** Awaited once a request holds its context, before it prefills (a test holds it there). */
   admitted?: (handoffId: string) => Promise<void>;
