@@ -13,7 +13,7 @@ import { Hono } from "hono";
 import { streamSSE } from "hono/streaming";
 import { z } from "zod";
 import { PROMPT_BYTES_MAX } from "../serve/messages.ts";
-import { renderChat } from "./chat.ts";
+import { type ChatFormat, renderChat } from "./chat.ts";
 import { ApiError, invalidBody, malformedJson, serverError } from "./errors.ts";
 import { type ApiKeys, UNAUTHENTICATED_TENANT } from "./keys.ts";
 import { namesModel } from "./model.ts";
@@ -95,8 +95,8 @@ export function createApp(service: ApiService, keys: ApiKeys | null): Hono<Env> 
   app.post("/v1/chat/completions", async (c) => {
     const body = parseBody(ChatBody, await readJson(c.req.raw));
     const params = checkModel(toGenerationParams(body));
-    const { prompt } = renderChat(model, chatMessages(body));
-    return await respond(c, "chat.completions", params, prompt);
+    const { prompt, format } = renderChat(model, chatMessages(body));
+    return await respond(c, "chat.completions", params, prompt, format);
   });
 
   function checkModel(params: GenerationParams): GenerationParams {
@@ -104,7 +104,9 @@ export function createApp(service: ApiService, keys: ApiKeys | null): Hono<Env> 
       throw new ApiError(
         404,
         "not_found_error",
-        `The model "${params.model.slice(0, 200)}" does not exist: this server serves "${model.id}"`,
+        `The model "${
+          params.model.slice(0, 200)
+        }" does not exist: this server serves "${model.id}"`,
         { code: "model_not_found", param: "model" },
       );
     }
@@ -112,11 +114,19 @@ export function createApp(service: ApiService, keys: ApiKeys | null): Hono<Env> 
   }
 
   // deno-lint-ignore no-explicit-any
-  async function respond(c: any, endpoint: Endpoint, params: GenerationParams, prompt: string) {
+  async function respond(
+    c: any,
+    endpoint: Endpoint,
+    params: GenerationParams,
+    prompt: string,
+    chatFormat?: ChatFormat,
+  ) {
     const tenantId: string = c.get("tenant");
-    const clientGone: AbortSignal = c.req.raw.signal;
+    const client = watchClient(c.req.raw);
     if (!params.stream) {
-      const out = await service.run({ endpoint, params, prompt, tenantId, signal: clientGone });
+      const out = await service
+        .run({ endpoint, params, prompt, tenantId, signal: client.signal, chatFormat })
+        .finally(client.done);
       c.header("x-skippy-placement", out.placement);
       if (out.fallbackReason) c.header("x-skippy-fallback", headerSafe(out.fallbackReason));
       return c.json(wholeResponse(endpoint, params.model, out));
@@ -124,7 +134,7 @@ export function createApp(service: ApiService, keys: ApiKeys | null): Hono<Env> 
     const requestId = crypto.randomUUID();
     const chunks = new ChunkWriter(endpoint, params.model, requestId);
     const gone = new AbortController();
-    const signal = AbortSignal.any([clientGone, gone.signal]);
+    const signal = AbortSignal.any([client.signal, gone.signal]);
     return streamSSE(c, async (stream) => {
       stream.onAbort(() => gone.abort());
       const opening = chunks.opening();
@@ -142,6 +152,7 @@ export function createApp(service: ApiService, keys: ApiKeys | null): Hono<Env> 
           tenantId,
           signal,
           requestId,
+          chatFormat,
           onDelta: (piece) => send(chunks.text(piece)),
         });
         send(chunks.finish(out));
@@ -150,6 +161,8 @@ export function createApp(service: ApiService, keys: ApiKeys | null): Hono<Env> 
         if (signal.aborted) return; // the client went away: nothing to tell it
         const api = error instanceof ApiError ? error : serverError(error);
         send(JSON.stringify(api.body()));
+      } finally {
+        client.done();
       }
       send("[DONE]");
       await writes;
@@ -157,6 +170,21 @@ export function createApp(service: ApiService, keys: ApiKeys | null): Hono<Env> 
   }
 
   return app;
+}
+
+/**
+ * A signal that aborts when the client goes away, watched only while the request runs:
+ * Deno.serve also aborts `request.signal` after a successful response (its legacy behaviour),
+ * which must not count as a disconnect.
+ */
+function watchClient(request: Request): { signal: AbortSignal; done: () => void } {
+  const gone = new AbortController();
+  const onAbort = () => gone.abort();
+  request.signal.addEventListener("abort", onAbort, { once: true });
+  return {
+    signal: gone.signal,
+    done: () => request.signal.removeEventListener("abort", onAbort),
+  };
 }
 
 /** The body as JSON, within REQUEST_BODY_BYTES_MAX; a 400 when it is not JSON. */
@@ -191,4 +219,3 @@ function parseBody<T extends z.ZodType>(schema: T, json: unknown): z.infer<T> {
 function headerSafe(s: string): string {
   return s.replace(/[^\x20-\x7e]/g, "?").slice(0, 300);
 }
-

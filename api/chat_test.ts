@@ -25,7 +25,8 @@ Deno.test("renderChat falls back to role: content lines without a template", () 
 });
 
 Deno.test("renderChat turns a template's raise_exception into a 400 naming messages", () => {
-  const strict = "{% if messages[0]['role'] != 'user' %}{{ raise_exception('first must be user') }}" +
+  const strict =
+    "{% if messages[0]['role'] != 'user' %}{{ raise_exception('first must be user') }}" +
     "{% endif %}{{ messages[0]['content'] }}";
   assert.throws(
     () => renderChat({ chatTemplate: strict, bosText: "", eosText: "", addsBos: false }, messages),

@@ -6,7 +6,7 @@
  * placement).
  */
 import { basename } from "node:path";
-import { loadLlama, LlamaModel } from "../ffi/mod.ts";
+import { LlamaModel, loadLlama } from "../ffi/mod.ts";
 import {
   expectedStateBytes,
   type GgufReadValue,

@@ -10,7 +10,7 @@
  * coordinator has running on them (ties: file order).
  */
 import { z } from "zod";
-import { ROLES, roleCovers } from "../transport/mod.ts";
+import { roleCovers, ROLES } from "../transport/mod.ts";
 import type { PeerAddress } from "../serve/messages.ts";
 import { parseHostPort } from "../serve/node.ts";
 

@@ -25,6 +25,7 @@ export function skippyField(out: RunOutput) {
     planned_placement: out.plannedPlacement.placement,
     placement_reason: out.plannedPlacement.reason,
     fallback_reason: out.fallbackReason,
+    ...(out.chatFormat ? { chat_format: out.chatFormat } : {}),
   };
 }
 

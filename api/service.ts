@@ -11,6 +11,7 @@ import type { Node } from "../serve/node.ts";
 import { Admission } from "./admission.ts";
 import { ApiError, contextTooSmall, serverError } from "./errors.ts";
 import { ApiMetrics } from "./metrics.ts";
+import type { ChatFormat } from "./chat.ts";
 import type { ServedModel } from "./model.ts";
 import type { PeerSet } from "./peers.ts";
 import { decidePlacement, type PlacementDecision, type PlacementMode } from "./placement.ts";
@@ -40,6 +41,8 @@ export interface RunInput {
   signal: AbortSignal;
   /** Echoed in the response and telemetry (default: a fresh UUID). */
   requestId?: string;
+  /** Chat: which path rendered the prompt (echoed in the response). */
+  chatFormat?: ChatFormat;
   /** Streaming: each piece of text that is safe to send (stop sequences cut). */
   onDelta?: (text: string) => void;
 }
@@ -54,6 +57,7 @@ export interface RunOutput {
   placement: "disaggregated" | "colocated";
   plannedPlacement: PlacementDecision;
   fallbackReason: string | null;
+  chatFormat: ChatFormat | null;
 }
 
 /** completions: OpenAI's default of 16; chat: the rest of the context (llama-server's). */
@@ -153,7 +157,10 @@ export class ApiService {
     let text = "";
     let generated = 0;
     let lastTokenAt: number | null = null;
-    const release = o.peers.hold([picked.decode, planned.placement === "colocated" ? null : picked.prefill]);
+    const release = o.peers.hold([
+      picked.decode,
+      planned.placement === "colocated" ? null : picked.prefill,
+    ]);
     let result: HandoffResult | null = null;
     try {
       result = await runHandoff(o.node, {
@@ -206,7 +213,11 @@ export class ApiService {
     if (rest) input.onDelta?.(rest);
     const finishReason = matcher.stopped || generated < maxTokens ? "stop" : "length";
     const placement = result?.placement ?? planned.placement;
-    this.#finish(record, result, placement, generated, finishReason, t0);
+    // A fallback is a planned handoff that ran colocated; a colocated plan is not one.
+    const fallbackReason = planned.placement === "disaggregated"
+      ? result?.fallbackReason ?? null
+      : null;
+    this.#finish(record, result, placement, fallbackReason, generated, finishReason, t0);
     return {
       requestId: record.requestId,
       created: Math.floor(Date.now() / 1000),
@@ -216,7 +227,8 @@ export class ApiService {
       completionTokens: generated,
       placement,
       plannedPlacement: planned,
-      fallbackReason: result?.fallbackReason ?? null,
+      fallbackReason,
+      chatFormat: input.chatFormat ?? null,
     };
   }
 
@@ -224,6 +236,7 @@ export class ApiService {
     record: RequestRecord,
     result: HandoffResult | null,
     placement: "disaggregated" | "colocated",
+    fallbackReason: string | null,
     generated: number,
     finishReason: "stop" | "length",
     t0: number,
@@ -231,7 +244,7 @@ export class ApiService {
     const m = this.metrics;
     const e2eMs = performance.now() - t0;
     record.placement = placement;
-    record.fallbackReason = result?.fallbackReason ?? null;
+    record.fallbackReason = fallbackReason;
     record.generatedTokens = generated;
     record.finishReason = finishReason;
     record.handoff = result?.telemetry ?? null;
