@@ -29,10 +29,7 @@ const entry = z.object({
   nodeId: z.string().min(1).max(128),
   role: z.enum(ROLES),
 });
-const file = z.union([
-  z.object({ workers: z.array(entry).min(1).max(WORKERS_MAX) }),
-  z.array(entry).min(1).max(WORKERS_MAX),
-]);
+const file = z.object({ workers: z.array(entry).min(1).max(WORKERS_MAX) });
 
 /** Parses a peers file's text; throws an Error naming the bad field. */
 export function parsePeers(text: string, source = "peers file"): WorkerEntry[] {
@@ -42,13 +39,13 @@ export function parsePeers(text: string, source = "peers file"): WorkerEntry[] {
   } catch (error) {
     throw new Error(`Cannot read ${source}: not JSON (${(error as Error).message})`);
   }
-  const parsed = file.safeParse(json);
+  const parsed = file.safeParse(Array.isArray(json) ? { workers: json } : json);
   if (!parsed.success) {
     const issue = parsed.error.issues[0];
-    throw new Error(`Cannot read ${source}: field "${issue.path.join(".")}": ${issue.message}`);
+    const where = issue.path.length ? `field "${issue.path.join(".")}"` : "the top level";
+    throw new Error(`Cannot read ${source}: ${where}: ${issue.message}`);
   }
-  const list = Array.isArray(parsed.data) ? parsed.data : parsed.data.workers;
-  return list.map((w, i) => {
+  return parsed.data.workers.map((w, i) => {
     const hp = parseHostPort(w.address);
     if (!hp) throw new Error(`Cannot read ${source}: workers.${i}.address is not host:port`);
     return { peer: { nodeId: w.nodeId, host: hp.host, port: hp.port }, role: w.role };

@@ -91,7 +91,10 @@ Deno.test("the API refuses in OpenAI's shape: 503 when full, 500 for a lost work
     assert.equal(server.service.options.admission.running, 0);
     const metrics = await fetch(`${server.url}/metrics`).then((r) => r.text());
     assert.match(metrics, /skippy:request_failures_total\{reason="[^"]+"\} 1/);
-    assert.match(metrics, /skippy:http_responses_total\{route="\/v1\/completions",status="503"\} 1/);
+    assert.match(
+      metrics,
+      /skippy:http_responses_total\{route="\/v1\/completions",status="503"\} 1/,
+    );
     assert.match(metrics, /skippy:num_requests_running 0/);
   } finally {
     await server.close();

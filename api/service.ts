@@ -6,6 +6,7 @@
  */
 import { HandoffAbortedError } from "../core/mod.ts";
 import { runHandoff } from "../serve/coordinator.ts";
+import { PROMPT_BYTES_MAX } from "../serve/messages.ts";
 import type { HandoffResult } from "../serve/coordinator.ts";
 import type { Node } from "../serve/node.ts";
 import { Admission } from "./admission.ts";
@@ -78,6 +79,15 @@ export class ApiService {
   async run(input: RunInput): Promise<RunOutput> {
     const o = this.options;
     const requestId = input.requestId ?? crypto.randomUUID();
+    const promptBytes = new TextEncoder().encode(input.prompt).length;
+    if (promptBytes > PROMPT_BYTES_MAX) {
+      throw new ApiError(
+        400,
+        "invalid_request_error",
+        `The prompt is ${promptBytes} bytes, over the ${PROMPT_BYTES_MAX} the workers accept`,
+        { code: "prompt_too_large", param: "prompt" },
+      );
+    }
     const promptTokens = o.model.countTokens(input.prompt);
     const room = o.model.nCtx - promptTokens;
     const maxTokens = input.params.maxTokens ?? defaultMaxTokens(input.endpoint, room);
