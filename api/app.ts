@@ -9,7 +9,7 @@
  * `/v1/*` needs `Authorization: Bearer <key>` when the API has keys; the key's tenant is the
  * request's tenant. Every error is OpenAI-shaped (errors.ts).
  */
-import { Hono } from "hono";
+import { type Context, Hono } from "hono";
 import { streamSSE } from "hono/streaming";
 import { z } from "zod";
 import { PROMPT_BYTES_MAX } from "../serve/messages.ts";
@@ -113,9 +113,8 @@ export function createApp(service: ApiService, keys: ApiKeys | null): Hono<Env> 
     return params;
   }
 
-  // deno-lint-ignore no-explicit-any
   async function respond(
-    c: any,
+    c: Context<Env>,
     endpoint: Endpoint,
     params: GenerationParams,
     prompt: string,
