@@ -230,6 +230,21 @@ Deno.test("the openai client gets local generate's text from the API over a disa
       }
       const text = await metrics();
       assert.equal(metricValue(text, "skippy:num_requests_waiting"), 0);
+      // The worker-side gauges: both workers answered, nothing held on either.
+      const series = (name: string) =>
+        text.split("\n").filter((l) => l.startsWith(name + "{")).map((l) =>
+          Number(l.split(" ")[1])
+        );
+      assert.deepEqual(series("skippy:worker_up"), [1, 1]);
+      for (
+        const name of [
+          "skippy:worker_contexts_busy",
+          "skippy:worker_generating",
+          "skippy:worker_staged_bytes",
+        ]
+      ) {
+        assert.deepEqual(series(name), [0, 0], name);
+      }
       assert.match(text, /skippy:request_success_total\{finished_reason="abort"\} 1/);
       assert.match(text, /skippy:time_to_first_token_seconds_count \d+/);
     });

@@ -96,6 +96,7 @@ Deno.test("the API refuses in OpenAI's shape: 503 when full, 500 for a lost work
       /skippy:http_responses_total\{route="\/v1\/completions",status="503"\} 1/,
     );
     assert.match(metrics, /skippy:num_requests_running 0/);
+    assert.match(metrics, /skippy:worker_up\{node_id="aaaaaaaaaaaaaaaa",role="decode"\} 0/);
   } finally {
     await server.close();
     await Deno.remove(dir, { recursive: true });

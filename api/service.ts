@@ -18,6 +18,7 @@ import type { PeerSet } from "./peers.ts";
 import { decidePlacement, type PlacementDecision, type PlacementMode } from "./placement.ts";
 import type { GenerationParams } from "./schemas.ts";
 import { StopMatcher } from "./stop.ts";
+import { registerWorkerMetrics, type WorkerMetricsOptions } from "./worker_metrics.ts";
 import { type RequestLog, type RequestRecord } from "./telemetry.ts";
 
 export interface ServiceOptions {
@@ -31,6 +32,8 @@ export interface ServiceOptions {
   workerIdleTimeoutMs: number;
   /** Passed to the planner (`auto` placement). */
   promptTokensMin?: number;
+  /** Bounds of the worker-side gauges' stats requests. */
+  workerMetrics?: Partial<WorkerMetricsOptions>;
 }
 
 export interface RunInput {
@@ -74,6 +77,12 @@ export class ApiService {
       running: () => options.admission.running,
       waiting: () => options.admission.waiting,
     });
+    registerWorkerMetrics(
+      this.metrics.registry,
+      options.node,
+      options.peers,
+      options.workerMetrics,
+    );
   }
 
   async run(input: RunInput): Promise<RunOutput> {
