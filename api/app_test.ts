@@ -147,19 +147,21 @@ Deno.test("the openai client gets local generate's text from the API over a disa
       },
     );
 
-    await t.step("a stop sequence cuts the text and ends the request", async () => {
+    await t.step("a stop sequence cuts the text and ends the request on the workers", async () => {
       const stop = local.text.slice(Math.floor(local.text.length / 2)).slice(0, 3);
       const cut = local.text.indexOf(stop);
       assert.ok(stop.length > 0 && cut > 0);
       const r = await client.completions.create({
         model,
         prompt: PROMPT,
-        max_tokens: N,
+        max_tokens: 2000,
         temperature: 0,
         stop,
       });
       assert.equal(r.choices[0].text, local.text.slice(0, cut));
       assert.equal(r.choices[0].finish_reason, "stop");
+      // Cancelled once the stop matched: at most one more token batch (16) reached us.
+      assert.ok(r.usage!.completion_tokens <= N + 16, `${r.usage!.completion_tokens} tokens`);
     });
 
     await t.step("bad requests get OpenAI-shaped errors", async () => {

@@ -54,13 +54,19 @@ export class ApiMetrics {
     const registers = [this.registry];
     const hist = (name: string, help: string, buckets = LATENCY_BUCKETS_S) =>
       new Histogram({ name, help, buckets, registers });
-    this.ttft = hist("skippy:time_to_first_token_seconds", "Request sent to first token");
+    this.ttft = hist(
+      "skippy:time_to_first_token_seconds",
+      "Arrival to the first token (queue time included)",
+    );
     this.itl = hist("skippy:inter_token_latency_seconds", "Gap between generated tokens");
     this.tpot = hist(
       "skippy:request_time_per_output_token_seconds",
       "(e2e - ttft) / (generated tokens - 1), per request",
     );
-    this.e2e = hist("skippy:e2e_request_latency_seconds", "Admission to the last token");
+    this.e2e = hist(
+      "skippy:e2e_request_latency_seconds",
+      "Arrival to the last token (queue time included)",
+    );
     this.queue = hist("skippy:request_queue_time_seconds", "Time waiting for admission");
     this.promptTokens = new Counter({
       name: "skippy:prompt_tokens_total",

@@ -87,6 +87,8 @@ export class ApiService {
 
   async run(input: RunInput): Promise<RunOutput> {
     const o = this.options;
+    // TTFT and e2e are the client's: from arrival, queue time included (as vLLM's).
+    const t0 = performance.now();
     const requestId = input.requestId ?? crypto.randomUUID();
     const promptBytes = new TextEncoder().encode(input.prompt).length;
     if (promptBytes > PROMPT_BYTES_MAX) {
@@ -104,7 +106,6 @@ export class ApiService {
       throw contextTooSmall(promptTokens, Math.max(1, maxTokens), o.model.nCtx);
     }
     const ticket = await o.admission.acquire(input.signal);
-    const t0 = performance.now();
     const record: RequestRecord = {
       time: "",
       requestId,
