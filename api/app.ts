@@ -134,26 +134,35 @@ export function createApp(service: ApiService, keys: ApiKeys | null): Hono<Env> 
     const chunks = new ChunkWriter(endpoint, params.model, requestId);
     const gone = new AbortController();
     const signal = AbortSignal.any([client.signal, gone.signal]);
+    // Writes are queued in order; a write to a closed stream is dropped (the abort frees it).
+    let writes = Promise.resolve();
+    let send = (_data: string) => {};
+    // Context and admission refusals keep their HTTP status: they come before the stream.
+    let admitted: Awaited<ReturnType<ApiService["admit"]>>;
+    try {
+      admitted = await service.admit({
+        endpoint,
+        params,
+        prompt,
+        tenantId,
+        signal,
+        requestId,
+        chatFormat,
+        onDelta: (piece) => send(chunks.text(piece)),
+      });
+    } catch (error) {
+      client.done();
+      throw error;
+    }
     return streamSSE(c, async (stream) => {
       stream.onAbort(() => gone.abort());
-      const opening = chunks.opening();
-      if (opening) await stream.writeSSE({ data: opening });
-      // Writes are queued in order; a write to a closed stream is dropped (the abort frees it).
-      let writes = Promise.resolve();
-      const send = (data: string) => {
+      send = (data: string) => {
         writes = writes.then(() => stream.writeSSE({ data })).catch(() => gone.abort());
       };
+      const opening = chunks.opening();
+      if (opening) send(opening);
       try {
-        const out = await service.run({
-          endpoint,
-          params,
-          prompt,
-          tenantId,
-          signal,
-          requestId,
-          chatFormat,
-          onDelta: (piece) => send(chunks.text(piece)),
-        });
+        const out = await admitted.run();
         send(chunks.finish(out));
         if (params.includeUsage) send(chunks.usage(out));
       } catch (error) {

@@ -189,6 +189,16 @@ Deno.test("the openai client gets local generate's text from the API over a disa
           return true;
         },
       );
+      // A stream refused before it starts keeps its HTTP status.
+      await assert.rejects(
+        client.completions.create({
+          model,
+          prompt: PROMPT,
+          max_tokens: RUNTIME_DEFAULTS.nCtx,
+          stream: true,
+        }),
+        (e: unknown) => e instanceof OpenAI.BadRequestError && e.status === 400,
+      );
       await assert.rejects(
         client.completions.create({ model, prompt: "x", temperature: 7 }),
         (e: unknown) =>

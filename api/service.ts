@@ -9,7 +9,7 @@ import { runHandoff } from "../serve/coordinator.ts";
 import { PROMPT_BYTES_MAX } from "../serve/messages.ts";
 import type { HandoffResult } from "../serve/coordinator.ts";
 import type { Node } from "../serve/node.ts";
-import { Admission } from "./admission.ts";
+import { Admission, type Ticket } from "./admission.ts";
 import { ApiError, contextTooSmall, serverError } from "./errors.ts";
 import { ApiMetrics } from "./metrics.ts";
 import type { ChatFormat } from "./chat.ts";
@@ -85,7 +85,17 @@ export class ApiService {
     );
   }
 
+  /** Runs one request: `admit`, then its `run`. */
   async run(input: RunInput): Promise<RunOutput> {
+    return await (await this.admit(input)).run();
+  }
+
+  /**
+   * The checks that come before any response byte (prompt size, context, admission), so a
+   * stream can still answer them with their own HTTP status; then `run()` (exactly once)
+   * runs the admitted request and frees its slot.
+   */
+  async admit(input: RunInput): Promise<{ run: () => Promise<RunOutput> }> {
     const o = this.options;
     // TTFT and e2e are the client's: from arrival, queue time included (as vLLM's).
     const t0 = performance.now();
@@ -128,6 +138,17 @@ export class ApiService {
       handoff: null,
     };
     this.metrics.queue.observe(ticket.queueMs / 1000);
+    return { run: () => this.#runAndRecord(input, record, ticket, maxTokens, t0) };
+  }
+
+  async #runAndRecord(
+    input: RunInput,
+    record: RequestRecord,
+    ticket: Ticket,
+    maxTokens: number,
+    t0: number,
+  ): Promise<RunOutput> {
+    const o = this.options;
     try {
       return await this.#runAdmitted(input, record, maxTokens, t0);
     } catch (error) {
