@@ -222,8 +222,11 @@ Deno.test("the openai client gets local generate's text from the API over a disa
         { model, prompt: PROMPT, max_tokens: 4000, temperature: 0, stream: true },
         { signal: abort.signal },
       );
+      // Leave after the decode worker's first batch (the first text is the prefill worker's
+      // FirstToken): the decoder is generating when the client goes away.
+      let texts = 0;
       for await (const chunk of stream) {
-        if (chunk.choices[0]?.text) break; // leaving the loop aborts the response
+        if (chunk.choices[0]?.text && ++texts === 2) break; // leaving the loop aborts it
       }
       abort.abort();
       const metrics = () => fetch(`${server.url}/metrics`).then((r) => r.text());
@@ -240,26 +243,65 @@ Deno.test("the openai client gets local generate's text from the API over a disa
       } finally {
         await decode.close();
       }
-      const text = await metrics();
-      assert.equal(metricValue(text, "skippy:num_requests_waiting"), 0);
-      // The worker-side gauges: both workers answered, nothing held on either.
-      const series = (name: string) =>
+      // The worker-side gauges (cached for statsCacheMs): both workers answer, nothing held.
+      const series = (text: string, name: string) =>
         text.split("\n").filter((l) => l.startsWith(name + "{")).map((l) =>
           Number(l.split(" ")[1])
         );
-      assert.deepEqual(series("skippy:worker_up"), [1, 1]);
-      for (
-        const name of [
-          "skippy:worker_contexts_busy",
-          "skippy:worker_generating",
-          "skippy:worker_staged_bytes",
-        ]
-      ) {
-        assert.deepEqual(series(name), [0, 0], name);
-      }
+      const held = ["skippy:worker_contexts_busy", "skippy:worker_generating"];
+      await eventually(async () => {
+        const text = await metrics();
+        return held.every((name) => series(text, name).join() === "0,0");
+      }, "the worker gauges read zero");
+      const text = await metrics();
+      assert.deepEqual(series(text, "skippy:worker_up"), [1, 1]);
+      assert.deepEqual(series(text, "skippy:worker_staged_bytes"), [0, 0]);
+      assert.equal(metricValue(text, "skippy:num_requests_waiting"), 0);
       assert.match(text, /skippy:request_success_total\{finished_reason="abort"\} 1/);
       assert.match(text, /skippy:time_to_first_token_seconds_count \d+/);
     });
+
+    await t.step(
+      "an unreachable prefill worker falls back to colocated, named everywhere",
+      async () => {
+        // The prefill worker's trusted identity at a port nothing listens on.
+        const socket = Deno.listenDatagram({ transport: "udp", hostname: "127.0.0.1", port: 0 });
+        const deadPort = (socket.addr as Deno.NetAddr).port;
+        socket.close();
+        const fallback = await startApiServer({
+          hostname: "127.0.0.1",
+          port: 0,
+          node: cluster.client,
+          modelPath,
+          nCtx: RUNTIME_DEFAULTS.nCtx,
+          peers: new PeerSet([
+            { peer: { ...cluster.prefill.peer, port: deadPort }, role: "prefill" },
+            { peer: cluster.decode.peer, role: "decode" },
+          ]),
+          placement: "disaggregated",
+          keys: null,
+          workerIdleTimeoutMs: HANG_MS,
+        });
+        try {
+          const r = await fetch(`${fallback.url}/v1/completions`, {
+            method: "POST",
+            headers: { "content-type": "application/json" },
+            body: JSON.stringify({ model, prompt: PROMPT, max_tokens: N, temperature: 0 }),
+          });
+          assert.equal(r.status, 200);
+          assert.equal(r.headers.get("x-skippy-placement"), "colocated");
+          assert.match(r.headers.get("x-skippy-fallback") ?? "", /prefill worker is unreachable/);
+          const body = await r.json();
+          assert.equal(body.choices[0].text, local.text);
+          assert.equal(body.skippy.planned_placement, "disaggregated");
+          const text = await fetch(`${fallback.url}/metrics`).then((m) => m.text());
+          assert.match(text, /skippy:handoff_fallbacks_total\{reason="prefill-unreachable"\} 1/);
+          assert.match(text, /skippy:handoff_placements_total\{placement="colocated"\} 1/);
+        } finally {
+          await fallback.close();
+        }
+      },
+    );
 
     await t.step(
       "models lists the model; handoffs shows a tenant only its own records",
