@@ -65,6 +65,8 @@ export async function startApiServer(o: ApiServerOptions): Promise<ApiServer> {
     service,
     model,
     close: async () => {
+      // Running requests end now (their workers free them); shutdown then waits for nothing.
+      service.abortAll();
       await server.shutdown();
       model.close();
     },

@@ -71,6 +71,8 @@ function defaultMaxTokens(endpoint: RunInput["endpoint"], room: number): number 
 
 export class ApiService {
   readonly metrics: ApiMetrics;
+  /** Aborted by `abortAll`, when the server stops. */
+  #closing = new AbortController();
 
   constructor(readonly options: ServiceOptions) {
     this.metrics = new ApiMetrics({
@@ -85,6 +87,11 @@ export class ApiService {
     );
   }
 
+  /** Ends every request (waiting or running) as if its client went away: the server stops. */
+  abortAll(): void {
+    this.#closing.abort();
+  }
+
   /** Runs one request: `admit`, then its `run`. */
   async run(input: RunInput): Promise<RunOutput> {
     return await (await this.admit(input)).run();
@@ -95,8 +102,9 @@ export class ApiService {
    * stream can still answer them with their own HTTP status; then `run()` (exactly once)
    * runs the admitted request and frees its slot.
    */
-  async admit(input: RunInput): Promise<{ run: () => Promise<RunOutput> }> {
+  async admit(request: RunInput): Promise<{ run: () => Promise<RunOutput> }> {
     const o = this.options;
+    const input = { ...request, signal: AbortSignal.any([request.signal, this.#closing.signal]) };
     // TTFT and e2e are the client's: from arrival, queue time included (as vLLM's).
     const t0 = performance.now();
     const requestId = input.requestId ?? crypto.randomUUID();

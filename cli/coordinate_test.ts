@@ -8,6 +8,7 @@ import assert from "node:assert/strict";
 import OpenAI from "openai";
 import { testModel } from "../testing/models.ts";
 import { runCliProcess } from "../testing/cli.ts";
+import { startLocalCluster } from "../serve/local_cluster.ts";
 
 const MAIN = new URL("../main.ts", import.meta.url).pathname;
 const KEY = "coordinate-test-key-0123456789";
@@ -97,4 +98,79 @@ Deno.test("coordinate --local serves chat with the model's template, equal to lo
   assert.ok(record.handoff.totalBytes > 0);
   assert.doesNotMatch(lines[0], /hello there/, "no content in telemetry");
   await Deno.remove(dir, { recursive: true });
+});
+
+Deno.test("coordinate --peers serves running workers and re-reads the peers file", async () => {
+  const model = await testModel("hybrid");
+  const cluster = await startLocalCluster({ args: ["--model", model] });
+  const peersFile = `${cluster.dir}/peers.json`;
+  const entry = (p: { nodeId: string; host: string; port: number }, role: string) => ({
+    address: `${p.host}:${p.port}`,
+    nodeId: p.nodeId,
+    role,
+  });
+  await Deno.writeTextFile(
+    peersFile,
+    JSON.stringify({
+      workers: [entry(cluster.prefill.peer, "prefill"), entry(cluster.decode.peer, "decode")],
+    }),
+  );
+  const child = new Deno.Command(Deno.execPath(), {
+    args: [
+      "run",
+      "-A",
+      "--unstable-net",
+      MAIN,
+      "coordinate",
+      "--peers",
+      peersFile,
+      "--state-dir",
+      cluster.client.stateDir,
+      "--model",
+      model,
+      "--listen",
+      "127.0.0.1:0",
+      "--peers-poll-ms",
+      "100",
+    ],
+    stdout: "piped",
+    stderr: "piped",
+  }).spawn();
+  const stderr = new Response(child.stderr).text();
+  try {
+    const ready = await firstJsonLine(child.stdout);
+    assert.equal(ready.authenticated, false);
+    assert.equal(ready.placement, "auto");
+    const client = new OpenAI({ baseURL: `${ready.url}/v1`, apiKey: "none", maxRetries: 0 });
+    const r = await client.completions.create({
+      model: String(ready.model),
+      prompt: "hello",
+      max_tokens: 4,
+      temperature: 0,
+    });
+    // auto: a short prompt runs colocated, and the planner's reason says why.
+    const skippy = (r as unknown as { skippy: Record<string, unknown> }).skippy;
+    assert.equal(skippy.placement, "colocated");
+    assert.match(String(skippy.placement_reason), /under promptTokensMin 2048/);
+    assert.equal(r.usage?.completion_tokens, 4);
+    // Dropping the prefill worker from the file is picked up by the poll.
+    await Deno.writeTextFile(
+      peersFile,
+      JSON.stringify({ workers: [entry(cluster.decode.peer, "decode")] }),
+    );
+    await Deno.utime(peersFile, new Date(), new Date(Date.now() + 5_000));
+    for (;;) {
+      const health = await fetch(`${ready.url}/health`).then((h) => h.json());
+      if (health.workers === 1) break;
+      await new Promise((res) => setTimeout(res, 50));
+    }
+  } finally {
+    child.kill("SIGINT");
+    const status = await child.status;
+    const log = await stderr;
+    await cluster.stop();
+    assert.equal(status.code, 0, log);
+    assert.match(log, /UNAUTHENTICATED/);
+    assert.match(log, /peers file re-read: 1 workers/);
+  }
 });
