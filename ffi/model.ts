@@ -18,6 +18,8 @@ export interface ModelLoadOptions {
    * all when the build has a GPU device, else 0). Offload changes numerics.
    */
   gpuLayers?: GpuLayersRequest;
+  /** Load only the vocabulary (no weights): for tokenizing where no compute runs. */
+  vocabOnly?: boolean;
 }
 
 /** Static facts about a loaded model, as llama.cpp reports them. */
@@ -78,6 +80,7 @@ export class LlamaModel implements Disposable {
       options.mmap === false ? LLAMA_LOAD_MODE.NONE : LLAMA_LOAD_MODE.MMAP,
     );
     llama_model_params.set(params, "load_mtp", options.loadMtp ?? false);
+    llama_model_params.set(params, "vocab_only", options.vocabOnly ?? false);
     lib.log.clear();
     const ptr = await lib.symbols.llama_model_load_from_file(cString(path), params);
     if (ptr === null) throw loadFailure(lib, path);

@@ -10,6 +10,15 @@ import { EMBEDDING_STD, TensorList } from "./_tensors.ts";
 
 export const NORM_EPS = 1e-5;
 
+/**
+ * The dense test model's `tokenizer.chat_template` (the other families have none, so the API's
+ * plain fallback is tested too). Its markers are plain text: the test vocabulary has no chat
+ * special tokens. It starts with `bos_token`, as many real templates do.
+ */
+export const DENSE_CHAT_TEMPLATE = "{{ bos_token }}{% for message in messages %}" +
+  "{{ '<|' + message['role'] + '|>\\n' + message['content'] + '\\n' }}{% endfor %}" +
+  "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}";
+
 /** Architecture-specific metadata and tensors of a `llama` model. */
 export function buildLlama(spec: ModelSpec): { metadata: GgufMetadata; tensors: TensorList } {
   const a = spec.attention;
@@ -28,6 +37,7 @@ export function buildLlama(spec: ModelSpec): { metadata: GgufMetadata; tensors: 
     [`${p}.rope.dimension_count`, gv.u32(a.headDim)],
     [`${p}.rope.freq_base`, gv.f32(10000)],
     [`${p}.vocab_size`, gv.u32(spec.nVocab)],
+    ["tokenizer.chat_template", gv.str(DENSE_CHAT_TEMPLATE)],
   ];
   const t = new TensorList(spec.weightType);
   embeddingAndHead(t, spec);

@@ -74,3 +74,4 @@ export {
 export type { WeightType } from "./_gguf_types.ts";
 export { cachedModelName, ensureModelFile, type ModelRequest } from "./cache.ts";
 export { syntheticTokens } from "./tokenizer.ts";
+export { DENSE_CHAT_TEMPLATE } from "./_family_llama.ts";

@@ -51,6 +51,8 @@ export interface HandoffRequest {
   timeoutMs: number;
   /** Called with each piece of generated text as it arrives. */
   onText?: (text: string) => void;
+  /** Called with each run of generated token ids as it arrives (before its onText). */
+  onTokens?: (tokens: number[]) => void;
   /** Cancels the request (client gave up). */
   signal?: AbortSignal;
   /** Skip the handoff: the decode worker prefills the prompt itself (the baseline). */
@@ -151,6 +153,7 @@ export async function runHandoff(node: Node, req: HandoffRequest): Promise<Hando
           ttftMs: now - t0,
           afterPrefillMs: performance.timeOrigin + now - message.prefillEndEpochMs,
         };
+        req.onTokens?.([message.token]);
         if (message.text) req.onText?.(message.text);
       };
       outcome = await prefillAndHandOff(prefillPeer!, handoffId, req, wait, onFirst);
@@ -183,7 +186,7 @@ export async function runHandoff(node: Node, req: HandoffRequest): Promise<Hando
         sentTokens: got ? [got.message.token] : [],
       },
       wait,
-      req.onText,
+      req,
       t0,
     );
     const firstDigest = got?.message.logitsSha256;
@@ -287,7 +290,7 @@ async function generate(
   peer: PeerConnection,
   request: GenerateRequest,
   wait: Wait,
-  onText: ((text: string) => void) | undefined,
+  on: Pick<HandoffRequest, "onText" | "onTokens">,
   t0: number,
 ): Promise<Generation> {
   await sendWithPrompt(peer, request);
@@ -300,7 +303,8 @@ async function generate(
       out.tokens.push(...batch.tokens);
       out.text += batch.text;
       out.logitsSha256.push(...(batch.logitsSha256 ?? []));
-      if (batch.text) onText?.(batch.text);
+      if (batch.tokens.length > 0) on.onTokens?.(batch.tokens);
+      if (batch.text) on.onText?.(batch.text);
       continue;
     }
     if (header.type === "GenerateDone") {

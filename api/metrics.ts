@@ -1,0 +1,153 @@
+/**
+ * The coordinator's Prometheus metrics (prom-client), named after vLLM's (`vllm:` ->
+ * `skippy:`) and llama-server's conventions, plus the handoff's own: bytes, transfer time,
+ * tail, placement, fallbacks and failures by reason. Never content, never a key; labels are
+ * bounded sets (placements, finish reasons, failure reasons from core's list, HTTP statuses).
+ */
+import { Counter, Gauge, Histogram, Registry } from "prom-client";
+import type { HandoffTelemetry } from "../core/telemetry.ts";
+
+const LATENCY_BUCKETS_S = [
+  0.001,
+  0.005,
+  0.01,
+  0.02,
+  0.05,
+  0.1,
+  0.25,
+  0.5,
+  1,
+  2.5,
+  5,
+  10,
+  30,
+  60,
+  120,
+  300,
+];
+const BYTES_BUCKETS = [1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 23, 1 << 26, 1 << 28, 1 << 30];
+
+export interface MetricsSources {
+  running: () => number;
+  waiting: () => number;
+}
+
+export class ApiMetrics {
+  readonly registry = new Registry();
+  readonly ttft: Histogram;
+  readonly itl: Histogram;
+  readonly tpot: Histogram;
+  readonly e2e: Histogram;
+  readonly queue: Histogram;
+  readonly promptTokens: Counter;
+  readonly generationTokens: Counter;
+  readonly success: Counter;
+  readonly failures: Counter;
+  readonly responses: Counter;
+  readonly placements: Counter;
+  readonly fallbacks: Counter;
+  readonly handoffBytes: Histogram;
+  readonly transfer: Histogram;
+  readonly tail: Histogram;
+
+  constructor(sources: MetricsSources) {
+    const registers = [this.registry];
+    const hist = (name: string, help: string, buckets = LATENCY_BUCKETS_S) =>
+      new Histogram({ name, help, buckets, registers });
+    this.ttft = hist(
+      "skippy:time_to_first_token_seconds",
+      "Arrival to the first token (queue time included)",
+    );
+    this.itl = hist("skippy:inter_token_latency_seconds", "Gap between generated tokens");
+    this.tpot = hist(
+      "skippy:request_time_per_output_token_seconds",
+      "(e2e - ttft) / (generated tokens - 1), per request",
+    );
+    this.e2e = hist(
+      "skippy:e2e_request_latency_seconds",
+      "Arrival to the last token (queue time included)",
+    );
+    this.queue = hist("skippy:request_queue_time_seconds", "Time waiting for admission");
+    this.promptTokens = new Counter({
+      name: "skippy:prompt_tokens_total",
+      help: "Prompt tokens of finished requests",
+      registers,
+    });
+    this.generationTokens = new Counter({
+      name: "skippy:generation_tokens_total",
+      help: "Generated tokens of finished requests",
+      registers,
+    });
+    this.success = new Counter({
+      name: "skippy:request_success_total",
+      help: "Requests finished, by finish reason",
+      labelNames: ["finished_reason"],
+      registers,
+    });
+    this.failures = new Counter({
+      name: "skippy:request_failures_total",
+      help: "Requests that failed after admission (500), by reason",
+      labelNames: ["reason"],
+      registers,
+    });
+    this.responses = new Counter({
+      name: "skippy:http_responses_total",
+      help: "HTTP responses by route and status",
+      labelNames: ["route", "status"],
+      registers,
+    });
+    this.placements = new Counter({
+      name: "skippy:handoff_placements_total",
+      help: "Requests by where they ran: disaggregated or colocated",
+      labelNames: ["placement"],
+      registers,
+    });
+    this.fallbacks = new Counter({
+      name: "skippy:handoff_fallbacks_total",
+      help: "Requests planned disaggregated that ran colocated, by reason",
+      labelNames: ["reason"],
+      registers,
+    });
+    this.handoffBytes = hist(
+      "skippy:handoff_bytes",
+      "State bytes moved per handoff",
+      BYTES_BUCKETS,
+    );
+    this.transfer = hist("skippy:handoff_transfer_seconds", "Wire time per handoff");
+    this.tail = hist(
+      "skippy:handoff_tail_seconds",
+      "End of the last prefill chunk to commit (the uncovered tail)",
+    );
+    new Gauge({
+      name: "skippy:num_requests_running",
+      help: "Requests admitted and running",
+      registers,
+      collect() {
+        this.set(sources.running());
+      },
+    });
+    new Gauge({
+      name: "skippy:num_requests_waiting",
+      help: "Requests waiting for admission",
+      registers,
+      collect() {
+        this.set(sources.waiting());
+      },
+    });
+  }
+
+  /** A handoff's telemetry (only when the state moved). */
+  observeHandoff(t: HandoffTelemetry): void {
+    this.handoffBytes.observe(t.totalBytes);
+    this.transfer.observe(t.wireMs / 1000);
+    if (t.uncoveredTailMs !== null) this.tail.observe(t.uncoveredTailMs / 1000);
+  }
+
+  text(): Promise<string> {
+    return this.registry.metrics();
+  }
+
+  get contentType(): string {
+    return this.registry.contentType;
+  }
+}

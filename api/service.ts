@@ -1,0 +1,332 @@
+/**
+ * One API request, from a prompt to text: count its tokens against the context, wait for
+ * admission, pick workers and a placement, run it through `runHandoff`, cut stop sequences
+ * (and cancel the request on the workers once one matches), and record metrics and telemetry.
+ * Endpoints (app.ts) only shape what goes in and comes out.
+ */
+import { HandoffAbortedError } from "../core/mod.ts";
+import { runHandoff } from "../serve/coordinator.ts";
+import { PROMPT_BYTES_MAX } from "../serve/messages.ts";
+import type { HandoffResult } from "../serve/coordinator.ts";
+import type { Node } from "../serve/node.ts";
+import { Admission, type Ticket } from "./admission.ts";
+import { ApiError, contextTooSmall, serverError } from "./errors.ts";
+import { ApiMetrics } from "./metrics.ts";
+import type { ChatFormat } from "./chat.ts";
+import type { ServedModel } from "./model.ts";
+import type { PeerSet } from "./peers.ts";
+import { decidePlacement, type PlacementDecision, type PlacementMode } from "./placement.ts";
+import type { GenerationParams } from "./schemas.ts";
+import { StopMatcher } from "./stop.ts";
+import { registerWorkerMetrics, type WorkerMetricsOptions } from "./worker_metrics.ts";
+import { type RequestLog, type RequestRecord } from "./telemetry.ts";
+
+export interface ServiceOptions {
+  node: Node;
+  model: ServedModel;
+  peers: PeerSet;
+  placement: PlacementMode;
+  admission: Admission;
+  log: RequestLog;
+  /** A request fails when no worker reports progress for this long, in ms. */
+  workerIdleTimeoutMs: number;
+  /** Passed to the planner (`auto` placement). */
+  promptTokensMin?: number;
+  /** Bounds of the worker-side gauges' stats requests. */
+  workerMetrics?: Partial<WorkerMetricsOptions>;
+}
+
+export interface RunInput {
+  endpoint: RequestRecord["endpoint"];
+  params: GenerationParams;
+  prompt: string;
+  tenantId: string;
+  /** Aborts when the client goes away. */
+  signal: AbortSignal;
+  /** Echoed in the response and telemetry (default: a fresh UUID). */
+  requestId?: string;
+  /** Chat: which path rendered the prompt (echoed in the response). */
+  chatFormat?: ChatFormat;
+  /** Streaming: each piece of text that is safe to send (stop sequences cut). */
+  onDelta?: (text: string) => void;
+}
+
+export interface RunOutput {
+  requestId: string;
+  created: number;
+  text: string;
+  finishReason: "stop" | "length";
+  promptTokens: number;
+  completionTokens: number;
+  placement: "disaggregated" | "colocated";
+  plannedPlacement: PlacementDecision;
+  fallbackReason: string | null;
+  chatFormat: ChatFormat | null;
+}
+
+/** completions: OpenAI's default of 16; chat: the rest of the context (llama-server's). */
+function defaultMaxTokens(endpoint: RunInput["endpoint"], room: number): number {
+  return endpoint === "completions" ? Math.min(16, room) : room;
+}
+
+export class ApiService {
+  readonly metrics: ApiMetrics;
+  /** Aborted by `abortAll`, when the server stops. */
+  #closing = new AbortController();
+
+  constructor(readonly options: ServiceOptions) {
+    this.metrics = new ApiMetrics({
+      running: () => options.admission.running,
+      waiting: () => options.admission.waiting,
+    });
+    registerWorkerMetrics(
+      this.metrics.registry,
+      options.node,
+      options.peers,
+      options.workerMetrics,
+    );
+  }
+
+  /** Ends every request (waiting or running) as if its client went away: the server stops. */
+  abortAll(): void {
+    this.#closing.abort();
+  }
+
+  /** Runs one request: `admit`, then its `run`. */
+  async run(input: RunInput): Promise<RunOutput> {
+    return await (await this.admit(input)).run();
+  }
+
+  /**
+   * The checks that come before any response byte (prompt size, context, admission), so a
+   * stream can still answer them with their own HTTP status; then `run()` (exactly once)
+   * runs the admitted request and frees its slot.
+   */
+  async admit(request: RunInput): Promise<{ run: () => Promise<RunOutput> }> {
+    const o = this.options;
+    const input = { ...request, signal: AbortSignal.any([request.signal, this.#closing.signal]) };
+    // TTFT and e2e are the client's: from arrival, queue time included (as vLLM's).
+    const t0 = performance.now();
+    const requestId = input.requestId ?? crypto.randomUUID();
+    const promptBytes = new TextEncoder().encode(input.prompt).length;
+    if (promptBytes > PROMPT_BYTES_MAX) {
+      throw new ApiError(
+        400,
+        "invalid_request_error",
+        `The prompt is ${promptBytes} bytes, over the ${PROMPT_BYTES_MAX} the workers accept`,
+        { code: "prompt_too_large", param: "prompt" },
+      );
+    }
+    const promptTokens = o.model.countTokens(input.prompt);
+    const room = o.model.nCtx - promptTokens;
+    const maxTokens = input.params.maxTokens ?? defaultMaxTokens(input.endpoint, room);
+    if (maxTokens < 1 || promptTokens + maxTokens > o.model.nCtx) {
+      throw contextTooSmall(promptTokens, Math.max(1, maxTokens), o.model.nCtx);
+    }
+    const ticket = await o.admission.acquire(input.signal);
+    const record: RequestRecord = {
+      time: "",
+      requestId,
+      handoffId: null,
+      endpoint: input.endpoint,
+      tenantId: input.tenantId,
+      status: 200,
+      finishReason: "error",
+      plannedPlacement: null,
+      placementReason: null,
+      placement: null,
+      fallbackReason: null,
+      error: null,
+      promptTokens,
+      generatedTokens: 0,
+      queueMs: ticket.queueMs,
+      ttftMs: null,
+      tpotMs: null,
+      e2eMs: null,
+      handoff: null,
+    };
+    this.metrics.queue.observe(ticket.queueMs / 1000);
+    return { run: () => this.#runAndRecord(input, record, ticket, maxTokens, t0) };
+  }
+
+  async #runAndRecord(
+    input: RunInput,
+    record: RequestRecord,
+    ticket: Ticket,
+    maxTokens: number,
+    t0: number,
+  ): Promise<RunOutput> {
+    const o = this.options;
+    try {
+      return await this.#runAdmitted(input, record, maxTokens, t0);
+    } catch (error) {
+      const api = error instanceof ApiError ? error : serverError(error);
+      record.status = input.signal.aborted ? 499 : api.status;
+      record.finishReason = input.signal.aborted ? "abort" : "error";
+      record.error = input.signal.aborted ? "the client went away" : api.message;
+      if (input.signal.aborted) this.metrics.success.inc({ finished_reason: "abort" });
+      else this.metrics.failures.inc({ reason: failureReason(error) });
+      throw api;
+    } finally {
+      ticket.release();
+      record.time = new Date().toISOString();
+      record.e2eMs = performance.now() - t0;
+      await o.log.add(record).catch(() => {});
+    }
+  }
+
+  async #runAdmitted(
+    input: RunInput,
+    record: RequestRecord,
+    maxTokens: number,
+    t0: number,
+  ): Promise<RunOutput> {
+    const o = this.options;
+    const picked = o.peers.pick();
+    if (!picked) {
+      throw new ApiError(503, "unavailable_error", "No decode worker is configured", {
+        code: "no_worker",
+        retryAfterS: o.admission.options.retryAfterS,
+      });
+    }
+    const planned = decidePlacement({
+      mode: o.placement,
+      promptTokens: record.promptTokens,
+      state: o.model.state,
+      family: o.model.family,
+      hasPrefillWorker: picked.prefill !== null,
+      promptTokensMin: o.promptTokensMin,
+    });
+    record.plannedPlacement = planned.placement;
+    record.placementReason = planned.reason;
+    const handoffId = crypto.randomUUID();
+    record.handoffId = handoffId;
+    const stopper = new AbortController();
+    const matcher = new StopMatcher(input.params.stop);
+    let text = "";
+    let generated = 0;
+    let lastTokenAt: number | null = null;
+    const release = o.peers.hold([
+      picked.decode,
+      planned.placement === "colocated" ? null : picked.prefill,
+    ]);
+    let result: HandoffResult | null = null;
+    try {
+      result = await runHandoff(o.node, {
+        prefill: (picked.prefill ?? picked.decode).peer,
+        decode: picked.decode.peer,
+        colocated: planned.placement === "colocated",
+        prompt: input.prompt,
+        generateTokens: maxTokens,
+        sampling: {
+          temperature: input.params.temperature,
+          topK: input.params.topK,
+          topP: input.params.topP,
+          seed: input.params.seed ?? crypto.getRandomValues(new Uint32Array(1))[0],
+        },
+        tenantId: input.tenantId,
+        probe: false,
+        timeoutMs: o.workerIdleTimeoutMs,
+        handoffId,
+        signal: AbortSignal.any([input.signal, stopper.signal]),
+        onTokens: (tokens) => {
+          const now = performance.now();
+          if (lastTokenAt === null) {
+            record.ttftMs = now - t0;
+            this.metrics.ttft.observe(record.ttftMs / 1000);
+          } else {
+            const gap = (now - lastTokenAt) / 1000 / tokens.length;
+            for (let i = 0; i < tokens.length; i++) this.metrics.itl.observe(gap);
+          }
+          lastTokenAt = now;
+          generated += tokens.length;
+        },
+        onText: (piece) => {
+          if (matcher.stopped) return;
+          const safe = matcher.push(piece);
+          text += safe;
+          if (safe) input.onDelta?.(safe);
+          if (matcher.stopped) stopper.abort();
+        },
+      });
+    } catch (error) {
+      // A stop sequence cancelled the request on the workers: that is a normal end.
+      if (!(matcher.stopped && !input.signal.aborted && error instanceof HandoffAbortedError)) {
+        throw error;
+      }
+    } finally {
+      release();
+    }
+    const rest = matcher.flush();
+    text += rest;
+    if (rest) input.onDelta?.(rest);
+    const finishReason = matcher.stopped || generated < maxTokens ? "stop" : "length";
+    const placement = result?.placement ?? planned.placement;
+    // A fallback is a planned handoff that ran colocated; a colocated plan is not one.
+    const fallbackReason = planned.placement === "disaggregated"
+      ? result?.fallbackReason ?? null
+      : null;
+    this.#finish(record, result, placement, fallbackReason, generated, finishReason, t0);
+    return {
+      requestId: record.requestId,
+      created: Math.floor(Date.now() / 1000),
+      text,
+      finishReason,
+      promptTokens: record.promptTokens,
+      completionTokens: generated,
+      placement,
+      plannedPlacement: planned,
+      fallbackReason,
+      chatFormat: input.chatFormat ?? null,
+    };
+  }
+
+  #finish(
+    record: RequestRecord,
+    result: HandoffResult | null,
+    placement: "disaggregated" | "colocated",
+    fallbackReason: string | null,
+    generated: number,
+    finishReason: "stop" | "length",
+    t0: number,
+  ): void {
+    const m = this.metrics;
+    const e2eMs = performance.now() - t0;
+    record.placement = placement;
+    record.fallbackReason = fallbackReason;
+    record.generatedTokens = generated;
+    record.finishReason = finishReason;
+    record.handoff = result?.telemetry ?? null;
+    if (record.ttftMs !== null && generated > 1) {
+      record.tpotMs = (e2eMs - record.ttftMs) / (generated - 1);
+      m.tpot.observe(record.tpotMs / 1000);
+    }
+    m.e2e.observe(e2eMs / 1000);
+    m.promptTokens.inc(record.promptTokens);
+    m.generationTokens.inc(generated);
+    m.success.inc({ finished_reason: finishReason });
+    m.placements.inc({ placement });
+    if (record.plannedPlacement === "disaggregated" && placement === "colocated") {
+      m.fallbacks.inc({ reason: fallbackCode(result) });
+    }
+    if (result && placement === "disaggregated") m.observeHandoff(result.telemetry);
+  }
+}
+
+/** A bounded label for a fallback: core's abort reason, else a coarse class. */
+function fallbackCode(result: HandoffResult | null): string {
+  if (!result) return "unknown";
+  if (result.telemetry.fallbackReason) return result.telemetry.fallbackReason;
+  const why = result.fallbackReason ?? "";
+  if (why.startsWith("the prefill worker is unreachable")) return "prefill-unreachable";
+  if (why.startsWith("the prefill worker was lost")) return "connection-lost";
+  if (why.startsWith("decode worker not eligible")) return "not-eligible";
+  return "other";
+}
+
+/** A bounded label for a failure. */
+function failureReason(error: unknown): string {
+  if (error instanceof HandoffAbortedError) return String(error.reason ?? "aborted");
+  if (error instanceof ApiError) return error.options.code ?? error.type;
+  return error instanceof Error ? error.name : "unknown";
+}

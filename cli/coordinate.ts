@@ -1,0 +1,205 @@
+/**
+ * `coordinate`: the OpenAI-compatible API in front of the workers (api/).
+ *
+ *     skippy-disagg coordinate --listen 127.0.0.1:8080 --peers peers.json [--api-keys keys.json]
+ *     skippy-disagg coordinate --local [--model m.gguf]
+ *
+ * `--peers` names the workers (re-read when the file changes); `--local` starts one prefill
+ * and one decode worker as child processes on loopback, with fresh identities that trust each
+ * other and this coordinator, and stops them on SIGINT/SIGTERM. Prints one ready line (JSON,
+ * stdout) with the URL; says on stderr whether the API is authenticated.
+ */
+import { type Command, Option } from "commander";
+import { RUNTIME_DEFAULTS } from "../serve/engine.ts";
+import { startLocalCluster } from "../serve/local_cluster.ts";
+import { Node } from "../serve/node.ts";
+import { DEFAULT_ADMISSION } from "../api/admission.ts";
+import { ApiKeys } from "../api/keys.ts";
+import { DEFAULT_PEERS_POLL_MS, PeerSet, watchPeers } from "../api/peers.ts";
+import { PLACEMENT_MODES, type PlacementMode } from "../api/placement.ts";
+import { startApiServer } from "../api/server.ts";
+import { openTelemetrySink } from "../api/telemetry.ts";
+import { DEFAULT_PLAN_OPTIONS } from "../core/planner.ts";
+import { UsageError } from "../core/errors.ts";
+import { defaultModelPath } from "./_default_model.ts";
+import { intArg } from "./_options.ts";
+import { listenArg } from "./_peers.ts";
+
+interface CoordinateFlags {
+  listen: { host: string; port: number };
+  peers?: string;
+  local: boolean;
+  model?: string;
+  ctx: number;
+  apiKeys?: string;
+  placement: PlacementMode;
+  telemetry?: string;
+  stateDir?: string;
+  requestsInFlightMax: number;
+  queueDepthMax: number;
+  queueWaitMs: number;
+  timeoutMs: number;
+  peersPollMs: number;
+  promptTokensMin: number;
+}
+
+export function register(program: Command): void {
+  program
+    .command("coordinate")
+    .description("serve the OpenAI-compatible API (completions, chat) in front of the workers")
+    .option("--listen <host:port>", "HTTP address", listenArg, { host: "127.0.0.1", port: 8080 })
+    .option("--peers <file>", "JSON list of workers: {workers: [{address, nodeId, role}]}")
+    .option("--local", "start one prefill and one decode worker on loopback and serve them", false)
+    .option("--model <gguf>", "the model the workers serve (default: the tiny hybrid test model)")
+    .option(
+      "--ctx <tokens>",
+      "the workers' context size (serve --ctx)",
+      intArg(16, 1 << 20),
+      RUNTIME_DEFAULTS.nCtx,
+    )
+    .option("--api-keys <file>", 'JSON object {"<key>": "<tenant>"}; without it: unauthenticated')
+    .addOption(
+      new Option("--placement <mode>", "where requests run").choices([...PLACEMENT_MODES]).default(
+        "auto",
+      ),
+    )
+    .option("--telemetry <file|->", "append one JSON line per request (no content); - is stdout")
+    .option(
+      "--state-dir <dir>",
+      "with --peers: this node's identity and trust list (default: per-user)",
+    )
+    .option(
+      "--requests-in-flight-max <n>",
+      "requests running at once (match the decode workers' --sessions-max)",
+      intArg(1, 4096),
+      DEFAULT_ADMISSION.requestsInFlightMax,
+    )
+    .option(
+      "--queue-depth-max <n>",
+      "requests waiting for a slot; more get 503",
+      intArg(0, 1 << 20),
+      DEFAULT_ADMISSION.queueDepthMax,
+    )
+    .option(
+      "--queue-wait-ms <ms>",
+      "longest wait for a slot before a 503",
+      intArg(1, 3_600_000),
+      DEFAULT_ADMISSION.queueWaitMs,
+    )
+    .option(
+      "--timeout-ms <ms>",
+      "fail a request when its workers report no progress for this long",
+      intArg(1, 86_400_000),
+      120_000,
+    )
+    .option(
+      "--peers-poll-ms <ms>",
+      "how often the peers file's mtime is checked",
+      intArg(100, 3_600_000),
+      DEFAULT_PEERS_POLL_MS,
+    )
+    .option(
+      "--prompt-tokens-min <n>",
+      "auto placement: shorter prompts run colocated (planner's promptTokensMin)",
+      intArg(1, 1 << 30),
+      DEFAULT_PLAN_OPTIONS.promptTokensMin,
+    )
+    .action((flags: CoordinateFlags) => runCoordinate(flags));
+}
+
+async function runCoordinate(flags: CoordinateFlags): Promise<void> {
+  if (flags.local === (flags.peers !== undefined)) {
+    throw new UsageError("Pass exactly one of --peers <file> and --local", {
+      hint: "--local starts two workers on this machine; --peers names running ones",
+    });
+  }
+  const model = flags.model ?? await defaultModelPath();
+  const keys = flags.apiKeys ? await ApiKeys.load(flags.apiKeys) : null;
+  const sink = flags.telemetry ? await openTelemetrySink(flags.telemetry) : null;
+  const cleanups: (() => Promise<void> | void)[] = [];
+  const log = (line: string) => console.error(line);
+  try {
+    let node: Node;
+    let peers: PeerSet;
+    if (flags.local) {
+      log("coordinate: starting a prefill and a decode worker on 127.0.0.1 (fresh identities)");
+      const cluster = await startLocalCluster({
+        args: [
+          "--model",
+          model,
+          "--ctx",
+          String(flags.ctx),
+          "--sessions-max",
+          String(Math.min(64, flags.requestsInFlightMax)),
+        ],
+      });
+      cleanups.push(() => cluster.stop());
+      node = cluster.client;
+      peers = new PeerSet([
+        { peer: cluster.prefill.peer, role: "prefill" },
+        { peer: cluster.decode.peer, role: "decode" },
+      ]);
+    } else {
+      node = await Node.open(flags.stateDir);
+      const watch = await watchPeers(flags.peers!, null, { pollMs: flags.peersPollMs, log });
+      cleanups.push(watch.stop);
+      peers = watch.set;
+    }
+    const server = await startApiServer({
+      hostname: flags.listen.host,
+      port: flags.listen.port,
+      node,
+      modelPath: model,
+      nCtx: flags.ctx,
+      peers,
+      placement: flags.placement,
+      admission: {
+        requestsInFlightMax: flags.requestsInFlightMax,
+        queueDepthMax: flags.queueDepthMax,
+        queueWaitMs: flags.queueWaitMs,
+      },
+      keys,
+      telemetry: sink?.write ?? null,
+      workerIdleTimeoutMs: flags.timeoutMs,
+      promptTokensMin: flags.promptTokensMin,
+    });
+    cleanups.unshift(() => server.close());
+    const stop = stopSignal();
+    const auth = keys
+      ? "authenticated (--api-keys)"
+      : `UNAUTHENTICATED (no --api-keys): every request is tenant "default"` +
+        (isLoopback(flags.listen.host) ? "" : "; this address is reachable beyond this machine");
+    log(
+      `coordinate: serving "${server.model.id}" at ${server.url}/v1, placement ${flags.placement}, ` +
+        `${peers.workers.length} workers; ${auth}`,
+    );
+    console.log(JSON.stringify({
+      ready: true,
+      url: server.url,
+      model: server.model.id,
+      authenticated: keys !== null,
+      placement: flags.placement,
+    }));
+    log(`coordinate: stopping (${await stop})`);
+  } finally {
+    for (const cleanup of cleanups) await cleanup();
+    sink?.close();
+  }
+}
+
+function isLoopback(host: string): boolean {
+  return host === "localhost" || host === "::1" || host.startsWith("127.");
+}
+
+/** The first SIGINT/SIGTERM stops cleanly; a second exits at once. */
+function stopSignal(): Promise<Deno.Signal> {
+  let signals = 0;
+  return new Promise((resolve) => {
+    for (const signal of ["SIGINT", "SIGTERM"] as const) {
+      Deno.addSignalListener(signal, () => {
+        if (++signals > 1) Deno.exit(signal === "SIGINT" ? 130 : 143);
+        resolve(signal);
+      });
+    }
+  });
+}
