@@ -96,5 +96,6 @@ async function runHandoffCommand(flags: HandoffFlags): Promise<void> {
     }
   } finally {
     Deno.removeSignalListener("SIGINT", onSignal);
+    await node.close(); // the shared links to both workers
   }
 }

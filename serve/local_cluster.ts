@@ -120,6 +120,7 @@ export async function startLocalCluster(options: LocalClusterOptions = {}): Prom
     prefill,
     decode,
     stop: async () => {
+      await nodes.get("client")!.close(); // its shared links to both workers
       await Promise.all([stopWorker(prefill), stopWorker(decode)]);
       await Deno.remove(dir, { recursive: true }).catch(() => {});
     },

@@ -15,6 +15,7 @@ import type { FirstToken, PrefillOutcome, PrefillRequest } from "./messages.ts";
 import type { Node } from "./node.ts";
 import type { EnginePool } from "./pool.ts";
 import { PrefillHandoff, type PrefillLimits } from "./prefill_session.ts";
+import { completeOnPrefill } from "./prefill_completion.ts";
 import type { Engine } from "./engine.ts";
 import { logitsDigest } from "./probe.ts";
 import { reportProgress, sendOrExplain } from "./token_stream.ts";
@@ -49,7 +50,7 @@ export class PrefillRole {
     this.#active.set(request.handoffId, active);
     this.#run(request, active)
       .catch((error) => failed(request, (error as Error).message, 0))
-      .then((outcome) => this.#reply(peer, outcome))
+      .then((outcome) => outcome && this.#reply(peer, outcome))
       .finally(() => this.#active.delete(request.handoffId));
   }
 
@@ -69,7 +70,7 @@ export class PrefillRole {
     return { prefillActive: this.#active.size, retainedBytes };
   }
 
-  async #run(request: PrefillRequest, active: Active) {
+  async #run(request: PrefillRequest, active: Active): Promise<PrefillOutcome | null> {
     const cancel = active.controller.signal;
     const pooled = await this.pool.tryAcquire();
     if (!pooled) return failed(request, "The prefill worker is busy (all sessions in use)", 0);
@@ -136,6 +137,14 @@ export class PrefillRole {
       const outcome = await handoff.run();
       // The outcome follows the first token on the same stream, never overtakes it.
       await firstTokenSent;
+      if (handoff.completion) {
+        // The decode worker was lost before the commit: finish the request here, from the
+        // state this context still holds (see serve/prefill_completion.ts).
+        this.log(`handoff ${request.handoffId}: ${outcome.message}`);
+        await this.#reply(active.peer, outcome);
+        await completeOnPrefill(active.peer, request, pooled.engine, handoff.completion, cancel);
+        return null;
+      }
       const summary = formatTelemetry(
         deriveTelemetry({ prefiller: outcome.telemetry ?? [], decoder: [] }),
         { side: "prefill" },

@@ -26,6 +26,7 @@ import {
   prefillerCanExport,
   type PrefillerState,
   prefillerStep,
+  type SamplerState,
   signManifest,
   StateValidationError,
 } from "../core/mod.ts";
@@ -36,6 +37,7 @@ import type { Engine } from "./engine.ts";
 import {
   DEFAULT_EXPORT_LIMITS,
   type ExportedChunk,
+  type ExportResult,
   type FirstTokenHook,
   reexportPage,
   StateExporter,
@@ -65,6 +67,28 @@ export const DEFAULT_PREFILL_LIMITS: Readonly<PrefillLimits> = {
   tickMs: 50,
   layerCapture: true,
 };
+
+/**
+ * Reasons that mean the decode worker is gone or stopped answering before the commit: the
+ * prefill worker can then complete the request itself (PrefillRequest.completeOnDecoderLoss).
+ */
+const DECODER_LOST: ReadonlySet<AbortReason> = new Set<AbortReason>([
+  "connection-lost",
+  "reserve-timeout",
+  "commit-timeout",
+  "credit-stall",
+  "lease-expired",
+  "reservation-expired",
+]);
+
+/** What the prefill worker continues generating from when it completes a request itself. */
+export interface PrefillCompletion {
+  firstToken: number;
+  /** Logits after decoding the first token (the second token samples these). */
+  nextLogits: Float32Array;
+  /** The sampler after the first token's draw. */
+  sampler: SamplerState;
+}
 
 /** Pending events are few by construction (one chunk held, control messages bounded). */
 const EVENTS_MAX = 4096;
@@ -103,6 +127,8 @@ export class PrefillHandoff {
   #stagedAcks = 0;
   /** Why a local step failed (one line, no content), for the outcome's message. */
   #localFailure: string | null = null;
+  #exportResult: { result: ExportResult; sampler: SamplerState } | null = null;
+  #completion: PrefillCompletion | null = null;
 
   constructor(readonly input: PrefillHandoffInput) {
     this.#retained = new RetainedState(input.limits);
@@ -142,10 +168,41 @@ export class PrefillHandoff {
     } finally {
       clearInterval(ticker);
       this.input.cancel.removeEventListener("abort", onCancel);
-      this.#retained.stop();
-      await exporting;
+      const completing = this.#decoderLost();
+      if (completing) {
+        // Finish the prompt (nothing retained) so this worker can complete the request; a
+        // cancel still stops it.
+        this.#retained.drain();
+        const stop = () => this.#retained.stop();
+        this.input.cancel.addEventListener("abort", stop, { once: true });
+        await exporting;
+        this.input.cancel.removeEventListener("abort", stop);
+      } else {
+        this.#retained.stop();
+        await exporting;
+      }
     }
     return this.#finish();
+  }
+
+  /**
+   * The decode worker was lost before the commit, the coordinator asked this worker to
+   * complete the request then, and nothing else went wrong: the prompt's state is all here.
+   */
+  #decoderLost(): boolean {
+    const o = this.#outcome;
+    return this.input.request.completeOnDecoderLoss === true && o !== null &&
+      o.outcome !== "committed" && o.reason !== null && DECODER_LOST.has(o.reason) &&
+      !this.input.cancel.aborted && this.#exportError === null && this.#localFailure === null;
+  }
+
+  /**
+   * Set once the handoff ended without a commit because the decode worker was lost and the
+   * whole prompt was prefilled here: what generation continues from (the context holds the
+   * prompt and the first token). Null otherwise.
+   */
+  get completion(): PrefillCompletion | null {
+    return this.#completion;
   }
 
   async #loop(): Promise<void> {
@@ -181,6 +238,23 @@ export class PrefillHandoff {
   #finish(): PrefillOutcome {
     this.#retained.erase();
     const o = this.#outcome ?? this.#result("failed", "protocol-error", "handoff ended early");
+    const done = this.#exportResult;
+    if (done && this.#decoderLost() && !this.input.cancel.aborted) {
+      const { seed } = this.input.request.sampling;
+      this.#completion = {
+        firstToken: done.result.firstToken,
+        nextLogits: done.result.probeLogits,
+        sampler: { ...done.sampler, seed },
+      };
+      const why = o.message ?? describeAbort(o.reason!);
+      return {
+        ...o,
+        outcome: "fallback",
+        message: `decoder lost before commit (${why}); completed on the prefill worker`,
+        completedHere: true,
+        telemetry: this.#telemetry.summary(),
+      };
+    }
     return { ...o, telemetry: this.#telemetry.summary() };
   }
 
@@ -410,11 +484,12 @@ export class PrefillHandoff {
       layerCapture: this.input.limits.layerCapture,
     });
     const { seed, ...sampling } = r.sampling;
+    const sampler = { seed, draws: 0 }; // advanced by the first token's draw
     try {
       const result = await exporter.run(
         this.input.prompt,
         sampling,
-        { seed, draws: 0 },
+        sampler,
         (chunk, exportMs) => this.#accept(chunk, exportMs),
         this.input.onFirstToken &&
           ((token, logits, prefillEndMs) => {
@@ -423,6 +498,7 @@ export class PrefillHandoff {
           }),
       );
       this.#exportDone = { manifest: exporter.manifest(this.#retained.headers(), result) };
+      this.#exportResult = { result, sampler };
     } catch (error) {
       if (!(error instanceof ExportStopped)) this.#exportError = error;
     }

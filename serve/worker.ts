@@ -24,6 +24,7 @@ import type { RuntimeConfig } from "./engine.ts";
 import { type ResolvedIdentity, resolveIdentity } from "./identity.ts";
 import {
   type CancelRequest,
+  decodeRequestPayload,
   isServeMessageType,
   parseMessage,
   type PrefillOutcome,
@@ -31,11 +32,12 @@ import {
   type WorkerCounters,
   type WorkerStats,
 } from "./messages.ts";
-import { Node, type NodeFaults, type NodeLinkOptions } from "./node.ts";
+import { Node, type NodeFaults, type NodeLinkOverrides } from "./node.ts";
 import { sendDone } from "./token_stream.ts";
 import { EnginePool } from "./pool.ts";
 import { DEFAULT_PREFILL_LIMITS, type PrefillLimits } from "./prefill_session.ts";
 import { PrefillRole } from "./prefill_role.ts";
+import { LocalGeneration } from "./prefill_completion.ts";
 import { CORE_MESSAGE_TYPES } from "./wire.ts";
 import { SKIPPY_SHIM_ABI_VERSION } from "../ffi/shim/abi.ts";
 import { stateBackend } from "../ffi/state.ts";
@@ -53,7 +55,7 @@ export interface WorkerOptions {
   timing?: Partial<HandoffTiming>;
   prefillLimits?: Partial<PrefillLimits>;
   decodeLimits?: Partial<DecodeLimits>;
-  link?: Partial<NodeLinkOptions>;
+  link?: NodeLinkOverrides;
   /** A committed session waits this long for its GenerateRequest before it is released. */
   committedIdleMs?: number;
   /** One line per event, no content (default: stderr). */
@@ -80,6 +82,8 @@ export class Worker {
     readonly listener: PeerListener,
     readonly prefill: PrefillRole | null,
     readonly decode: DecodeRole | null,
+    /** A prefill-only worker's own generation (its decode worker lost, or a resume). */
+    readonly local: LocalGeneration | null,
   ) {}
 
   /** Loads the model, opens the node and starts listening. */
@@ -145,6 +149,7 @@ export class Worker {
       listener,
       prefill,
       decode,
+      prefill && !decode ? new LocalGeneration(pool, log) : null,
     );
     worker.#acceptLoop();
     return worker;
@@ -168,6 +173,7 @@ export class Worker {
       abortsTotal: 0,
       ...this.prefill?.counters,
       ...this.decode?.counters,
+      ...(this.local ? { generating: this.local.running } : {}),
       contextsBusy: this.pool.busy,
     };
   }
@@ -191,8 +197,8 @@ export class Worker {
         const type = String(header.type);
         try {
           if (type === "PrefillRequest" || type === "GenerateRequest") {
-            // The prompt travels as the frame's payload, not in the (small) header.
-            header.prompt = msg.payload.length > 0 ? new TextDecoder().decode(msg.payload) : null;
+            // The prompt (and a resume's sent tokens) travel as the frame's payload.
+            decodeRequestPayload(header, msg.payload);
           }
           await this.#dispatch(peer, type, header);
         } catch (error) {
@@ -205,6 +211,7 @@ export class Worker {
     }
     this.decode?.peerGone(peer);
     this.prefill?.peerGone(peer);
+    this.local?.peerGone(peer);
   }
 
   async #dispatch(peer: PeerConnection, type: string, header: Record<string, unknown>) {
@@ -213,7 +220,9 @@ export class Worker {
       return await this.decode.onCoreMessage(peer, header);
     }
     if (type === "CancelRequest") {
-      return this.prefill?.cancel(parseMessage<CancelRequest>(header).handoffId);
+      const cancel = parseMessage<CancelRequest>(header);
+      this.local?.cancel(cancel);
+      return this.prefill?.cancel(cancel.handoffId);
     }
     if (type === "StatsRequest") {
       const { requestId } = parseMessage<StatsRequest>(header);
@@ -229,6 +238,7 @@ export class Worker {
       return;
     }
     if (type === "GenerateRequest") {
+      if (this.local) return this.local.onGenerateRequest(peer, parseMessage(header));
       if (!this.decode) throw new ProtocolError("This worker has no decode role");
       this.decode.onGenerateRequest(peer, parseMessage(header));
       return;

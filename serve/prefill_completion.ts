@@ -1,0 +1,169 @@
+/**
+ * Generation on a prefill worker, for the two cases where it, not a decode worker, finishes a
+ * request:
+ *
+ * - `completeOnPrefill`: its decode worker was lost before the commit. The prefill worker still
+ *   holds the exact state (its context has the prompt and the first token, decoded by the
+ *   continuation probe; the sampler has taken the first token's draw), so it continues from
+ *   there: no recompute, and the same tokens the decode worker would have produced, since the
+ *   decode worker continues from a copy of this very state.
+ * - `LocalGeneration`: a GenerateRequest in `local` mode (the coordinator found no decode
+ *   worker, or resumes a request whose decode worker died mid-generation): prefill the prompt
+ *   and generate, regenerating and checking the tokens the client already has.
+ *
+ * Both answer exactly as a decode worker does: TokenBatch messages, then GenerateDone.
+ */
+import { sampleToken, type SamplingParams } from "../core/mod.ts";
+import { DecoderTelemetry } from "../core/telemetry.ts";
+import type { PeerConnection } from "../transport/mod.ts";
+import type { Engine } from "./engine.ts";
+import type { GeneratedStep } from "./generation.ts";
+import type { CancelRequest, GenerateRequest, PrefillRequest } from "./messages.ts";
+import type { EnginePool } from "./pool.ts";
+import type { PrefillCompletion } from "./prefill_session.ts";
+import { reportProgress, sendDone, streamTokens } from "./token_stream.ts";
+
+/** Thrown into a generation loop whose request was cancelled. */
+class Cancelled extends Error {}
+
+/**
+ * Streams the rest of a request whose decode worker was lost before the commit, from the
+ * state this worker kept: tokens from the second (the first was sent as FirstToken).
+ */
+export async function completeOnPrefill(
+  peer: PeerConnection,
+  request: PrefillRequest,
+  engine: Engine,
+  completion: PrefillCompletion,
+  cancel: AbortSignal,
+): Promise<void> {
+  const { seed: _, ...params } = request.sampling;
+  const generate: GenerateRequest = {
+    type: "GenerateRequest",
+    handoffId: request.handoffId,
+    tenantId: request.tenantId,
+    generateTokens: request.generateTokens,
+    mode: "local",
+    prompt: null,
+    sampling: request.sampling,
+    probe: request.probe,
+    sentTokens: [completion.firstToken],
+  };
+  const stopProgress = reportProgress(peer, request.handoffId, () => engine.position);
+  try {
+    const steps = continueFrom(engine, completion, params, request.generateTokens, cancel);
+    const telemetry = new DecoderTelemetry();
+    await streamTokens(peer, generate, steps, telemetry, engine.model.vocab);
+    await sendDone(peer, request.handoffId, { ok: true, message: null }, telemetry.summary());
+  } catch (error) {
+    const message = error instanceof Cancelled
+      ? "The request was cancelled"
+      : (error as Error).message;
+    await sendDone(peer, request.handoffId, { ok: false, message });
+  } finally {
+    stopProgress();
+  }
+}
+
+/** The same loop as a committed session's (serve/generation.ts), on this worker's context. */
+async function* continueFrom(
+  engine: Engine,
+  c: PrefillCompletion,
+  params: SamplingParams,
+  n: number,
+  cancel: AbortSignal,
+): AsyncGenerator<GeneratedStep> {
+  if (n <= 0) return;
+  const vocab = engine.model.vocab;
+  yield { token: c.firstToken, logits: null };
+  if (vocab.isEog(c.firstToken)) return;
+  const sampler = { ...c.sampler };
+  let logits = c.nextLogits;
+  for (let i = 1; i < n; i++) {
+    if (cancel.aborted) throw new Cancelled();
+    const token = sampleToken(logits, params, sampler);
+    yield { token, logits };
+    if (vocab.isEog(token) || i === n - 1) return;
+    logits = await engine.step(token);
+  }
+}
+
+/**
+ * GenerateRequests in `local` mode on a worker without the decode role: the colocated path
+ * on the prefill worker (its decode worker is dead or unreachable). Bounded by the worker's
+ * context pool; a request from a connection that ends, or a CancelRequest, stops it.
+ */
+export class LocalGeneration {
+  readonly #running = new Map<string, { peer: PeerConnection; controller: AbortController }>();
+
+  constructor(readonly pool: EnginePool, readonly log: (line: string) => void) {}
+
+  /** Generations running now. */
+  get running(): number {
+    return this.#running.size;
+  }
+
+  onGenerateRequest(peer: PeerConnection, request: GenerateRequest): void {
+    if (request.mode !== "local" || request.prompt === null || request.sampling === null) {
+      const message =
+        "This worker has no decode role: it serves GenerateRequests in local mode only";
+      sendDone(peer, request.handoffId, { ok: false, message }).catch(() => {});
+      return;
+    }
+    if (this.#running.has(request.handoffId)) {
+      const message = "A generation with this id is already running";
+      sendDone(peer, request.handoffId, { ok: false, message }).catch(() => {});
+      return;
+    }
+    const controller = new AbortController();
+    this.#running.set(request.handoffId, { peer, controller });
+    this.#run(peer, request, controller.signal)
+      .catch(async (error) => {
+        const message = error instanceof Cancelled
+          ? "The request was cancelled"
+          : (error as Error).message;
+        await sendDone(peer, request.handoffId, { ok: false, message });
+      })
+      .finally(() => this.#running.delete(request.handoffId));
+  }
+
+  cancel(message: CancelRequest): void {
+    this.#running.get(message.handoffId)?.controller.abort();
+  }
+
+  peerGone(peer: PeerConnection): void {
+    for (const r of this.#running.values()) if (r.peer === peer) r.controller.abort();
+  }
+
+  async #run(peer: PeerConnection, request: GenerateRequest, cancel: AbortSignal): Promise<void> {
+    const pooled = await this.pool.tryAcquire();
+    if (!pooled) {
+      const message = "The prefill worker is busy (all sessions in use)";
+      return await sendDone(peer, request.handoffId, { ok: false, message });
+    }
+    const engine = pooled.engine;
+    const sent = request.sentTokens?.length ?? 0;
+    this.log(
+      `handoff ${request.handoffId}: generating here (local mode, ${sent} tokens already sent)`,
+    );
+    const stopProgress = reportProgress(peer, request.handoffId, () => engine.position);
+    try {
+      const prompt = engine.model.vocab.tokenize(request.prompt!);
+      const { seed, ...params } = request.sampling!;
+      const logits = await engine.prefill(prompt);
+      const n = request.generateTokens;
+      const steps = async function* (): AsyncGenerator<GeneratedStep> {
+        for await (const step of engine.generate(logits, n, params, { seed, draws: 0 })) {
+          if (cancel.aborted) throw new Cancelled();
+          yield step;
+        }
+      };
+      const telemetry = new DecoderTelemetry();
+      await streamTokens(peer, request, steps(), telemetry, engine.model.vocab);
+      await sendDone(peer, request.handoffId, { ok: true, message: null }, telemetry.summary());
+    } finally {
+      stopProgress();
+      this.pool.release(pooled);
+    }
+  }
+}
