@@ -183,7 +183,7 @@ export async function runHandoff(node: Node, req: HandoffRequest): Promise<Hando
           if (message.text) req.onText?.(message.text);
         };
         outcome = await prefillAndHandOff(prefill, peers, handoffId, req, wait, onFirst);
-        source = afterPrefill(outcome, prefill, decode, fallback);
+        source = afterPrefill(outcome, prefill, decode, fallback, out.tokens.length > 0);
       }
     } else if (decode instanceof RequestChannel) {
       const lost = (prefill as { lost: string }).lost;
@@ -257,6 +257,7 @@ function afterPrefill(
   prefill: RequestChannel,
   decode: RequestChannel,
   fallback: (f: Omit<FallbackRecord, "tokensBefore">) => void,
+  hadFirst: boolean,
 ): Source {
   if (outcome.outcome === "failed") {
     throw new HandoffAbortedError(
@@ -268,7 +269,10 @@ function afterPrefill(
   if (outcome.outcome === "committed") return { channel: decode, mode: "committed" };
   const reason = outcome.message ?? outcome.reason ?? "fallback";
   if (outcome.completedHere) {
-    fallback({ kind: "completed-on-prefill", reason, nodeId: prefill.nodeId });
+    // With a first token, the prefill worker continues from its state; without one it had
+    // not prefilled yet (no decode worker reachable) and runs the whole request.
+    const kind = hadFirst ? "completed-on-prefill" : "colocated-on-prefill";
+    fallback({ kind, reason, nodeId: prefill.nodeId });
     return { channel: prefill, mode: "running" };
   }
   fallback({ kind: "colocated-on-decoder", reason, nodeId: decode.nodeId });

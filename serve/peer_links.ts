@@ -128,6 +128,16 @@ export class PeerLinks {
     this.#dead(entry, reason);
   }
 
+  /**
+   * Forgets what is known of `to` (an operator restarted it, or the peers file changed): the
+   * next use connects at once instead of waiting out a backoff.
+   */
+  forget(to: PeerAddress): void {
+    const entry = this.#entry(to);
+    entry.link?.drop("forgotten");
+    this.#entries.delete(`${to.nodeId}@${to.host}:${to.port}`);
+  }
+
   /** Closes every live link gracefully (each bounded by its close timeout), in parallel. */
   async close(): Promise<void> {
     this.#closed = true;

@@ -89,6 +89,36 @@ async function* continueFrom(
 }
 
 /**
+ * Prefills `request.prompt` on `engine` and streams the generation (regenerating and checking
+ * the tokens the client already has), then GenerateDone: a decode worker's colocated path.
+ */
+export async function generateHere(
+  peer: PeerConnection,
+  request: GenerateRequest,
+  engine: Engine,
+  cancel: AbortSignal,
+): Promise<void> {
+  const stopProgress = reportProgress(peer, request.handoffId, () => engine.position);
+  try {
+    const prompt = engine.model.vocab.tokenize(request.prompt!);
+    const { seed, ...params } = request.sampling!;
+    const logits = await engine.prefill(prompt);
+    const n = request.generateTokens;
+    const steps = async function* (): AsyncGenerator<GeneratedStep> {
+      for await (const step of engine.generate(logits, n, params, { seed, draws: 0 })) {
+        if (cancel.aborted) throw new Cancelled();
+        yield step;
+      }
+    };
+    const telemetry = new DecoderTelemetry();
+    await streamTokens(peer, request, steps(), telemetry, engine.model.vocab);
+    await sendDone(peer, request.handoffId, { ok: true, message: null }, telemetry.summary());
+  } finally {
+    stopProgress();
+  }
+}
+
+/**
  * GenerateRequests in `local` mode on a worker without the decode role: the colocated path
  * on the prefill worker (its decode worker is dead or unreachable). Bounded by the worker's
  * context pool; a request from a connection that ends, or a CancelRequest, stops it.
@@ -141,28 +171,14 @@ export class LocalGeneration {
       const message = "The prefill worker is busy (all sessions in use)";
       return await sendDone(peer, request.handoffId, { ok: false, message });
     }
-    const engine = pooled.engine;
-    const sent = request.sentTokens?.length ?? 0;
     this.log(
-      `handoff ${request.handoffId}: generating here (local mode, ${sent} tokens already sent)`,
+      `handoff ${request.handoffId}: generating here (local mode, ${
+        request.sentTokens?.length ?? 0
+      } tokens already sent)`,
     );
-    const stopProgress = reportProgress(peer, request.handoffId, () => engine.position);
     try {
-      const prompt = engine.model.vocab.tokenize(request.prompt!);
-      const { seed, ...params } = request.sampling!;
-      const logits = await engine.prefill(prompt);
-      const n = request.generateTokens;
-      const steps = async function* (): AsyncGenerator<GeneratedStep> {
-        for await (const step of engine.generate(logits, n, params, { seed, draws: 0 })) {
-          if (cancel.aborted) throw new Cancelled();
-          yield step;
-        }
-      };
-      const telemetry = new DecoderTelemetry();
-      await streamTokens(peer, request, steps(), telemetry, engine.model.vocab);
-      await sendDone(peer, request.handoffId, { ok: true, message: null }, telemetry.summary());
+      await generateHere(peer, request, pooled.engine, cancel);
     } finally {
-      stopProgress();
       this.pool.release(pooled);
     }
   }

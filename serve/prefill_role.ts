@@ -11,11 +11,12 @@ import { deriveTelemetry, formatTelemetry } from "../core/telemetry.ts";
 import { type Capabilities, eligibleForHandoff, type PeerConnection } from "../transport/mod.ts";
 import type { ResolvedIdentity } from "./identity.ts";
 import { PieceDecoder } from "../ffi/mod.ts";
-import type { FirstToken, PrefillOutcome, PrefillRequest } from "./messages.ts";
+import type { FirstToken, GenerateRequest, PrefillOutcome, PrefillRequest } from "./messages.ts";
 import type { Node } from "./node.ts";
 import type { EnginePool } from "./pool.ts";
 import { PrefillHandoff, type PrefillLimits } from "./prefill_session.ts";
-import { completeOnPrefill } from "./prefill_completion.ts";
+import { completeOnPrefill, generateHere } from "./prefill_completion.ts";
+import { faultPoint } from "./fault_points.ts";
 import type { Engine } from "./engine.ts";
 import { logitsDigest } from "./probe.ts";
 import { reportProgress, sendOrExplain } from "./token_stream.ts";
@@ -86,6 +87,21 @@ export class PrefillRole {
       try {
         decoder = await this.node.connect(request.decode, this.capabilities);
       } catch (error) {
+        if (request.completeOnDecoderLoss) {
+          // Nothing was prefilled yet: run the whole request here (colocated on this worker).
+          const message = `the decode worker is unreachable (${
+            (error as Error).message
+          }); ran on the prefill worker`;
+          this.log(`handoff ${request.handoffId}: ${message}`);
+          await this.#reply(active.peer, {
+            ...failed(request, message, prompt.length),
+            outcome: "fallback",
+            reason: "connection-lost",
+            completedHere: true,
+          });
+          await generateHere(active.peer, localRequest(request), pooled.engine, cancel);
+          return null;
+        }
         return {
           ...failed(
             request,
@@ -195,6 +211,21 @@ async function sendFirstToken(
     prefillEndEpochMs: performance.timeOrigin + first.prefillEndMs,
   };
   await peer.send(message as unknown as Record<string, unknown>).catch(() => {});
+  faultPoint("first-token-sent");
+}
+
+/** The GenerateRequest a prefill worker runs for itself when no decode worker can be reached. */
+function localRequest(request: PrefillRequest): GenerateRequest {
+  return {
+    type: "GenerateRequest",
+    handoffId: request.handoffId,
+    tenantId: request.tenantId,
+    generateTokens: request.generateTokens,
+    mode: "local",
+    prompt: request.prompt,
+    sampling: request.sampling,
+    probe: request.probe,
+  };
 }
 
 function failed(request: PrefillRequest, message: string, promptTokens: number): PrefillOutcome {

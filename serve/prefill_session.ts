@@ -48,6 +48,7 @@ import type { ResolvedIdentity } from "./identity.ts";
 import { describeAbort, type PrefillOutcome, type PrefillRequest } from "./messages.ts";
 import type { MtpDraft } from "../ffi/mtp.ts";
 import { CORE_MESSAGE_TYPES } from "./wire.ts";
+import { faultPoint } from "./fault_points.ts";
 
 /** Bounds of one prefill-side handoff, each named with its unit. */
 export interface PrefillLimits {
@@ -414,6 +415,7 @@ export class PrefillHandoff {
     });
     // Sent: the context still holds a KV page's cells; a retry exports them again.
     this.#retained.markSent(seq);
+    faultPoint("prefill-chunk-sent");
   }
 
   async #bind(bindingKey: Uint8Array): Promise<void> {
