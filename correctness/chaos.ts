@@ -133,13 +133,18 @@ export async function runChaos(o: ChaosOptions): Promise<ChaosTrial[]> {
     seeded: await localTokens(o, prompt, seeded),
   };
   const pages = Math.max(2, Math.floor(o.promptTokens / o.chunkTokens));
+  const order = {
+    prefill: shuffled(KILL_POINTS.prefill, random),
+    decode: shuffled(KILL_POINTS.decode, random),
+  };
   const cluster = await startCluster(o);
   const trials: ChaosTrial[] = [];
   try {
     for (let i = 0; i < o.trials; i++) {
       const victim: Victim = i % 2 === 0 ? "prefill" : "decode";
-      const points = KILL_POINTS[victim];
-      const point = points[Math.floor(random() * points.length)];
+      // Each victim goes through its points in a seeded order, so every point is hit.
+      const points = order[victim];
+      const point = points[Math.floor(i / 2) % points.length];
       const kind = i % 4 < 2 ? "greedy" : "seeded";
       const fault = faultFor(victim, point, random, pages, o.generateTokens);
       log(`trial ${i + 1}/${o.trials}: kill ${victim} ${point}${fault ? ` (${fault})` : ""}`);
@@ -168,6 +173,15 @@ export async function runChaos(o: ChaosOptions): Promise<ChaosTrial[]> {
     await Deno.remove(cluster.dir, { recursive: true }).catch(() => {});
   }
   return trials;
+}
+
+function shuffled<T>(items: readonly T[], random: () => number): T[] {
+  const out = [...items];
+  for (let i = out.length - 1; i > 0; i--) {
+    const j = Math.floor(random() * (i + 1));
+    [out[i], out[j]] = [out[j], out[i]];
+  }
+  return out;
 }
 
 /** The fault point that kills `victim` at `point` (null: killed from outside, before the request). */
