@@ -82,7 +82,9 @@ async function runChaosCommand(flags: ChaosFlags): Promise<void> {
 
 function summary(trials: ChaosTrial[], wallMs: number): string {
   const kinds = new Map<string, number>();
-  for (const t of trials) for (const f of t.fallbacks) kinds.set(f, (kinds.get(f) ?? 0) + 1);
+  for (const t of trials) {
+    for (const f of t.fallbacks.map((f) => f.split("@")[0])) kinds.set(f, (kinds.get(f) ?? 0) + 1);
+  }
   const ok = trials.filter((t) => t.ok).length;
   const by = [...kinds].map(([k, n]) => `${k} x${n}`).join(", ") || "none";
   return `${ok}/${trials.length} trials passed in ${

@@ -89,7 +89,7 @@ export interface ChaosTrial {
   /** `completed`, or `error` (then `error` says why). */
   outcome: "completed" | "error";
   placement: string | null;
-  /** Fallback kinds taken, in order. */
+  /** Fallback kinds taken, in order, each with the tokens the client had then (`kind@n`). */
   fallbacks: string[];
   completedBy: string | null;
   /** Tokens equal to local generation (null when the request failed). */
@@ -237,7 +237,7 @@ async function runTrial(c: Cluster, o: ChaosOptions, t: TrialSpec): Promise<Chao
       ...base,
       outcome: "completed",
       placement: r.placement,
-      fallbacks: r.fallbacks.map((f) => f.kind),
+      fallbacks: r.fallbacks.map((f) => `${f.kind}@${f.tokensBefore}`),
       completedBy: r.completedBy.role,
       equal,
       error: null,

@@ -96,22 +96,31 @@ export interface Unreachable {
 
 /** The request's channels, opened once per peer and closed together when it ends. */
 export class RequestPeers {
-  readonly #channels = new Map<string, RequestChannel>();
+  /** Per peer: its channel (or the open in progress); one mailbox per peer and request. */
+  readonly #channels = new Map<string, Promise<RequestChannel | Unreachable>>();
+  readonly #opened: RequestChannel[] = [];
 
   constructor(readonly node: Node, readonly handoffId: string) {}
 
   /**
    * The channel to `to`, or why it cannot be used: known dead (at once), or the connect
-   * failed. A peer missing from the trust list is a configuration error and throws.
+   * failed. A peer missing from the trust list is a configuration error and throws. One peer
+   * serving both roles (prefill+decode) gets one channel.
    */
   async open(to: PeerAddress, role: WorkerRole): Promise<RequestChannel | Unreachable> {
     const key = keyOf(to);
-    const open = this.#channels.get(key);
-    if (open && !open.link.lost.aborted) return open;
+    const open = await this.#channels.get(key)?.catch(() => null);
+    if (open instanceof RequestChannel && !open.link.lost.aborted) return open;
+    const opening = this.#open(to, role);
+    this.#channels.set(key, opening);
+    return await opening;
+  }
+
+  async #open(to: PeerAddress, role: WorkerRole): Promise<RequestChannel | Unreachable> {
     try {
       const link = await this.node.links.get(to);
       const channel = new RequestChannel(link, to, role, this.handoffId);
-      this.#channels.set(key, channel);
+      this.#opened.push(channel);
       return channel;
     } catch (error) {
       const trusted = this.node.trust.lookup(to.nodeId)?.certificateSha256;
@@ -127,7 +136,8 @@ export class RequestPeers {
 
   /** Leaves every mailbox; the links stay open for the next request. */
   close(): void {
-    for (const channel of this.#channels.values()) channel.close();
+    for (const channel of this.#opened) channel.close();
+    this.#opened.length = 0;
     this.#channels.clear();
   }
 }

@@ -1,16 +1,15 @@
 /**
- * Issue #4, a worker process killed (SIGKILL) while pages stream: the survivor notices through
- * the QUIC idle timeout, frees everything it held for the handoff, and the client gets a
- * defined outcome within a bound derived from that timeout. The victim runs as a child process (a real
+ * Issues #4 and #8, a worker process killed (SIGKILL) while pages stream: the survivor notices
+ * through the QUIC idle timeout, frees everything it held for the handoff, and the request
+ * completes on the survivor with the same tokens (the prefill worker from the state it kept,
+ * or the decode worker by recompute). The victim runs as a child process (a real
  * death); the survivor runs in this process, where a slowed link makes sure the kill lands
  * mid-transfer and its counters can be read directly.
  */
 import assert from "node:assert/strict";
-import { HandoffAbortedError } from "../core/mod.ts";
 import { testModel } from "../testing/models.ts";
 import { type RawConnection, withFaults } from "../transport/mod.ts";
 import {
-  assertWithin,
   HANG_MS,
   IDLE_MS,
   makeNodes,
@@ -33,12 +32,11 @@ import { Node } from "./node.ts";
 const PROMPT = promptOf(50); // about 1,150 tokens: 18 KV pages
 /**
  * The survivor notices a silent peer after IDLE_MS (a timer); what follows does no compute
- * but may take a retry's connect, which fails by the same idle timeout. Bounds: those timers
- * plus scheduling slack, so a slow machine cannot fail them; without a working idle timeout
- * the case would end only by the request's hang watchdog. The recompute after the prefill
- * worker died is compute and is not bounded.
+ * but may take a retry's connect, which fails by the same idle timeout. Bound: those timers
+ * plus scheduling slack, so a slow machine cannot fail it; without a working idle timeout
+ * the case would end only by the request's hang watchdog. What the survivor computes after
+ * (recompute, or the rest of the generation) is compute and is not bounded.
  */
-const OUTCOME_BOUND_MS = 4 * IDLE_MS + SCHEDULING_SLACK_MS;
 const NOTICE_BOUND_MS = 2 * IDLE_MS + SCHEDULING_SLACK_MS;
 
 function request(client: Node, prefill: TestWorker, decode: TestWorker) {
@@ -176,7 +174,7 @@ Deno.test({
   sanitizeResources: false,
   fn: async () => {
     const model = await testModel("hybrid");
-    const { dir, nodes } = await makeNodes(["prefill", "decode", "client"]);
+    const { dir } = await makeNodes(["prefill", "decode", "client"]);
     // A backoff longer than the test: once known dead, the prefill worker is not tried again.
     const client = await Node.open(`${dir}/client`, {
       peerLinks: { reconnectBackoffMs: HANG_MS, reconnectBackoffMsMax: HANG_MS },

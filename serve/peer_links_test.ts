@@ -97,7 +97,10 @@ Deno.test("a lost link delivers what arrived, then fails its requests and marks 
     f.accepted[0].link.kill("server");
     await new Promise((r) => link.lost.addEventListener("abort", r, { once: true }));
     assert.equal((await box.next()).header.done, 7);
-    await assert.rejects(() => box.next(), (e) => e instanceof PeerError && /was lost/.test(e.message));
+    await assert.rejects(
+      () => box.next(),
+      (e) => e instanceof PeerError && /was lost/.test(e.message),
+    );
     const health = f.links.health(f.address);
     assert.equal(health.state, "dead");
     assert.ok(health.reason && health.reason.length > 0);
