@@ -44,9 +44,10 @@ async function localTokens(model: string, sampling: SamplingSpec): Promise<numbe
 async function setup(decodeEnv?: Record<string, string>) {
   const model = await testModel("hybrid");
   const { dir } = await makeNodes(["prefill", "decode", "client"]);
+  const connects = { n: 0 };
   const client = await Node.open(`${dir}/client`, {
     peerLinks: { connectTimeoutMs: CONNECT_MS },
-  });
+  }, [], { connect: (raw) => (connects.n++, raw) });
   const prefill = await startChild("prefill", "prefill", `${dir}/prefill`, model, client);
   const decode = await startChild("decode", "decode", `${dir}/decode`, model, client, decodeEnv);
   const run = (sampling: SamplingSpec) =>
@@ -65,7 +66,7 @@ async function setup(decodeEnv?: Record<string, string>) {
     await Promise.allSettled([prefill.stop(), decode.stop()]);
     await Deno.remove(dir, { recursive: true }).catch(() => {});
   };
-  return { model, client, prefill, decode, run, stop };
+  return { model, client, prefill, decode, run, stop, connects };
 }
 
 async function kill(w: TestWorker): Promise<void> {
@@ -74,6 +75,31 @@ async function kill(w: TestWorker): Promise<void> {
   } catch { /* already gone */ }
   await w.child!.process.status;
 }
+
+Deno.test({
+  name: "concurrent requests share one authenticated connection per worker, each its own tokens",
+  sanitizeOps: false,
+  sanitizeResources: false,
+  fn: async () => {
+    const c = await setup();
+    try {
+      const seeded = { ...SAMPLING, temperature: 0.9, seed: 5 };
+      const [greedy, sampled] = await Promise.all([c.run(SAMPLING), c.run(seeded)]);
+      const again = await c.run(SAMPLING);
+      for (const r of [greedy, sampled, again]) {
+        assert.equal(r.placement, "disaggregated");
+        assert.deepEqual(r.fallbacks, []);
+      }
+      assert.deepEqual(greedy.tokens, await localTokens(c.model, SAMPLING));
+      assert.deepEqual(sampled.tokens, await localTokens(c.model, seeded));
+      assert.deepEqual(again.tokens, greedy.tokens);
+      assert.equal(c.connects.n, 2); // one per worker, for all three requests
+      assert.deepEqual(c.client.links.all().map((h) => h.state), ["alive", "alive"]);
+    } finally {
+      await c.stop();
+    }
+  },
+});
 
 Deno.test({
   name:
