@@ -45,9 +45,14 @@ async function setup(decodeEnv?: Record<string, string>) {
   const model = await testModel("hybrid");
   const { dir } = await makeNodes(["prefill", "decode", "client"]);
   const connects = { n: 0 };
-  const client = await Node.open(`${dir}/client`, {
-    peerLinks: { connectTimeoutMs: CONNECT_MS },
-  }, [], { connect: (raw) => (connects.n++, raw) });
+  const client = await Node.open(
+    `${dir}/client`,
+    {
+      peerLinks: { connectTimeoutMs: CONNECT_MS },
+    },
+    [],
+    { connect: (raw) => (connects.n++, raw) },
+  );
   const prefill = await startChild("prefill", "prefill", `${dir}/prefill`, model, client);
   const decode = await startChild("decode", "decode", `${dir}/decode`, model, client, decodeEnv);
   const run = (sampling: SamplingSpec) =>
