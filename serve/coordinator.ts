@@ -186,9 +186,10 @@ export async function runHandoff(node: Node, req: HandoffRequest): Promise<Hando
         source = afterPrefill(outcome, prefill, decode, fallback, out.tokens.length > 0);
       }
     } else if (decode instanceof RequestChannel) {
+      // Colocated as requested is no fallback; a prefill worker that cannot be reached is.
       const lost = (prefill as { lost: string }).lost;
-      const reason = req.colocated ? lost : `the prefill worker is unreachable (${lost})`;
-      fallback({ kind: "colocated-on-decoder", reason, nodeId: decode.nodeId });
+      const reason = `the prefill worker is unreachable (${lost})`;
+      if (!req.colocated) fallback({ kind: "colocated-on-decoder", reason, nodeId: decode.nodeId });
       source = { channel: decode, mode: "local" };
     } else if (prefill instanceof RequestChannel) {
       const reason = `the decode worker is unreachable (${decode.lost}); ran on the prefill worker`;
@@ -215,6 +216,8 @@ export async function runHandoff(node: Node, req: HandoffRequest): Promise<Hando
     const ttftMs = out.ttftMs ?? NaN;
     const fallbackReason = fallbacks.length > 0
       ? fallbacks.map((f) => f.reason).join("; then ")
+      : req.colocated
+      ? "colocated placement requested"
       : null;
     return {
       handoffId,

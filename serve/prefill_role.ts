@@ -175,7 +175,9 @@ export class PrefillRole {
     } finally {
       stopProgress();
       await firstTokenSent;
-      await decoder?.close().catch(() => {});
+      // Not awaited: a decoder that just died would hold the outcome (and this context) for
+      // its whole close timeout; the close needs neither.
+      (decoder as PeerConnection | null)?.close().catch(() => {});
       this.pool.release(pooled);
     }
   }
