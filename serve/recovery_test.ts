@@ -7,6 +7,7 @@
  */
 import assert from "node:assert/strict";
 import { testModel } from "../testing/models.ts";
+import { parsePeerCard, TrustList } from "../transport/mod.ts";
 import { NoNodeLeftError, runHandoff } from "./coordinator.ts";
 import { Engine, RUNTIME_DEFAULTS } from "./engine.ts";
 import { FAULT_ENV } from "./fault_points.ts";
@@ -182,3 +183,53 @@ Deno.test({
     }
   },
 });
+
+Deno.test({
+  name:
+    "decode worker killed mid-generation with another decoder listed: resumed on that decoder, same tokens",
+  sanitizeOps: false,
+  sanitizeResources: false,
+  fn: async () => {
+    const c = await setup({ [FAULT_ENV]: "token-batch-sent:2" });
+    const { dir } = await makeNodes(["spare"]);
+    // A second decode worker, trusted by everyone: its identity joins each trust list.
+    const spareDir = `${dir}/spare`;
+    const spare = await startSpare(c, spareDir);
+    try {
+      const r = await runHandoff(c.client, {
+        prefill: c.prefill.peer,
+        decode: c.decode.peer,
+        decodeAlternates: [spare.peer],
+        prompt: PROMPT,
+        generateTokens: GENERATE,
+        sampling: SAMPLING,
+        tenantId: "tenant-a",
+        probe: false,
+        timeoutMs: HANG_MS,
+      });
+      assert.deepEqual(r.fallbacks.map((f) => f.kind), ["resumed"]);
+      assert.deepEqual(r.completedBy, { nodeId: spare.peer.nodeId, role: "decode" });
+      assert.deepEqual(r.tokens, await localTokens(c.model, SAMPLING));
+      await waitForIdle(spare, RELEASE_BOUND_MS);
+    } finally {
+      await spare.stop();
+      await c.stop();
+      await Deno.remove(dir, { recursive: true }).catch(() => {});
+    }
+  },
+});
+
+/** A decode worker with a fresh identity that the client trusts (and that trusts the client). */
+async function startSpare(c: Awaited<ReturnType<typeof setup>>, stateDir: string) {
+  const spareNode = await Node.open(stateDir);
+  const card = (n: Node) =>
+    parsePeerCard(JSON.stringify({
+      publicKey: n.identity.publicKeyText,
+      certificateSha256: n.certificate.fingerprint,
+    }));
+  await c.client.trust.add({ ...card(spareNode), label: "spare" });
+  const spareTrust = await TrustList.load(stateDir);
+  await spareTrust.add({ ...card(c.client), label: "client" });
+  await spareTrust.save();
+  return await startChild("spare", "decode", stateDir, c.model, c.client);
+}
