@@ -50,6 +50,7 @@ import {
   readGeneration,
   RequestChannel,
   RequestPeers,
+  type Unreachable,
   type Wait,
   type WorkerRole,
 } from "./_request_io.ts";
@@ -133,134 +134,156 @@ export async function runHandoff(node: Node, req: HandoffRequest): Promise<Hando
   const t0 = performance.now();
   const idle = new IdleTimeout(req.timeoutMs);
   const deadline = AbortSignal.any([idle.signal, ...(req.signal ? [req.signal] : [])]);
-  const wait: Wait = { deadline, idle, timeoutMs: req.timeoutMs };
-  const peers = new RequestPeers(node, handoffId);
-  const out: ClientStream = { tokens: [], text: "", logitsSha256: [], ttftMs: null };
-  const fallbacks: FallbackRecord[] = [];
-  const fallback = (f: Omit<FallbackRecord, "tokensBefore">) =>
-    fallbacks.push({ ...f, tokensBefore: out.tokens.length });
+  const r: Running = {
+    req,
+    handoffId,
+    t0,
+    wait: { deadline, idle, timeoutMs: req.timeoutMs },
+    peers: new RequestPeers(node, handoffId),
+    out: { tokens: [], text: "", logitsSha256: [], ttftMs: null },
+    fallbacks: [],
+    first: null,
+    outcome: null,
+  };
   try {
-    // Both links at once; a peer known dead answers at once, so it costs nothing.
-    const [prefill, decode] = await Promise.all([
-      req.colocated
-        ? { lost: "colocated placement requested" }
-        : peers.open(req.prefill, "prefill"),
-      peers.open(req.decode, "decode"),
-    ]);
-    if (prefill instanceof RequestChannel) {
-      const roles = prefill.link.peerCapabilities?.roles ?? [];
-      if (!roles.some((r) => roleCovers(r, "prefill"))) {
-        throw new PeerError(`The peer ${prefill.nodeId} does not serve the prefill role`, {
-          hint: "pass a worker started with --role prefill (or prefill+decode) as --prefill",
-        });
-      }
-    }
-    let outcome: PrefillOutcome | null = null;
-    let first: First | null = null;
-    let source: Source;
-    if (prefill instanceof RequestChannel && decode instanceof RequestChannel) {
-      const eligible = eligibleForHandoff(
-        prefill.link.peerCapabilities ?? {},
-        decode.link.peerCapabilities,
-        "decode",
-      );
-      if (!eligible.ok) {
-        const reason = `decode worker not eligible for a handoff: ${eligible.reason}`;
-        fallback({ kind: "colocated-on-decoder", reason, nodeId: decode.nodeId });
-        source = { channel: decode, mode: "local" };
-      } else {
-        const onFirst = (message: FirstToken) => {
-          const now = performance.now();
-          first = {
-            message,
-            ttftMs: now - t0,
-            afterPrefillMs: performance.timeOrigin + now - message.prefillEndEpochMs,
-          };
-          out.tokens.push(message.token);
-          out.text += message.text;
-          if (req.probe && message.logitsSha256) out.logitsSha256.push(message.logitsSha256);
-          out.ttftMs = first.ttftMs;
-          if (message.text) req.onText?.(message.text);
-        };
-        outcome = await prefillAndHandOff(prefill, peers, handoffId, req, wait, onFirst);
-        source = afterPrefill(outcome, prefill, decode, fallback, out.tokens.length > 0);
-      }
-    } else if (decode instanceof RequestChannel) {
-      // Colocated as requested is no fallback; a prefill worker that cannot be reached is.
-      const lost = (prefill as { lost: string }).lost;
-      const reason = `the prefill worker is unreachable (${lost})`;
-      if (!req.colocated) fallback({ kind: "colocated-on-decoder", reason, nodeId: decode.nodeId });
-      source = { channel: decode, mode: "local" };
-    } else if (prefill instanceof RequestChannel) {
-      const reason = `the decode worker is unreachable (${decode.lost}); ran on the prefill worker`;
-      fallback({ kind: "colocated-on-prefill", reason, nodeId: prefill.nodeId });
-      source = { channel: prefill, mode: "local" };
-    } else {
-      throw new NoNodeLeftError([
-        ...(req.colocated ? [] : [`prefill worker ${req.prefill.nodeId}: ${prefill.lost}`]),
-        `decode worker ${req.decode.nodeId}: ${decode.lost}`,
-      ]);
-    }
-    const { generation, channel } = await generateWithRecovery(
-      peers,
-      source,
-      req,
-      handoffId,
-      wait,
-      out,
-      t0,
-      fallback,
-    );
-    const got = first as First | null;
-    const firstTokenAfterPrefillMs = got?.afterPrefillMs ?? null;
-    const ttftMs = out.ttftMs ?? NaN;
-    const fallbackReason = fallbacks.length > 0
-      ? fallbacks.map((f) => f.reason).join("; then ")
-      : req.colocated
-      ? "colocated placement requested"
-      : null;
-    return {
-      handoffId,
-      placement: outcome?.outcome === "committed" ? "disaggregated" : "colocated",
-      fallbackReason,
-      fallbacks,
-      completedBy: { nodeId: channel.nodeId, role: channel.role },
-      text: out.text,
-      tokens: out.tokens,
-      logitsSha256: req.probe ? out.logitsSha256 : [],
-      promptTokens: outcome?.promptTokens ?? 0,
-      telemetry: {
-        ...deriveTelemetry({
-          prefiller: outcome?.telemetry ?? [],
-          decoder: generation.done.telemetry ?? [],
-          firstTokenAfterPrefillMs,
-        }),
-        // The client's own clock: request sent to first token received.
-        ttftMs,
-        // The prefiller's clock, from the last chunk computed (not as recorded after its page
-        // export) to the FirstToken message sent.
-        ...(got ? { firstTokenDelayMs: got.message.sentAfterPrefillMs } : {}),
-        fallbacks,
-      },
-      ttftMs,
-      firstTokenAfterPrefillMs,
-      e2eMs: performance.now() - t0,
-      mtpReady: generation.done.mtpReady,
-    };
+    const source = await start(r);
+    const { generation, channel } = await generateWithRecovery(r, source);
+    return resultOf(r, generation, channel);
   } finally {
     idle.clear();
     // The links stay open for the next request: nothing here waits on a close.
-    peers.close();
+    r.peers.close();
   }
+}
+
+/** One request while it runs: what the client has, and what happened on the way. */
+interface Running {
+  req: HandoffRequest;
+  handoffId: string;
+  t0: number;
+  wait: Wait;
+  peers: RequestPeers;
+  out: ClientStream;
+  fallbacks: FallbackRecord[];
+  first: First | null;
+  outcome: PrefillOutcome | null;
+}
+
+function fallback(r: Running, f: Omit<FallbackRecord, "tokensBefore">): void {
+  r.fallbacks.push({ ...f, tokensBefore: r.out.tokens.length });
+}
+
+/**
+ * Opens both peers (at once; a peer known dead answers at once, so it costs nothing), runs
+ * the handoff when both are there and eligible, and says where generation continues.
+ */
+async function start(r: Running): Promise<Source> {
+  const { req, peers } = r;
+  const [prefill, decode] = await Promise.all([
+    req.colocated ? { lost: "colocated placement requested" } : peers.open(req.prefill, "prefill"),
+    peers.open(req.decode, "decode"),
+  ]);
+  if (prefill instanceof RequestChannel) {
+    const roles = prefill.link.peerCapabilities?.roles ?? [];
+    if (!roles.some((role) => roleCovers(role, "prefill"))) {
+      throw new PeerError(`The peer ${prefill.nodeId} does not serve the prefill role`, {
+        hint: "pass a worker started with --role prefill (or prefill+decode) as --prefill",
+      });
+    }
+  }
+  if (prefill instanceof RequestChannel && decode instanceof RequestChannel) {
+    const eligible = eligibleForHandoff(
+      prefill.link.peerCapabilities ?? {},
+      decode.link.peerCapabilities,
+      "decode",
+    );
+    if (!eligible.ok) {
+      const reason = `decode worker not eligible for a handoff: ${eligible.reason}`;
+      fallback(r, { kind: "colocated-on-decoder", reason, nodeId: decode.nodeId });
+      return { channel: decode, mode: "local" };
+    }
+    r.outcome = await prefillAndHandOff(prefill, r, (message) => onFirstToken(r, message));
+    return afterPrefill(r, r.outcome, prefill, decode);
+  }
+  if (decode instanceof RequestChannel) {
+    // Colocated as requested is no fallback; a prefill worker that cannot be reached is.
+    const reason = `the prefill worker is unreachable (${(prefill as Unreachable).lost})`;
+    if (!req.colocated) {
+      fallback(r, { kind: "colocated-on-decoder", reason, nodeId: decode.nodeId });
+    }
+    return { channel: decode, mode: "local" };
+  }
+  if (prefill instanceof RequestChannel) {
+    const reason = `the decode worker is unreachable (${decode.lost}); ran on the prefill worker`;
+    fallback(r, { kind: "colocated-on-prefill", reason, nodeId: prefill.nodeId });
+    return { channel: prefill, mode: "local" };
+  }
+  throw new NoNodeLeftError([
+    ...(req.colocated ? [] : [`prefill worker ${req.prefill.nodeId}: ${prefill.lost}`]),
+    `decode worker ${req.decode.nodeId}: ${decode.lost}`,
+  ]);
+}
+
+/** The prefiller's first token: to the client at once (the rest continues after it). */
+function onFirstToken(r: Running, message: FirstToken): void {
+  const now = performance.now();
+  r.first = {
+    message,
+    ttftMs: now - r.t0,
+    afterPrefillMs: performance.timeOrigin + now - message.prefillEndEpochMs,
+  };
+  r.out.tokens.push(message.token);
+  r.out.text += message.text;
+  if (r.req.probe && message.logitsSha256) r.out.logitsSha256.push(message.logitsSha256);
+  r.out.ttftMs = r.first.ttftMs;
+  if (message.text) r.req.onText?.(message.text);
+}
+
+function resultOf(r: Running, generation: Generation, channel: RequestChannel): HandoffResult {
+  const { req, out, fallbacks, first, outcome } = r;
+  const firstTokenAfterPrefillMs = first?.afterPrefillMs ?? null;
+  const ttftMs = out.ttftMs ?? NaN;
+  const fallbackReason = fallbacks.length > 0
+    ? fallbacks.map((f) => f.reason).join("; then ")
+    : req.colocated
+    ? "colocated placement requested"
+    : null;
+  return {
+    handoffId: r.handoffId,
+    placement: outcome?.outcome === "committed" ? "disaggregated" : "colocated",
+    fallbackReason,
+    fallbacks,
+    completedBy: { nodeId: channel.nodeId, role: channel.role },
+    text: out.text,
+    tokens: out.tokens,
+    logitsSha256: req.probe ? out.logitsSha256 : [],
+    promptTokens: outcome?.promptTokens ?? 0,
+    telemetry: {
+      ...deriveTelemetry({
+        prefiller: outcome?.telemetry ?? [],
+        decoder: generation.done.telemetry ?? [],
+        firstTokenAfterPrefillMs,
+      }),
+      // The client's own clock: request sent to first token received.
+      ttftMs,
+      // The prefiller's clock, from the last chunk computed (not as recorded after its page
+      // export) to the FirstToken message sent.
+      ...(first ? { firstTokenDelayMs: first.message.sentAfterPrefillMs } : {}),
+      fallbacks,
+    },
+    ttftMs,
+    firstTokenAfterPrefillMs,
+    e2eMs: performance.now() - r.t0,
+    mtpReady: generation.done.mtpReady,
+  };
 }
 
 /** Where generation continues once the prefill worker has reported. */
 function afterPrefill(
+  r: Running,
   outcome: PrefillOutcome,
   prefill: RequestChannel,
   decode: RequestChannel,
-  fallback: (f: Omit<FallbackRecord, "tokensBefore">) => void,
-  hadFirst: boolean,
 ): Source {
   if (outcome.outcome === "failed") {
     throw new HandoffAbortedError(
@@ -274,11 +297,11 @@ function afterPrefill(
   if (outcome.completedHere) {
     // With a first token, the prefill worker continues from its state; without one it had
     // not prefilled yet (no decode worker reachable) and runs the whole request.
-    const kind = hadFirst ? "completed-on-prefill" : "colocated-on-prefill";
-    fallback({ kind, reason, nodeId: prefill.nodeId });
+    const kind = r.first ? "completed-on-prefill" : "colocated-on-prefill";
+    fallback(r, { kind, reason, nodeId: prefill.nodeId });
     return { channel: prefill, mode: "running" };
   }
-  fallback({ kind: "colocated-on-decoder", reason, nodeId: decode.nodeId });
+  fallback(r, { kind: "colocated-on-decoder", reason, nodeId: decode.nodeId });
   return { channel: decode, mode: "local" };
 }
 
@@ -288,15 +311,10 @@ function afterPrefill(
  * until one completes or none is left.
  */
 async function generateWithRecovery(
-  peers: RequestPeers,
+  r: Running,
   first: Source,
-  req: HandoffRequest,
-  handoffId: string,
-  wait: Wait,
-  out: ClientStream,
-  t0: number,
-  fallback: (f: Omit<FallbackRecord, "tokensBefore">) => void,
 ): Promise<{ generation: Generation; channel: RequestChannel }> {
+  const { req, handoffId, wait, out, peers } = r;
   const candidates: [PeerAddress, WorkerRole][] = [
     [req.decode, "decode"],
     ...(req.decodeAlternates ?? []).map((a) => [a, "decode"] as [PeerAddress, WorkerRole]),
@@ -312,7 +330,7 @@ async function generateWithRecovery(
       if (source.mode !== "running") {
         await source.channel.sendRequest(generateRequest(req, handoffId, source.mode, out.tokens));
       }
-      const generation = await readGeneration(source.channel, wait, out, t0, req.onText);
+      const generation = await readGeneration(source.channel, wait, out, r.t0, req.onText);
       return { generation, channel: source.channel };
     } catch (error) {
       if (!(error instanceof PeerError) || wait.deadline.aborted) throw error;
@@ -323,7 +341,7 @@ async function generateWithRecovery(
       const next = await nextAlive(peers, candidates, failed, tried);
       if (!next) throw new NoNodeLeftError(tried);
       const when = source.mode === "committed" ? "after the commit" : "while generating";
-      fallback({
+      fallback(r, {
         kind: "resumed",
         reason:
           `the ${lost.role} worker was lost ${when} (${error.message}); resumed on the ${next.role} worker from the prompt and ${out.tokens.length} streamed tokens (recompute)`,
@@ -374,12 +392,10 @@ function generateRequest(
 
 async function prefillAndHandOff(
   channel: RequestChannel,
-  peers: RequestPeers,
-  handoffId: string,
-  req: HandoffRequest,
-  wait: Wait,
+  r: Running,
   onFirst: (message: FirstToken) => void,
 ): Promise<PrefillOutcome> {
+  const { req, handoffId, wait, peers } = r;
   const request: PrefillRequest = {
     type: "PrefillRequest",
     handoffId,

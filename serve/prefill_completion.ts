@@ -13,15 +13,41 @@
  *
  * Both answer exactly as a decode worker does: TokenBatch messages, then GenerateDone.
  */
-import { sampleToken, type SamplingParams } from "../core/mod.ts";
+import {
+  type AbortReason,
+  type SamplerState,
+  sampleToken,
+  type SamplingParams,
+} from "../core/mod.ts";
 import { DecoderTelemetry } from "../core/telemetry.ts";
 import type { PeerConnection } from "../transport/mod.ts";
 import type { Engine } from "./engine.ts";
 import type { GeneratedStep } from "./generation.ts";
 import type { CancelRequest, GenerateRequest, PrefillRequest } from "./messages.ts";
 import type { EnginePool } from "./pool.ts";
-import type { PrefillCompletion } from "./prefill_session.ts";
 import { reportProgress, sendDone, streamTokens } from "./token_stream.ts";
+
+/**
+ * Reasons that mean the decode worker is gone or stopped answering before the commit: the
+ * prefill worker can then complete the request itself (PrefillRequest.completeOnDecoderLoss).
+ */
+export const DECODER_LOST: ReadonlySet<AbortReason> = new Set<AbortReason>([
+  "connection-lost",
+  "reserve-timeout",
+  "commit-timeout",
+  "credit-stall",
+  "lease-expired",
+  "reservation-expired",
+]);
+
+/** What the prefill worker continues generating from when it completes a request itself. */
+export interface PrefillCompletion {
+  firstToken: number;
+  /** Logits after decoding the first token (the second token samples these). */
+  nextLogits: Float32Array;
+  /** The sampler after the first token's draw. */
+  sampler: SamplerState;
+}
 
 /** Thrown into a generation loop whose request was cancelled. */
 class Cancelled extends Error {}

@@ -49,6 +49,7 @@ import { describeAbort, type PrefillOutcome, type PrefillRequest } from "./messa
 import type { MtpDraft } from "../ffi/mtp.ts";
 import { CORE_MESSAGE_TYPES } from "./wire.ts";
 import { faultPoint } from "./fault_points.ts";
+import { DECODER_LOST, type PrefillCompletion } from "./prefill_completion.ts";
 
 /** Bounds of one prefill-side handoff, each named with its unit. */
 export interface PrefillLimits {
@@ -68,28 +69,6 @@ export const DEFAULT_PREFILL_LIMITS: Readonly<PrefillLimits> = {
   tickMs: 50,
   layerCapture: true,
 };
-
-/**
- * Reasons that mean the decode worker is gone or stopped answering before the commit: the
- * prefill worker can then complete the request itself (PrefillRequest.completeOnDecoderLoss).
- */
-const DECODER_LOST: ReadonlySet<AbortReason> = new Set<AbortReason>([
-  "connection-lost",
-  "reserve-timeout",
-  "commit-timeout",
-  "credit-stall",
-  "lease-expired",
-  "reservation-expired",
-]);
-
-/** What the prefill worker continues generating from when it completes a request itself. */
-export interface PrefillCompletion {
-  firstToken: number;
-  /** Logits after decoding the first token (the second token samples these). */
-  nextLogits: Float32Array;
-  /** The sampler after the first token's draw. */
-  sampler: SamplerState;
-}
 
 /** Pending events are few by construction (one chunk held, control messages bounded). */
 const EVENTS_MAX = 4096;
