@@ -83,11 +83,16 @@ async function runHandoffCommand(flags: HandoffFlags): Promise<void> {
     } else {
       Deno.stdout.writeSync(out.encode("\n"));
     }
-    if (result.fallbackReason !== null) {
-      console.error(`handoff: fell back to colocated generation: ${result.fallbackReason}`);
+    // Every fallback is said, one line each (a worker lost mid-request, resumed elsewhere).
+    for (const f of result.fallbacks) {
+      console.error(
+        f.kind === "resumed"
+          ? `handoff: resumed after ${f.tokensBefore} tokens on ${f.nodeId}: ${f.reason}`
+          : `handoff: fell back to colocated generation: ${f.reason} [${f.kind}]`,
+      );
     }
     if (!flags.json) console.error(`telemetry: ${formatTelemetry(result.telemetry)}`);
-    if (result.fallbackReason !== null && flags.fallback === "error") {
+    if (result.placement !== "disaggregated" && flags.fallback === "error") {
       throw new HandoffAbortedError(
         "fallback",
         `The handoff did not happen: generation ran colocated (${result.fallbackReason})`,
