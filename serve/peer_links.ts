@@ -159,11 +159,16 @@ export class PeerLinks {
       });
     } catch (error) {
       // Not in the trust list, or no pin: a configuration error, not a dead peer.
-      if (!(error instanceof PeerError) || /trust list|certificate pin/.test(error.message)) {
+      if (error instanceof PeerError && /trust list|certificate pin/.test(error.message)) {
         throw error;
       }
-      this.#dead(entry, error.message);
-      throw error;
+      // Anything else (refused, timed out, a handshake broken off) leaves the peer unusable.
+      const lost = error instanceof PeerError ? error : new PeerError(
+        `Cannot connect to ${to.nodeId} at ${to.host}:${to.port}: ${(error as Error)?.message}`,
+        { cause: error },
+      );
+      this.#dead(entry, lost.message);
+      throw lost;
     }
     const link = new PeerLink(conn, this.options.requestQueueMessagesMax, (reason) => {
       if (entry.link !== link) return;
