@@ -28,6 +28,7 @@ import {
 } from "../models/mod.ts";
 import type { GpuLayersRequest } from "../ffi/mod.ts";
 import { registerProcessHandoff } from "./_correctness_process.ts";
+import { registerChaos } from "./_correctness_chaos.ts";
 import { listArg, oneOf } from "./_list_args.ts";
 import { gpuLayersArg, intArg } from "./_options.ts";
 import { cacheDir } from "./paths.ts";
@@ -83,6 +84,7 @@ export function register(program: Command): void {
     .option("--json", "print the results as JSON", false)
     .action((flags: HandoffFlags) => runStateHandoff(flags));
   registerProcessHandoff(correctness);
+  registerChaos(correctness);
 }
 
 /** The cases the flags ask for; a prompt that cannot fit a family's context is a UsageError. */

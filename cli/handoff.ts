@@ -13,10 +13,12 @@ import type { PeerAddress } from "../serve/messages.ts";
 import { Node } from "../serve/node.ts";
 import { addRequestOptions, intArg, readPrompt, type RequestFlags } from "./_options.ts";
 import { peerArg } from "./_peers.ts";
+import { listArg } from "./_list_args.ts";
 
 interface HandoffFlags extends RequestFlags {
   prefill: PeerAddress;
   decode: PeerAddress;
+  decodeAlternates: PeerAddress[];
   tenant: string;
   stateDir?: string;
   timeoutMs: number;
@@ -31,6 +33,12 @@ export function register(program: Command): void {
     .description("run one prefill-to-decode handoff and generate (acts as the coordinator)")
     .requiredOption("--prefill <peer>", "prefill worker, <node-id>@<host>:<port>", peerArg)
     .requiredOption("--decode <peer>", "decode worker, <node-id>@<host>:<port>", peerArg)
+    .option(
+      "--decode-alternates <peers>",
+      "further decode workers (comma-separated) a request resumes on if its decoder is lost",
+      listArg(peerArg),
+      [],
+    )
     .option("--tenant <id>", "tenant the request (and its state) belongs to", "default")
     .option("--state-dir <dir>", "this client's node identity and trust list (default: per-user)")
     .option(
@@ -64,6 +72,7 @@ async function runHandoffCommand(flags: HandoffFlags): Promise<void> {
     const result = await runHandoff(node, {
       prefill: flags.prefill,
       decode: flags.decode,
+      decodeAlternates: flags.decodeAlternates,
       prompt,
       generateTokens: flags.n,
       sampling: {
@@ -83,11 +92,16 @@ async function runHandoffCommand(flags: HandoffFlags): Promise<void> {
     } else {
       Deno.stdout.writeSync(out.encode("\n"));
     }
-    if (result.fallbackReason !== null) {
-      console.error(`handoff: fell back to colocated generation: ${result.fallbackReason}`);
+    // Every fallback is said, one line each (a worker lost mid-request, resumed elsewhere).
+    for (const f of result.fallbacks) {
+      console.error(
+        f.kind === "resumed"
+          ? `handoff: resumed after ${f.tokensBefore} tokens on ${f.nodeId}: ${f.reason}`
+          : `handoff: fell back to colocated generation: ${f.reason} [${f.kind}]`,
+      );
     }
     if (!flags.json) console.error(`telemetry: ${formatTelemetry(result.telemetry)}`);
-    if (result.fallbackReason !== null && flags.fallback === "error") {
+    if (result.placement !== "disaggregated" && flags.fallback === "error") {
       throw new HandoffAbortedError(
         "fallback",
         `The handoff did not happen: generation ran colocated (${result.fallbackReason})`,
@@ -96,5 +110,6 @@ async function runHandoffCommand(flags: HandoffFlags): Promise<void> {
     }
   } finally {
     Deno.removeSignalListener("SIGINT", onSignal);
+    await node.close(); // the shared links to both workers
   }
 }

@@ -127,7 +127,33 @@ export interface HandoffTelemetry {
   ttftMs: number | null;
   /** Mean gap between generated tokens on the decoder. */
   tpotMs: number | null;
+  /** The coordinator's fallbacks for this request, in order (absent: none recorded). */
+  fallbacks?: FallbackRecord[];
 }
+
+/**
+ * One fallback the coordinator took for a request, named (no content): what it did, why, on
+ * which node, and how many tokens the client already had (regenerated and checked there).
+ */
+export interface FallbackRecord {
+  kind: FallbackKind;
+  reason: string;
+  nodeId: string;
+  tokensBefore: number;
+}
+
+/**
+ * `colocated-on-decoder`: the decode worker recomputed the prompt (prefill worker lost, or the
+ * pair not eligible). `colocated-on-prefill`: the prefill worker ran the request alone (decode
+ * worker unreachable). `completed-on-prefill`: the decode worker was lost before the commit
+ * and the prefill worker continued from the state it kept (no recompute). `resumed`: the
+ * worker generating was lost; another recomputed the prompt and the tokens already streamed.
+ */
+export type FallbackKind =
+  | "colocated-on-decoder"
+  | "colocated-on-prefill"
+  | "completed-on-prefill"
+  | "resumed";
 
 /**
  * Derives the telemetry record from each side's summary (or its events, folded here).
@@ -294,6 +320,7 @@ export function formatTelemetry(
   }
   if (t.retries > 0) parts.push(`retries ${t.retries} (${t.retryReasons.join(", ")})`);
   if (t.fallbackReason) parts.push(`fallback ${t.fallbackReason}`);
+  for (const f of t.fallbacks ?? []) parts.push(`${f.kind} after ${f.tokensBefore} tokens`);
   return parts.join(" ");
 }
 

@@ -1,8 +1,19 @@
 /**
  * The state-handoff parity harness. Reading order: `state_handoff.ts` (sides, identity gate,
  * staging, greedy continuation, bitwise comparison), `matrix.ts` (cases and variants),
- * `report.ts` (tables); `process_handoff.ts` (the same check across two worker processes).
+ * `report.ts` (tables); `process_handoff.ts` (the same check across two worker processes);
+ * `chaos.ts` (handoffs with a worker killed at seeded points: no request lost).
  */
+export {
+  CHAOS_DEFAULTS,
+  type ChaosOptions,
+  type ChaosTrial,
+  formatTrial,
+  KILL_POINTS,
+  type KillPoint,
+  noNodeDeadlineMs,
+  runChaos,
+} from "./chaos.ts";
 export {
   adoptHandoff,
   assertUnusable,

@@ -152,8 +152,9 @@ export async function startChild(
   stateDir: string,
   modelPath: string,
   client: Node,
+  env?: Record<string, string>,
 ): Promise<TestWorker> {
-  const child = await startWorker(role, stateDir, childArgs(modelPath));
+  const child = await startWorker(role, stateDir, childArgs(modelPath), { env });
   let channel: PeerConnection | null = null;
   const stats = async () => {
     channel ??= await client.connect(child.peer);

@@ -4,6 +4,8 @@
  * and a fast sender is held back by transport credit, not by the decoder's memory. Payloads
  * are the frame decoder's own buffers (it never reuses them): no copy on the hot path.
  */
+import { faultPoint } from "./fault_points.ts";
+
 export interface HeldFrame {
   payload: Uint8Array;
   tag: string;
@@ -18,6 +20,7 @@ export class FrameInbox {
 
   /** Holds `frame` under `seq`; resolves once there is room to read the next one. */
   async put(seq: number, frame: HeldFrame): Promise<void> {
+    faultPoint("decode-chunk-received");
     this.#frames.set(seq, frame);
     if (++this.#held >= this.framesMax) {
       await new Promise<void>((resolve) => this.#waiter = resolve);

@@ -24,6 +24,7 @@ export class RetainedState {
   #tailBytes = 0;
   #waiters: (() => void)[] = [];
   #stopped = false;
+  #draining = false;
 
   constructor(readonly limits: { exportQueueBytesMax: number; retainedBytesMax: number }) {}
 
@@ -51,6 +52,10 @@ export class RetainedState {
    */
   async add(chunk: ExportedChunk, onAdded: () => void): Promise<void> {
     if (this.#stopped) throw new ExportStopped();
+    if (this.#draining) {
+      chunk.payload.fill(0);
+      return;
+    }
     const bytes = chunk.header.payloadBytes;
     const page = chunk.header.kind === "kv-page";
     if (!page && this.#tailBytes + bytes > this.limits.retainedBytesMax) {
@@ -67,6 +72,7 @@ export class RetainedState {
     this.#entries.push({ chunk, held: true });
     onAdded();
     while (this.#unsentBytes > this.limits.exportQueueBytesMax && !this.#stopped) {
+      if (this.#draining) return;
       await new Promise<void>((resolve) => this.#waiters.push(resolve));
     }
     if (this.#stopped) throw new ExportStopped();
@@ -85,6 +91,17 @@ export class RetainedState {
     entry.chunk.payload.fill(0);
     entry.held = false;
     this.#unsentBytes -= entry.chunk.header.payloadBytes;
+    for (const wake of this.#waiters.splice(0)) wake();
+  }
+
+  /**
+   * The handoff ended but the prefill worker completes the request itself: the exporter runs
+   * to the end of the prompt (its context then holds the whole state), and every chunk it
+   * still produces is zeroed and dropped at once, never retained or waited on.
+   */
+  drain(): void {
+    this.#draining = true;
+    this.erase();
     for (const wake of this.#waiters.splice(0)) wake();
   }
 

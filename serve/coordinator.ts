@@ -1,11 +1,26 @@
 /**
- * The coordinator of one scripted handoff (the `handoff` command): it connects to a prefill
- * worker and a decode worker, checks they can hand off to each other, asks the prefill worker
- * to prefill and hand the state over, and then asks the decode worker to generate, which now
- * owns the request. When the handoff falls back, the decode worker recomputes the prompt
- * itself (colocated); so it does when the prefill worker is lost before it reported (its
- * partial state never commits: the decoder wipes it). When the handoff fails, the client
- * gets a clear error.
+ * The coordinator of one request (the `handoff` command, and the HTTP API): over the node's
+ * shared links (one authenticated connection per peer, serve/peer_links.ts), it checks the
+ * prefill and decode workers can hand off to each other, asks the prefill worker to prefill
+ * and hand the state over, and then asks the decode worker to generate, which now owns the
+ * request.
+ *
+ * No request is lost while a node that can serve it is left; each fallback is named in the
+ * result (`fallbacks`, `fallbackReason`) and its telemetry:
+ * - prefill worker dead, unreachable or lost before it reported, or the pair not eligible:
+ *   the decode worker recomputes the prompt (`colocated-on-decoder`; a partial handoff never
+ *   commits: the decoder wipes it);
+ * - decode worker unreachable at the start: the prefill worker runs it alone
+ *   (`colocated-on-prefill`);
+ * - decode worker lost before CommitAck: the prefill worker, which kept the state, continues
+ *   generating from it (`completed-on-prefill`, no recompute);
+ * - the worker generating lost mid-generation: the next node alive (the decoder, any
+ *   `decodeAlternates`, then the prefill worker) recomputes the prompt, regenerates the
+ *   tokens the client already has, checks them, and streams on (`resumed`).
+ * A request fails only when no node is left (NoNodeLeftError, naming each and why). Deadline:
+ * a node dying mid-request is noticed within the link's idle timeout (`maxIdleTimeoutMs`),
+ * and each further candidate costs at most `connectTimeoutMs` (none for one known dead), so
+ * the error comes within maxIdleTimeoutMs + candidates x connectTimeoutMs of the last death.
  *
  * The first token comes from the prefill worker the moment prefill ends (FirstToken), so the
  * client's time to first token does not include the handoff; the decode worker (committed or
@@ -15,26 +30,30 @@
  * reports and outcomes push it back, so the bound holds a silent worker to account without
  * capping a long valid request.
  */
-import { HandoffAbortedError, LimitExceededError, PeerError } from "../core/mod.ts";
-import {
-  type DecoderTelemetrySummary,
-  deriveTelemetry,
-  type HandoffTelemetry,
-} from "../core/telemetry.ts";
-import { eligibleForHandoff, type PeerConnection, roleCovers } from "../transport/mod.ts";
+import { HandoffAbortedError, PeerError } from "../core/mod.ts";
+import { deriveTelemetry, type FallbackRecord, type HandoffTelemetry } from "../core/telemetry.ts";
+import { eligibleForHandoff, roleCovers } from "../transport/mod.ts";
 import {
   type FirstToken,
-  type GenerateDone,
   type GenerateRequest,
   parseMessage,
   type PeerAddress,
   type PrefillOutcome,
   type PrefillRequest,
   type SamplingSpec,
-  type TokenBatch,
 } from "./messages.ts";
 import type { Node } from "./node.ts";
 import { IdleTimeout } from "./_idle_timeout.ts";
+import {
+  type ClientStream,
+  type Generation,
+  readGeneration,
+  RequestChannel,
+  RequestPeers,
+  type Unreachable,
+  type Wait,
+  type WorkerRole,
+} from "./_request_io.ts";
 
 export interface HandoffRequest {
   prefill: PeerAddress;
@@ -58,6 +77,8 @@ export interface HandoffRequest {
   /** Skip the handoff: the decode worker prefills the prompt itself (the baseline). */
   colocated?: boolean;
   handoffId?: string;
+  /** Further decode workers a request may resume on when its decode worker is lost. */
+  decodeAlternates?: PeerAddress[];
 }
 
 export interface HandoffResult {
@@ -66,6 +87,10 @@ export interface HandoffResult {
   placement: "disaggregated" | "colocated";
   /** Why it ran colocated, or null. */
   fallbackReason: string | null;
+  /** Every fallback taken, in order (empty: none); also in `telemetry.fallbacks`. */
+  fallbacks: FallbackRecord[];
+  /** The worker that generated the end of the stream. */
+  completedBy: { nodeId: string; role: WorkerRole };
   text: string;
   tokens: number[];
   /** With `probe`: SHA-256 of each token's logits (first from the prefill worker). */
@@ -83,6 +108,15 @@ export interface HandoffResult {
   mtpReady: boolean | null;
 }
 
+/** No node that could serve the request is left: each one tried, and why it could not. */
+export class NoNodeLeftError extends PeerError {
+  constructor(readonly tried: string[]) {
+    super(`No node can serve this request: ${tried.join("; ")}`, {
+      hint: "restart the workers (a request fails only when every one is dead or unreachable)",
+    });
+  }
+}
+
 /** The first token as the prefill worker sent it, and when it arrived. */
 interface First {
   message: FirstToken;
@@ -90,155 +124,288 @@ interface First {
   afterPrefillMs: number;
 }
 
-/** Runs one handoff end to end. Throws HandoffAbortedError / PeerError on a clear failure. */
+/** Where the rest of the stream comes from: a GenerateRequest to send, or one already running. */
+interface Source {
+  channel: RequestChannel;
+  mode: "committed" | "local" | "running";
+}
+
+/** Runs one request end to end. Throws HandoffAbortedError / PeerError on a clear failure. */
 export async function runHandoff(node: Node, req: HandoffRequest): Promise<HandoffResult> {
   const handoffId = req.handoffId ?? crypto.randomUUID();
   const t0 = performance.now();
   const idle = new IdleTimeout(req.timeoutMs);
   const deadline = AbortSignal.any([idle.signal, ...(req.signal ? [req.signal] : [])]);
-  const wait: Wait = { deadline, idle, timeoutMs: req.timeoutMs };
-  // A prefill worker that cannot be reached costs the request nothing but the handoff: the
-  // decode worker, which can serve it alone, recomputes the prompt (a named fallback). A peer
-  // missing from the trust list is a configuration error, not a fallback.
-  let prefillLost: string | null = null;
-  const connectPrefill = async () => {
-    if (req.colocated) return null;
-    try {
-      return await node.connect(req.prefill);
-    } catch (error) {
-      const trusted = node.trust.lookup(req.prefill.nodeId)?.certificateSha256;
-      if (!(error instanceof PeerError) || !trusted) throw error;
-      prefillLost = `the prefill worker is unreachable (${error.message})`;
-      return null;
-    }
+  const r: Running = {
+    req,
+    handoffId,
+    t0,
+    wait: { deadline, idle, timeoutMs: req.timeoutMs },
+    peers: new RequestPeers(node, handoffId),
+    out: { tokens: [], text: "", logitsSha256: [], ttftMs: null },
+    fallbacks: [],
+    first: null,
+    outcome: null,
   };
-  const [prefillSettled, decodeSettled] = await Promise.allSettled([
-    connectPrefill(),
-    node.connect(req.decode),
-  ]);
-  if (prefillSettled.status === "rejected") {
-    if (decodeSettled.status === "fulfilled") await decodeSettled.value.close().catch(() => {});
-    throw prefillSettled.reason;
-  }
-  if (decodeSettled.status === "rejected") {
-    await prefillSettled.value?.close().catch(() => {});
-    throw decodeSettled.reason;
-  }
-  const prefillPeer = prefillSettled.value;
-  const decodePeer = decodeSettled.value;
   try {
-    let outcome: PrefillOutcome | null = null;
-    let fallbackReason: string | null = null;
-    let first: First | null = null;
-    const eligible = eligibleForHandoff(
-      prefillPeer?.peerCapabilities ?? {},
-      decodePeer.peerCapabilities,
-      "decode",
-    );
-    const prefillRoles = prefillPeer?.peerCapabilities?.roles ?? [];
-    if (prefillPeer && !prefillRoles.some((r) => roleCovers(r, "prefill"))) {
-      throw new PeerError(`The peer ${prefillPeer.peerNodeId} does not serve the prefill role`, {
+    const source = await start(r);
+    const { generation, channel } = await generateWithRecovery(r, source);
+    return resultOf(r, generation, channel);
+  } finally {
+    idle.clear();
+    // The links stay open for the next request: nothing here waits on a close.
+    r.peers.close();
+  }
+}
+
+/** One request while it runs: what the client has, and what happened on the way. */
+interface Running {
+  req: HandoffRequest;
+  handoffId: string;
+  t0: number;
+  wait: Wait;
+  peers: RequestPeers;
+  out: ClientStream;
+  fallbacks: FallbackRecord[];
+  first: First | null;
+  outcome: PrefillOutcome | null;
+}
+
+function fallback(r: Running, f: Omit<FallbackRecord, "tokensBefore">): void {
+  r.fallbacks.push({ ...f, tokensBefore: r.out.tokens.length });
+}
+
+/**
+ * Opens both peers (at once; a peer known dead answers at once, so it costs nothing), runs
+ * the handoff when both are there and eligible, and says where generation continues.
+ */
+async function start(r: Running): Promise<Source> {
+  const { req, peers } = r;
+  const [prefill, decode] = await Promise.all([
+    req.colocated ? { lost: "colocated placement requested" } : peers.open(req.prefill, "prefill"),
+    peers.open(req.decode, "decode"),
+  ]);
+  if (prefill instanceof RequestChannel) {
+    const roles = prefill.link.peerCapabilities?.roles ?? [];
+    if (!roles.some((role) => roleCovers(role, "prefill"))) {
+      throw new PeerError(`The peer ${prefill.nodeId} does not serve the prefill role`, {
         hint: "pass a worker started with --role prefill (or prefill+decode) as --prefill",
       });
     }
-    if (!prefillPeer) {
-      fallbackReason = prefillLost ?? "colocated placement requested";
-    } else if (!eligible.ok) {
-      fallbackReason = `decode worker not eligible for a handoff: ${eligible.reason}`;
-    } else {
-      const onFirst = (message: FirstToken) => {
-        const now = performance.now();
-        first = {
-          message,
-          ttftMs: now - t0,
-          afterPrefillMs: performance.timeOrigin + now - message.prefillEndEpochMs,
-        };
-        req.onTokens?.([message.token]);
-        if (message.text) req.onText?.(message.text);
-      };
-      outcome = await prefillAndHandOff(prefillPeer!, handoffId, req, wait, onFirst);
-      if (outcome.outcome === "failed") {
-        throw new HandoffAbortedError(
-          outcome.reason ?? "failed",
-          `Handoff failed: ${outcome.message ?? outcome.reason}`,
-          {
-            hint: "check both workers are running and trust each other; see their logs",
-          },
-        );
-      }
-      if (outcome.outcome === "fallback") fallbackReason = outcome.message ?? outcome.reason;
-      // [s2-auth] A busy prefill worker (its queue full, or the wait too long) is a named
-      // colocated fallback on the decode worker, never a failure.
-      if (outcome.outcome === "busy") fallbackReason = `prefill-busy: ${outcome.message}`;
-    }
-    const got = first as First | null;
-    const generation = await generate(
-      decodePeer,
-      {
-        type: "GenerateRequest",
-        handoffId,
-        tenantId: req.tenantId,
-        generateTokens: req.generateTokens,
-        mode: fallbackReason === null ? "committed" : "local",
-        prompt: fallbackReason === null ? null : req.prompt,
-        sampling: fallbackReason === null ? null : req.sampling,
-        probe: req.probe,
-        sentTokens: got ? [got.message.token] : [],
-      },
-      wait,
-      req,
-      t0,
+  }
+  if (prefill instanceof RequestChannel && decode instanceof RequestChannel) {
+    const eligible = eligibleForHandoff(
+      prefill.link.peerCapabilities ?? {},
+      decode.link.peerCapabilities,
+      "decode",
     );
-    const firstDigest = got?.message.logitsSha256;
-    const firstTokenAfterPrefillMs = got?.afterPrefillMs ?? null;
-    const ttftMs = got?.ttftMs ?? generation.ttftMs;
-    return {
-      handoffId,
-      placement: fallbackReason === null ? "disaggregated" : "colocated",
-      fallbackReason,
-      text: (got?.message.text ?? "") + generation.text,
-      tokens: got ? [got.message.token, ...generation.tokens] : generation.tokens,
-      logitsSha256: req.probe && firstDigest
-        ? [firstDigest, ...generation.logitsSha256]
-        : generation.logitsSha256,
-      promptTokens: outcome?.promptTokens ?? 0,
-      telemetry: {
-        ...deriveTelemetry({
-          prefiller: outcome?.telemetry ?? [],
-          decoder: generation.done.telemetry ?? [],
-          firstTokenAfterPrefillMs,
-        }),
-        // The client's own clock: request sent to first token received.
-        ttftMs,
-        // The prefiller's clock, from the last chunk computed (not as recorded after its page
-        // export) to the FirstToken message sent.
-        ...(got ? { firstTokenDelayMs: got.message.sentAfterPrefillMs } : {}),
-      },
+    if (!eligible.ok) {
+      const reason = `decode worker not eligible for a handoff: ${eligible.reason}`;
+      fallback(r, { kind: "colocated-on-decoder", reason, nodeId: decode.nodeId });
+      return { channel: decode, mode: "local" };
+    }
+    r.outcome = await prefillAndHandOff(prefill, r, (message) => onFirstToken(r, message));
+    return afterPrefill(r, r.outcome, prefill, decode);
+  }
+  if (decode instanceof RequestChannel) {
+    // Colocated as requested is no fallback; a prefill worker that cannot be reached is.
+    const reason = `the prefill worker is unreachable (${(prefill as Unreachable).lost})`;
+    if (!req.colocated) {
+      fallback(r, { kind: "colocated-on-decoder", reason, nodeId: decode.nodeId });
+    }
+    return { channel: decode, mode: "local" };
+  }
+  if (prefill instanceof RequestChannel) {
+    const reason = `the decode worker is unreachable (${decode.lost}); ran on the prefill worker`;
+    fallback(r, { kind: "colocated-on-prefill", reason, nodeId: prefill.nodeId });
+    return { channel: prefill, mode: "local" };
+  }
+  throw new NoNodeLeftError([
+    ...(req.colocated ? [] : [`prefill worker ${req.prefill.nodeId}: ${prefill.lost}`]),
+    `decode worker ${req.decode.nodeId}: ${decode.lost}`,
+  ]);
+}
+
+/** The prefiller's first token: to the client at once (the rest continues after it). */
+function onFirstToken(r: Running, message: FirstToken): void {
+  const now = performance.now();
+  r.first = {
+    message,
+    ttftMs: now - r.t0,
+    afterPrefillMs: performance.timeOrigin + now - message.prefillEndEpochMs,
+  };
+  r.out.tokens.push(message.token);
+  r.out.text += message.text;
+  if (r.req.probe && message.logitsSha256) r.out.logitsSha256.push(message.logitsSha256);
+  r.out.ttftMs = r.first.ttftMs;
+  r.req.onTokens?.([message.token]);
+  if (message.text) r.req.onText?.(message.text);
+}
+
+function resultOf(r: Running, generation: Generation, channel: RequestChannel): HandoffResult {
+  const { req, out, fallbacks, first, outcome } = r;
+  const firstTokenAfterPrefillMs = first?.afterPrefillMs ?? null;
+  const ttftMs = out.ttftMs ?? NaN;
+  const fallbackReason = fallbacks.length > 0
+    ? fallbacks.map((f) => f.reason).join("; then ")
+    : req.colocated
+    ? "colocated placement requested"
+    : null;
+  return {
+    handoffId: r.handoffId,
+    placement: outcome?.outcome === "committed" ? "disaggregated" : "colocated",
+    fallbackReason,
+    fallbacks,
+    completedBy: { nodeId: channel.nodeId, role: channel.role },
+    text: out.text,
+    tokens: out.tokens,
+    logitsSha256: req.probe ? out.logitsSha256 : [],
+    promptTokens: outcome?.promptTokens ?? 0,
+    telemetry: {
+      ...deriveTelemetry({
+        prefiller: outcome?.telemetry ?? [],
+        decoder: generation.done.telemetry ?? [],
+        firstTokenAfterPrefillMs,
+      }),
+      // The client's own clock: request sent to first token received.
       ttftMs,
-      firstTokenAfterPrefillMs,
-      e2eMs: performance.now() - t0,
-      mtpReady: generation.done.mtpReady,
-    };
-  } finally {
-    idle.clear();
-    await Promise.allSettled([prefillPeer?.close(), decodePeer.close()]);
+      // The prefiller's clock, from the last chunk computed (not as recorded after its page
+      // export) to the FirstToken message sent.
+      ...(first ? { firstTokenDelayMs: first.message.sentAfterPrefillMs } : {}),
+      fallbacks,
+    },
+    ttftMs,
+    firstTokenAfterPrefillMs,
+    e2eMs: performance.now() - r.t0,
+    mtpReady: generation.done.mtpReady,
+  };
+}
+
+/** Where generation continues once the prefill worker has reported. */
+function afterPrefill(
+  r: Running,
+  outcome: PrefillOutcome,
+  prefill: RequestChannel,
+  decode: RequestChannel,
+): Source {
+  if (outcome.outcome === "failed") {
+    throw new HandoffAbortedError(
+      outcome.reason ?? "failed",
+      `Handoff failed: ${outcome.message ?? outcome.reason}`,
+      { hint: "check both workers are running and trust each other; see their logs" },
+    );
+  }
+  if (outcome.outcome === "committed") return { channel: decode, mode: "committed" };
+  // A busy prefill worker (its queue full, or the wait too long) is a named colocated
+  // fallback on the decode worker, never a failure.
+  const reason = outcome.outcome === "busy"
+    ? `prefill-busy: ${outcome.message}`
+    : outcome.message ?? outcome.reason ?? "fallback";
+  if (outcome.completedHere) {
+    // With a first token, the prefill worker continues from its state; without one it had
+    // not prefilled yet (no decode worker reachable) and runs the whole request.
+    const kind = r.first ? "completed-on-prefill" : "colocated-on-prefill";
+    fallback(r, { kind, reason, nodeId: prefill.nodeId });
+    return { channel: prefill, mode: "running" };
+  }
+  fallback(r, { kind: "colocated-on-decoder", reason, nodeId: decode.nodeId });
+  return { channel: decode, mode: "local" };
+}
+
+/**
+ * Streams the rest of the request from `source`; when that worker is lost, resumes on the
+ * next node alive (recompute of the prompt and the tokens already streamed, checked there),
+ * until one completes or none is left.
+ */
+async function generateWithRecovery(
+  r: Running,
+  first: Source,
+): Promise<{ generation: Generation; channel: RequestChannel }> {
+  const { req, handoffId, wait, out, peers } = r;
+  const candidates: [PeerAddress, WorkerRole][] = [
+    [req.decode, "decode"],
+    ...(req.decodeAlternates ?? []).map((a) => [a, "decode"] as [PeerAddress, WorkerRole]),
+    [req.prefill, "prefill"],
+  ];
+  const tried: string[] = [];
+  const failed = new Set<string>();
+  let source = first;
+  for (;;) {
+    const onAbort = () =>
+      source.channel.send({ type: "CancelRequest", handoffId, tenantId: req.tenantId }).catch(
+        () => {},
+      );
+    wait.deadline.addEventListener("abort", onAbort, { once: true });
+    try {
+      if (source.mode !== "running") {
+        await source.channel.sendRequest(generateRequest(req, handoffId, source.mode, out.tokens));
+      }
+      const generation = await readGeneration(source.channel, wait, out, r.t0, req);
+      return { generation, channel: source.channel };
+    } catch (error) {
+      if (!(error instanceof PeerError) || wait.deadline.aborted) throw error;
+      const lost = source.channel;
+      peers.markDead(lost, error.message);
+      failed.add(lost.nodeId);
+      tried.push(`${lost.role} worker ${lost.nodeId}: ${error.message}`);
+      const next = await nextAlive(peers, candidates, failed, tried);
+      if (!next) throw new NoNodeLeftError(tried);
+      const when = source.mode === "committed" ? "after the commit" : "while generating";
+      fallback(r, {
+        kind: "resumed",
+        reason:
+          `the ${lost.role} worker was lost ${when} (${error.message}); resumed on the ${next.role} worker from the prompt and ${out.tokens.length} streamed tokens (recompute)`,
+        nodeId: next.nodeId,
+      });
+      source = { channel: next, mode: "local" };
+    } finally {
+      wait.deadline.removeEventListener("abort", onAbort);
+    }
   }
 }
 
-/** What every wait of one request shares: its cancel/idle signal and the idle timer. */
-interface Wait {
-  deadline: AbortSignal;
-  idle: IdleTimeout;
-  timeoutMs: number;
+/** The first candidate not yet failed whose link is (or becomes) live; notes why others are not. */
+async function nextAlive(
+  peers: RequestPeers,
+  candidates: [PeerAddress, WorkerRole][],
+  failed: Set<string>,
+  tried: string[],
+): Promise<RequestChannel | null> {
+  for (const [address, role] of candidates) {
+    if (failed.has(address.nodeId)) continue;
+    failed.add(address.nodeId);
+    const channel = await peers.open(address, role);
+    if (channel instanceof RequestChannel) return channel;
+    tried.push(`${role} worker ${address.nodeId}: ${channel.lost}`);
+  }
+  return null;
+}
+
+function generateRequest(
+  req: HandoffRequest,
+  handoffId: string,
+  mode: "committed" | "local",
+  sent: number[],
+): GenerateRequest {
+  return {
+    type: "GenerateRequest",
+    handoffId,
+    tenantId: req.tenantId,
+    generateTokens: req.generateTokens,
+    mode,
+    prompt: mode === "local" ? req.prompt : null,
+    sampling: mode === "local" ? req.sampling : null,
+    probe: req.probe,
+    sentTokens: [...sent],
+  };
 }
 
 async function prefillAndHandOff(
-  peer: PeerConnection,
-  handoffId: string,
-  req: HandoffRequest,
-  wait: Wait,
+  channel: RequestChannel,
+  r: Running,
   onFirst: (message: FirstToken) => void,
 ): Promise<PrefillOutcome> {
+  const { req, handoffId, wait, peers } = r;
   const request: PrefillRequest = {
     type: "PrefillRequest",
     handoffId,
@@ -248,22 +415,22 @@ async function prefillAndHandOff(
     sampling: req.sampling,
     decode: req.decode,
     probe: req.probe,
+    completeOnDecoderLoss: true,
   };
-  await sendWithPrompt(peer, request);
-  const onAbort = () => {
-    // [s2-auth] The tenant binds the cancel: a worker ignores it for another tenant's request.
-    peer.send({ type: "CancelRequest", handoffId, tenantId: req.tenantId }).catch(() => {});
-  };
+  const onAbort = () =>
+    channel.send({ type: "CancelRequest", handoffId, tenantId: req.tenantId }).catch(() => {});
   wait.deadline.addEventListener("abort", onAbort, { once: true });
   try {
+    await channel.sendRequest(request);
     for (;;) {
-      const header = await receiveOne(peer, wait, handoffId);
+      const header = await channel.receive(wait);
       if (header.type === "FirstToken") onFirst(parseMessage<FirstToken>(header));
       if (header.type === "PrefillOutcome") return parseMessage<PrefillOutcome>(header);
     }
   } catch (error) {
     if (!(error instanceof PeerError)) throw error;
     // The prefill worker died or dropped us: recompute on the decode worker.
+    peers.markDead(channel, error.message);
     return {
       type: "PrefillOutcome",
       handoffId,
@@ -275,96 +442,5 @@ async function prefillAndHandOff(
     };
   } finally {
     wait.deadline.removeEventListener("abort", onAbort);
-  }
-}
-
-interface Generation {
-  text: string;
-  tokens: number[];
-  logitsSha256: string[];
-  done: GenerateDone & { telemetry: DecoderTelemetrySummary | null };
-  ttftMs: number;
-}
-
-async function generate(
-  peer: PeerConnection,
-  request: GenerateRequest,
-  wait: Wait,
-  on: Pick<HandoffRequest, "onText" | "onTokens">,
-  t0: number,
-): Promise<Generation> {
-  await sendWithPrompt(peer, request);
-  const out: Generation = { text: "", tokens: [], logitsSha256: [], done: null!, ttftMs: NaN };
-  for (;;) {
-    const header = await receiveOne(peer, wait, request.handoffId);
-    if (header.type === "TokenBatch") {
-      const batch = parseMessage<TokenBatch>(header);
-      if (out.tokens.length === 0 && batch.tokens.length > 0) out.ttftMs = performance.now() - t0;
-      out.tokens.push(...batch.tokens);
-      out.text += batch.text;
-      out.logitsSha256.push(...(batch.logitsSha256 ?? []));
-      if (batch.tokens.length > 0) on.onTokens?.(batch.tokens);
-      if (batch.text) on.onText?.(batch.text);
-      continue;
-    }
-    if (header.type === "GenerateDone") {
-      out.done = parseMessage<GenerateDone>(header);
-      if (!out.done.ok) {
-        throw new HandoffAbortedError("decode-failed", `Generation failed: ${out.done.message}`);
-      }
-      return out;
-    }
-  }
-}
-
-/** Sends a request whose prompt travels as the frame's payload (headers are small). */
-async function sendWithPrompt(
-  peer: PeerConnection,
-  request: PrefillRequest | GenerateRequest,
-): Promise<void> {
-  const { prompt, ...header } = request;
-  const payload = prompt === null ? undefined : new TextEncoder().encode(prompt);
-  await peer.send({ ...header, prompt: null } as unknown as Record<string, unknown>, payload);
-}
-
-/**
- * The next control message for this handoff (any serve type), bounded by the request's idle
- * timeout, which every message for the handoff pushes back.
- */
-async function receiveOne(
-  peer: PeerConnection,
-  wait: Wait,
-  handoffId: string,
-): Promise<Record<string, unknown>> {
-  const { deadline } = wait;
-  let fail: () => void = () => {};
-  const aborted = new Promise<never>((_, reject) => {
-    fail = () =>
-      reject(
-        deadline.reason instanceof DOMException && deadline.reason.name === "TimeoutError"
-          ? new LimitExceededError(
-            `The request made no progress for ${wait.timeoutMs} ms: no message from the worker ${peer.peerNodeId}`,
-            { hint: "check the workers' logs, or raise --timeout-ms" },
-          )
-          : new HandoffAbortedError("cancelled", "The request was cancelled"),
-      );
-    if (deadline.aborted) fail();
-    deadline.addEventListener("abort", fail, { once: true });
-  });
-  try {
-    for (;;) {
-      const msg = await Promise.race([peer.receive(), aborted]);
-      if (msg === null) {
-        throw new PeerError(`The worker ${peer.peerNodeId} closed the connection`, {
-          hint: "it may have stopped or crashed; see its log",
-        });
-      }
-      const header = msg.header as Record<string, unknown>;
-      if (header.handoffId !== handoffId) continue;
-      wait.idle.touch();
-      return header;
-    }
-  } finally {
-    deadline.removeEventListener("abort", fail);
   }
 }

@@ -58,6 +58,11 @@ export interface ExportResult {
   firstToken: number;
   /** SHA-256 of the logits after decoding the first token: the continuation probe. */
   probeLogitsSha256: string;
+  /**
+   * Those logits: the context now holds the prompt and the first token, so the prefill worker
+   * can continue generating from here itself (its decode worker lost before the commit).
+   */
+  probeLogits: Float32Array;
   /** SHA-256 of the prompt's last logits (the first token was sampled from them). */
   firstLogitsSha256: string;
   /** Milliseconds each prefill chunk took, in order (telemetry). */
@@ -169,8 +174,15 @@ export class StateExporter {
     this.#captured = captured;
     await this.#exportTail(n, prompt, firstToken, sampling, sampler, sink);
     // The probe: continue one token here so the decoder can prove it continues identically.
-    const { digest: probeLogitsSha256 } = await probeStep(this.engine, firstToken);
-    return { nTokens: n, firstToken, probeLogitsSha256, firstLogitsSha256, chunkMs };
+    const probe = await probeStep(this.engine, firstToken);
+    return {
+      nTokens: n,
+      firstToken,
+      probeLogitsSha256: probe.digest,
+      probeLogits: probe.logits,
+      firstLogitsSha256,
+      chunkMs,
+    };
   }
 
   /**

@@ -1,21 +1,21 @@
 /**
- * Issue #4, a worker process killed (SIGKILL) while pages stream: the survivor notices through
- * the QUIC idle timeout, frees everything it held for the handoff, and the client gets a
- * defined outcome within a bound derived from that timeout. The victim runs as a child process (a real
+ * Issues #4 and #8, a worker process killed (SIGKILL) while pages stream: the survivor notices
+ * through the QUIC idle timeout, frees everything it held for the handoff, and the request
+ * completes on the survivor with the same tokens (the prefill worker from the state it kept,
+ * or the decode worker by recompute). The victim runs as a child process (a real
  * death); the survivor runs in this process, where a slowed link makes sure the kill lands
  * mid-transfer and its counters can be read directly.
  */
 import assert from "node:assert/strict";
-import { HandoffAbortedError } from "../core/mod.ts";
 import { testModel } from "../testing/models.ts";
 import { type RawConnection, withFaults } from "../transport/mod.ts";
 import {
-  assertWithin,
   HANG_MS,
   IDLE_MS,
   makeNodes,
   promptOf,
   REFUSAL_BOUND_MS,
+  RELEASE_BOUND_MS,
   SAMPLING,
   SCHEDULING_SLACK_MS,
   startChild,
@@ -27,17 +27,16 @@ import {
   withTimeout,
 } from "./_failure_harness.ts";
 import { type HandoffRequest, runHandoff } from "./coordinator.ts";
-import type { Node } from "./node.ts";
+import { Node } from "./node.ts";
 
 const PROMPT = promptOf(50); // about 1,150 tokens: 18 KV pages
 /**
  * The survivor notices a silent peer after IDLE_MS (a timer); what follows does no compute
- * but may take a retry's connect, which fails by the same idle timeout. Bounds: those timers
- * plus scheduling slack, so a slow machine cannot fail them; without a working idle timeout
- * the case would end only by the request's hang watchdog. The recompute after the prefill
- * worker died is compute and is not bounded.
+ * but may take a retry's connect, which fails by the same idle timeout. Bound: those timers
+ * plus scheduling slack, so a slow machine cannot fail it; without a working idle timeout
+ * the case would end only by the request's hang watchdog. What the survivor computes after
+ * (recompute, or the rest of the generation) is compute and is not bounded.
  */
-const OUTCOME_BOUND_MS = 4 * IDLE_MS + SCHEDULING_SLACK_MS;
 const NOTICE_BOUND_MS = 2 * IDLE_MS + SCHEDULING_SLACK_MS;
 
 function request(client: Node, prefill: TestWorker, decode: TestWorker) {
@@ -66,7 +65,7 @@ function kill(w: TestWorker): void {
 
 Deno.test({
   name:
-    "decode worker killed mid-transfer: the client gets a clear error, the prefill worker frees its state",
+    "decode worker killed mid-transfer: the prefill worker completes the request from its state, same tokens",
   sanitizeOps: false,
   sanitizeResources: false,
   fn: async () => {
@@ -79,20 +78,31 @@ Deno.test({
       faults: { connect: slowLink(slow, 1, 30) }, // the handoff stream's writes
     });
     try {
+      // Seeded sampling: the prefill worker continues the sampler from the first token's draw.
       const run = request(client, prefill, decode);
-      assert.equal((await run()).placement, "disaggregated");
+      const seeded = { ...SAMPLING, temperature: 0.8, seed: 7 };
+      const baseline = await run({ sampling: seeded, generateTokens: 12 });
+      assert.equal(baseline.placement, "disaggregated");
+      assert.deepEqual(baseline.fallbacks, []);
       slow.on = true;
-      const running = timed(() => run());
+      const running = timed(() => run({ sampling: seeded, generateTokens: 12 }));
       await waitForStats(decode, (s) => s.stagedBytes > 0, HANG_MS, "pages staged");
       kill(decode);
-      const killedAt = performance.now();
-      const r = await running;
-      assert.ok(r.error instanceof HandoffAbortedError, String(r.error));
-      assert.match(r.error.message, /decode worker/);
-      assertWithin(performance.now() - killedAt, OUTCOME_BOUND_MS, "the client's error");
-      await waitForIdle(prefill, NOTICE_BOUND_MS); // it frees its state before it answers
-      assertWithin(performance.now() - killedAt, OUTCOME_BOUND_MS, "freeing state");
+      const r = await running; // the rest of the generation is compute: not timed
+      assert.ifError(r.error);
+      assert.equal(r.value!.placement, "colocated");
+      assert.deepEqual(r.value!.fallbacks.map((f) => f.kind), ["completed-on-prefill"]);
+      assert.match(
+        r.value!.fallbackReason!,
+        /decoder lost before commit.*completed on the prefill worker/,
+      );
+      assert.equal(r.value!.completedBy.nodeId, prefill.peer.nodeId);
+      assert.deepEqual(r.value!.telemetry.fallbacks, r.value!.fallbacks);
+      assert.deepEqual(r.value!.tokens, baseline.tokens);
+      assert.equal(r.value!.text, baseline.text);
+      await waitForIdle(prefill, RELEASE_BOUND_MS); // nothing retained once it is done
     } finally {
+      await client.close();
       await Promise.allSettled([prefill.stop(), decode.stop()]);
       await Deno.remove(dir, { recursive: true }).catch(() => {});
     }
@@ -164,8 +174,11 @@ Deno.test({
   sanitizeResources: false,
   fn: async () => {
     const model = await testModel("hybrid");
-    const { dir, nodes } = await makeNodes(["prefill", "decode", "client"]);
-    const client = nodes.get("client")!;
+    const { dir } = await makeNodes(["prefill", "decode", "client"]);
+    // A backoff longer than the test: once known dead, the prefill worker is not tried again.
+    const client = await Node.open(`${dir}/client`, {
+      peerLinks: { reconnectBackoffMs: HANG_MS, reconnectBackoffMsMax: HANG_MS },
+    });
     const decode = await startInProcess("decode", "decode", `${dir}/decode`, model);
     const prefill = await startChild("prefill", "prefill", `${dir}/prefill`, model, client);
     try {
@@ -174,12 +187,21 @@ Deno.test({
       assert.equal(baseline.placement, "disaggregated");
       kill(prefill);
       await prefill.child!.process.status;
+      // The shared link to it notices the death (idle timeout) during this request, or the
+      // reconnect fails: either way the request runs colocated.
       const r = await run(); // the recompute is compute: not timed
       assert.equal(r.placement, "colocated");
-      assert.match(r.fallbackReason!, /prefill worker is unreachable/);
+      assert.deepEqual(r.fallbacks.map((f) => f.kind), ["colocated-on-decoder"]);
+      assert.match(r.fallbackReason!, /prefill worker (is unreachable|was lost)/);
       assert.deepEqual(r.tokens, baseline.tokens);
+      // Now it is known dead: the next request does not wait for it at all.
+      assert.equal(client.links.health(prefill.peer).state, "dead");
+      const again = await run();
+      assert.match(again.fallbackReason!, /prefill worker is unreachable .*dead since/);
+      assert.deepEqual(again.tokens, baseline.tokens);
       await waitForIdle(decode, NOTICE_BOUND_MS);
     } finally {
+      await client.close();
       await Promise.allSettled([prefill.stop(), decode.stop()]);
       await Deno.remove(dir, { recursive: true }).catch(() => {});
     }

@@ -76,11 +76,19 @@ export async function makeTrustingNodes(
   return nodes;
 }
 
+/** Where a worker listens, and extra environment (fault injection: serve/fault_points.ts). */
+export interface StartWorkerOptions {
+  /** `host:port`; default `127.0.0.1:0` (any free port). A restarted worker reuses its port. */
+  listen?: string;
+  env?: Record<string, string>;
+}
+
 /** Starts `serve` as a child process and waits for its ready line. */
 export async function startWorker(
   role: string,
   stateDir: string,
   args: string[],
+  options: StartWorkerOptions = {},
 ): Promise<LocalWorker> {
   const process = new Deno.Command(Deno.execPath(), {
     args: [
@@ -92,13 +100,14 @@ export async function startWorker(
       "--role",
       role,
       "--listen",
-      "127.0.0.1:0",
+      options.listen ?? "127.0.0.1:0",
       "--state-dir",
       stateDir,
       ...args,
     ],
     stdout: "piped",
     stderr: "piped",
+    ...(options.env ? { env: options.env } : {}),
   }).spawn();
   const log: string[] = [];
   pumpLines(process.stderr, (line) => {
@@ -136,6 +145,7 @@ export async function startLocalCluster(options: LocalClusterOptions = {}): Prom
     prefill,
     decode,
     stop: async () => {
+      await nodes.get("client")!.close(); // its shared links to both workers
       await Promise.all([stopWorker(prefill), stopWorker(decode)]);
       await Deno.remove(dir, { recursive: true }).catch(() => {});
     },

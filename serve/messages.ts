@@ -23,13 +23,21 @@ export const PROMPT_TOKENS_MAX = 262_144;
 export const PROMPT_BYTES_PER_TOKEN_MAX = 64;
 /** Largest prompt a request may carry, in bytes of UTF-8 (it travels as a frame payload). */
 export const PROMPT_BYTES_MAX = PROMPT_TOKENS_MAX * PROMPT_BYTES_PER_TOKEN_MAX;
-/** Control frames: small headers (fixed-size messages), payloads up to a prompt. */
-export const CONTROL_FRAME_LIMITS = {
-  headerBytesMax: 64 * 1024,
-  payloadBytesMax: PROMPT_BYTES_MAX,
-};
 /** Largest number of tokens one request may ask to generate. */
 export const GENERATE_TOKENS_MAX = 1 << 20;
+/**
+ * Tokens a client may say it already has: the prefiller's FirstToken, or, for a request
+ * resumed after its decode worker died, every token streamed so far (at most a whole
+ * generation). More than SENT_TOKENS_HEADER_MAX travel in the frame's payload.
+ */
+export const SENT_TOKENS_MAX = GENERATE_TOKENS_MAX;
+/** Sent tokens that may travel in a GenerateRequest's header (the header is small). */
+export const SENT_TOKENS_HEADER_MAX = 16;
+/** Control frames: small headers (fixed-size messages), payloads up to a prompt and its sent tokens. */
+export const CONTROL_FRAME_LIMITS = {
+  headerBytesMax: 64 * 1024,
+  payloadBytesMax: PROMPT_BYTES_MAX + 4 * SENT_TOKENS_MAX,
+};
 /** Tokens in one TokenBatch message. */
 export const TOKEN_BATCH_TOKENS_MAX = 16;
 /**
@@ -37,8 +45,6 @@ export const TOKEN_BATCH_TOKENS_MAX = 16;
  * plus one token's piece (vocabulary pieces are far shorter than the header bound).
  */
 export const TOKEN_BATCH_TEXT_BYTES_MAX = 16 * 1024;
-/** Tokens a client may say it already has (the first token, streamed by the prefiller). */
-export const SENT_TOKENS_MAX = 1;
 
 export interface SamplingSpec {
   temperature: number;
@@ -67,6 +73,12 @@ export interface PrefillRequest {
   decode: PeerAddress;
   /** Return the SHA-256 of the prompt's last logits (probe mode). */
   probe: boolean;
+  /**
+   * If the decode worker is lost before CommitAck, complete the request here from the state
+   * this worker still holds (PrefillOutcome `completedHere`, then TokenBatch and GenerateDone
+   * as a decode worker sends them). Absent: report the loss and stop.
+   */
+  completeOnDecoderLoss?: boolean;
 }
 
 /**
@@ -95,6 +107,11 @@ export interface PrefillOutcome {
   promptTokens: number;
   /** Fixed-size telemetry of the prefill side (null when the handoff never started). */
   telemetry: PrefillerTelemetrySummary | null;
+  /**
+   * True: the decode worker was lost before the commit and this worker completes the request
+   * itself (TokenBatch messages from the second token, then GenerateDone, follow).
+   */
+  completedHere?: boolean;
 }
 
 /**
@@ -146,8 +163,10 @@ export interface GenerateRequest {
   /** Return the SHA-256 of every step's logits (probe mode). */
   probe: boolean;
   /**
-   * Tokens the client already has (the prefiller's FirstToken): the decoder generates them
-   * again, checks they are equal, and streams from the next one. Absent: none.
+   * Tokens the client already has (the prefiller's FirstToken, or all tokens streamed before a
+   * resume): the worker generates them again, checks they are equal, and streams from the
+   * next one. Absent: none. On the wire, more than SENT_TOKENS_HEADER_MAX travel in the
+   * payload after the prompt (see `encodeRequestPayload`).
    */
   sentTokens?: number[];
 }
@@ -266,6 +285,8 @@ const CHECKS: Record<ServeMessage["type"], Checker> = {
       ? "sampling"
       : !addressOk(m.decode)
       ? "decode"
+      : m.completeOnDecoderLoss !== undefined && typeof m.completeOnDecoderLoss !== "boolean"
+      ? "completeOnDecoderLoss"
       : null,
   CancelRequest: (m) =>
     !str(m.handoffId, 64)
@@ -282,6 +303,8 @@ const CHECKS: Record<ServeMessage["type"], Checker> = {
       ? "reason"
       : !objectOrNull(m.telemetry)
       ? "telemetry"
+      : m.completedHere !== undefined && typeof m.completedHere !== "boolean"
+      ? "completedHere"
       : null,
   FirstToken: (m) =>
     !str(m.handoffId, 64)
@@ -309,6 +332,8 @@ const CHECKS: Record<ServeMessage["type"], Checker> = {
       ? "mode"
       : m.mode === "local" && (typeof m.prompt !== "string" || !samplingOk(m.sampling))
       ? "prompt"
+      : m.sentTokensInPayload !== undefined && !count(m.sentTokensInPayload, SENT_TOKENS_MAX)
+      ? "sentTokensInPayload"
       : m.sentTokens !== undefined && (!Array.isArray(m.sentTokens) ||
           m.sentTokens.length > SENT_TOKENS_MAX || !m.sentTokens.every((t) => count(t, 0x7fffffff)))
       ? "sentTokens"
@@ -391,4 +416,66 @@ export function parseMessage<T extends ServeMessage>(header: Record<string, unkn
   const bad = CHECKS[type](header);
   if (bad) throw new ProtocolError(`Malformed ${type}: field "${bad}" is missing or invalid`);
   return header as unknown as T;
+}
+
+/**
+ * The payload of a PrefillRequest or GenerateRequest: the prompt (UTF-8), then, for a
+ * GenerateRequest with more than SENT_TOKENS_HEADER_MAX sent tokens, those tokens as int32
+ * little-endian (the header then says how many in `sentTokensInPayload`). Returns the header
+ * to send (without prompt and sent tokens) and the payload.
+ */
+export function encodeRequestPayload(
+  request: PrefillRequest | GenerateRequest,
+): { header: Record<string, unknown>; payload: Uint8Array | undefined } {
+  const prompt = request.prompt;
+  const header: Record<string, unknown> = { ...request, prompt: null };
+  const text = prompt === null ? new Uint8Array(0) : new TextEncoder().encode(prompt);
+  const sent = request.type === "GenerateRequest" ? request.sentTokens ?? [] : [];
+  if (sent.length <= SENT_TOKENS_HEADER_MAX) {
+    return { header, payload: prompt === null ? undefined : text };
+  }
+  delete header.sentTokens;
+  header.sentTokensInPayload = sent.length;
+  header.promptBytesInPayload = prompt === null ? null : text.length;
+  const payload = new Uint8Array(text.length + 4 * sent.length);
+  payload.set(text);
+  const view = new DataView(payload.buffer, text.length);
+  sent.forEach((t, i) => view.setInt32(4 * i, t, true));
+  return { header, payload };
+}
+
+/**
+ * The receiving side of `encodeRequestPayload`: sets `prompt` (and `sentTokens` when they
+ * travelled in the payload) on a received request header, in place. Throws ProtocolError
+ * when the payload is shorter than the header says.
+ */
+export function decodeRequestPayload(header: Record<string, unknown>, payload: Uint8Array): void {
+  const n = header.sentTokensInPayload;
+  if (n === undefined) {
+    header.prompt = payload.length > 0 ? new TextDecoder().decode(payload) : null;
+    return;
+  }
+  const promptBytes = header.promptBytesInPayload;
+  const cut = promptBytes === null ? 0 : promptBytes;
+  if (!count(cut, PROMPT_BYTES_MAX)) {
+    throw new ProtocolError('Malformed request: field "promptBytesInPayload" is invalid');
+  }
+  if (!count(n, SENT_TOKENS_MAX) || payload.length !== (cut as number) + 4 * (n as number)) {
+    throw new ProtocolError(
+      'Malformed request: field "sentTokensInPayload" does not match the payload',
+    );
+  }
+  const view = new DataView(
+    payload.buffer,
+    payload.byteOffset + (cut as number),
+    4 * (n as number),
+  );
+  const tokens: number[] = [];
+  for (let i = 0; i < (n as number); i++) tokens.push(view.getInt32(4 * i, true));
+  header.sentTokens = tokens;
+  header.prompt = promptBytes === null
+    ? null
+    : new TextDecoder().decode(payload.subarray(0, cut as number));
+  delete header.sentTokensInPayload;
+  delete header.promptBytesInPayload;
 }

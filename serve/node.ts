@@ -21,6 +21,7 @@ import {
   TrustList,
 } from "../transport/mod.ts";
 import { CONTROL_FRAME_LIMITS, type PeerAddress } from "./messages.ts";
+import { DEFAULT_PEER_LINKS, type PeerLinkOptions, PeerLinks } from "./peer_links.ts";
 
 /** Transport bounds a node applies to every peer, each a named option with its unit. */
 export interface NodeLinkOptions {
@@ -29,12 +30,20 @@ export interface NodeLinkOptions {
   handshakeTimeoutMs: number;
   /** Bytes a handoff stream may have in flight (credit window). */
   inflightBytesMax: number;
+  /** The coordinator's shared links to its peers: connect bound and reconnect backoff. */
+  peerLinks: PeerLinkOptions;
 }
+
+/** NodeLinkOptions as callers pass them: any field may be left out. */
+export type NodeLinkOverrides = Partial<Omit<NodeLinkOptions, "peerLinks">> & {
+  peerLinks?: Partial<PeerLinkOptions>;
+};
 
 export const DEFAULT_NODE_LINK: Readonly<NodeLinkOptions> = {
   maxIdleTimeoutMs: 2_000,
   handshakeTimeoutMs: 5_000,
   inflightBytesMax: 64 * 1024 * 1024,
+  peerLinks: DEFAULT_PEER_LINKS,
 };
 
 /**
@@ -50,6 +59,7 @@ export interface NodeFaults {
 export class Node {
   #connects = 0;
   #accepts = 0;
+  #links: PeerLinks | null = null;
 
   private constructor(
     readonly stateDir: string,
@@ -63,7 +73,7 @@ export class Node {
   /** Loads (or creates on first start) the node in `stateDir` (default: per-user folder). */
   static async open(
     stateDir?: string,
-    link: Partial<NodeLinkOptions> = {},
+    link: NodeLinkOverrides = {},
     hostnames: string[] = [],
     faults: NodeFaults = {},
   ): Promise<Node> {
@@ -71,7 +81,28 @@ export class Node {
     const { identity } = await loadOrCreateNodeIdentity(dir);
     const { certificate } = await loadOrCreateTlsCertificate(dir, { hostnames });
     const trust = await TrustList.load(dir);
-    return new Node(dir, identity, certificate, trust, { ...DEFAULT_NODE_LINK, ...link }, faults);
+    const options = {
+      ...DEFAULT_NODE_LINK,
+      ...link,
+      peerLinks: { ...DEFAULT_PEER_LINKS, ...link.peerLinks },
+    };
+    return new Node(dir, identity, certificate, trust, options, faults);
+  }
+
+  /**
+   * This node's one authenticated connection per peer, shared by its requests (the
+   * coordinator's), with each peer's health. Created on first use; `close()` ends it.
+   */
+  get links(): PeerLinks {
+    this.#links ??= new PeerLinks((to) => this.connect(to), this.link.peerLinks);
+    return this.#links;
+  }
+
+  /** Closes the shared links (each bounded by its close timeout). */
+  async close(): Promise<void> {
+    const links = this.#links;
+    this.#links = null;
+    await links?.close();
   }
 
   peerOptions(capabilities?: Capabilities): PeerOptions {

@@ -23,6 +23,7 @@ import type { ResolvedIdentity } from "./identity.ts";
 import { PieceDecoder } from "../ffi/mod.ts";
 import {
   type FirstToken,
+  type GenerateRequest,
   type PrefillOutcome,
   type PrefillQueueCounters,
   type PrefillRequest,
@@ -32,6 +33,8 @@ import {
 import type { Node } from "./node.ts";
 import type { EnginePool, PooledEngine } from "./pool.ts";
 import { PrefillHandoff, type PrefillLimits } from "./prefill_session.ts";
+import { completeOnPrefill, generateHere } from "./prefill_completion.ts";
+import { faultPoint } from "./fault_points.ts";
 import type { Engine } from "./engine.ts";
 import { logitsDigest } from "./probe.ts";
 import { reportProgress, sendOrExplain } from "./token_stream.ts";
@@ -87,7 +90,7 @@ export class PrefillRole {
     this.#active.set(request.handoffId, active);
     this.#run(request, active)
       .catch((error) => failed(request, (error as Error).message, 0))
-      .then((outcome) => this.#reply(peer, outcome))
+      .then((outcome) => outcome && this.#reply(peer, outcome))
       .finally(() => this.#active.delete(request.handoffId));
   }
 
@@ -145,7 +148,7 @@ export class PrefillRole {
     }
   }
 
-  async #run(request: PrefillRequest, active: Active): Promise<PrefillOutcome> {
+  async #run(request: PrefillRequest, active: Active): Promise<PrefillOutcome | null> {
     const admission = await this.#admit(request, active);
     if (!admission.ok) {
       this.log(`handoff ${request.handoffId}: not admitted: ${admission.message}`);
@@ -167,7 +170,7 @@ export class PrefillRole {
     request: PrefillRequest,
     active: Active,
     pooled: PooledEngine,
-  ): Promise<PrefillOutcome> {
+  ): Promise<PrefillOutcome | null> {
     const cancel = active.controller.signal;
     await this.hooks.admitted?.(request.handoffId);
     if (cancel.aborted) {
@@ -199,6 +202,21 @@ export class PrefillRole {
       try {
         decoder = await this.node.connect(request.decode, this.capabilities);
       } catch (error) {
+        if (request.completeOnDecoderLoss) {
+          // Nothing was prefilled yet: run the whole request here (colocated on this worker).
+          const message = `the decode worker is unreachable (${
+            (error as Error).message
+          }); ran on the prefill worker`;
+          this.log(`handoff ${request.handoffId}: ${message}`);
+          await this.#reply(active.peer, {
+            ...failed(request, message, prompt.length),
+            outcome: "fallback",
+            reason: "connection-lost",
+            completedHere: true,
+          });
+          await generateHere(active.peer, localRequest(request), pooled.engine, cancel);
+          return null;
+        }
         return {
           ...failed(
             request,
@@ -250,6 +268,14 @@ export class PrefillRole {
       const outcome = await handoff.run();
       // The outcome follows the first token on the same stream, never overtakes it.
       await firstTokenSent;
+      if (handoff.completion) {
+        // The decode worker was lost before the commit: finish the request here, from the
+        // state this context still holds (see serve/prefill_completion.ts).
+        this.log(`handoff ${request.handoffId}: ${outcome.message}`);
+        await this.#reply(active.peer, outcome);
+        await completeOnPrefill(active.peer, request, pooled.engine, handoff.completion, cancel);
+        return null;
+      }
       const summary = formatTelemetry(
         deriveTelemetry({ prefiller: outcome.telemetry ?? [], decoder: [] }),
         { side: "prefill" },
@@ -264,7 +290,9 @@ export class PrefillRole {
     } finally {
       stopProgress();
       await firstTokenSent;
-      await decoder?.close().catch(() => {});
+      // Not awaited: a decoder that just died would hold the outcome (and this context) for
+      // its whole close timeout; the close needs neither. The context goes back in #run.
+      (decoder as PeerConnection | null)?.close().catch(() => {});
     }
   }
 
@@ -299,6 +327,21 @@ async function sendFirstToken(
     prefillEndEpochMs: performance.timeOrigin + first.prefillEndMs,
   };
   await peer.send(message as unknown as Record<string, unknown>).catch(() => {});
+  faultPoint("first-token-sent");
+}
+
+/** The GenerateRequest a prefill worker runs for itself when no decode worker can be reached. */
+function localRequest(request: PrefillRequest): GenerateRequest {
+  return {
+    type: "GenerateRequest",
+    handoffId: request.handoffId,
+    tenantId: request.tenantId,
+    generateTokens: request.generateTokens,
+    mode: "local",
+    prompt: request.prompt,
+    sampling: request.sampling,
+    probe: request.probe,
+  };
 }
 
 function failed(request: PrefillRequest, message: string, promptTokens: number): PrefillOutcome {

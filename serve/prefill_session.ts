@@ -26,6 +26,7 @@ import {
   prefillerCanExport,
   type PrefillerState,
   prefillerStep,
+  type SamplerState,
   signManifest,
   StateValidationError,
 } from "../core/mod.ts";
@@ -36,6 +37,7 @@ import type { Engine } from "./engine.ts";
 import {
   DEFAULT_EXPORT_LIMITS,
   type ExportedChunk,
+  type ExportResult,
   type FirstTokenHook,
   reexportPage,
   StateExporter,
@@ -46,6 +48,8 @@ import type { ResolvedIdentity } from "./identity.ts";
 import { describeAbort, type PrefillOutcome, type PrefillRequest } from "./messages.ts";
 import type { MtpDraft } from "../ffi/mtp.ts";
 import { CORE_MESSAGE_TYPES } from "./wire.ts";
+import { faultPoint } from "./fault_points.ts";
+import { DECODER_LOST, type PrefillCompletion } from "./prefill_completion.ts";
 
 /** Bounds of one prefill-side handoff, each named with its unit. */
 export interface PrefillLimits {
@@ -103,6 +107,8 @@ export class PrefillHandoff {
   #stagedAcks = 0;
   /** Why a local step failed (one line, no content), for the outcome's message. */
   #localFailure: string | null = null;
+  #exportResult: { result: ExportResult; sampler: SamplerState } | null = null;
+  #completion: PrefillCompletion | null = null;
 
   constructor(readonly input: PrefillHandoffInput) {
     this.#retained = new RetainedState(input.limits);
@@ -142,10 +148,41 @@ export class PrefillHandoff {
     } finally {
       clearInterval(ticker);
       this.input.cancel.removeEventListener("abort", onCancel);
-      this.#retained.stop();
-      await exporting;
+      const completing = this.#decoderLost();
+      if (completing) {
+        // Finish the prompt (nothing retained) so this worker can complete the request; a
+        // cancel still stops it.
+        this.#retained.drain();
+        const stop = () => this.#retained.stop();
+        this.input.cancel.addEventListener("abort", stop, { once: true });
+        await exporting;
+        this.input.cancel.removeEventListener("abort", stop);
+      } else {
+        this.#retained.stop();
+        await exporting;
+      }
     }
     return this.#finish();
+  }
+
+  /**
+   * The decode worker was lost before the commit, the coordinator asked this worker to
+   * complete the request then, and nothing else went wrong: the prompt's state is all here.
+   */
+  #decoderLost(): boolean {
+    const o = this.#outcome;
+    return this.input.request.completeOnDecoderLoss === true && o !== null &&
+      o.outcome !== "committed" && o.reason !== null && DECODER_LOST.has(o.reason) &&
+      !this.input.cancel.aborted && this.#exportError === null && this.#localFailure === null;
+  }
+
+  /**
+   * Set once the handoff ended without a commit because the decode worker was lost and the
+   * whole prompt was prefilled here: what generation continues from (the context holds the
+   * prompt and the first token). Null otherwise.
+   */
+  get completion(): PrefillCompletion | null {
+    return this.#completion;
   }
 
   async #loop(): Promise<void> {
@@ -181,6 +218,23 @@ export class PrefillHandoff {
   #finish(): PrefillOutcome {
     this.#retained.erase();
     const o = this.#outcome ?? this.#result("failed", "protocol-error", "handoff ended early");
+    const done = this.#exportResult;
+    if (done && this.#decoderLost() && !this.input.cancel.aborted) {
+      const { seed } = this.input.request.sampling;
+      this.#completion = {
+        firstToken: done.result.firstToken,
+        nextLogits: done.result.probeLogits,
+        sampler: { ...done.sampler, seed },
+      };
+      const why = o.message ?? describeAbort(o.reason!);
+      return {
+        ...o,
+        outcome: "fallback",
+        message: `decoder lost before commit (${why}); completed on the prefill worker`,
+        completedHere: true,
+        telemetry: this.#telemetry.summary(),
+      };
+    }
     return { ...o, telemetry: this.#telemetry.summary() };
   }
 
@@ -340,6 +394,7 @@ export class PrefillHandoff {
     });
     // Sent: the context still holds a KV page's cells; a retry exports them again.
     this.#retained.markSent(seq);
+    faultPoint("prefill-chunk-sent");
   }
 
   async #bind(bindingKey: Uint8Array): Promise<void> {
@@ -410,11 +465,12 @@ export class PrefillHandoff {
       layerCapture: this.input.limits.layerCapture,
     });
     const { seed, ...sampling } = r.sampling;
+    const sampler = { seed, draws: 0 }; // advanced by the first token's draw
     try {
       const result = await exporter.run(
         this.input.prompt,
         sampling,
-        { seed, draws: 0 },
+        sampler,
         (chunk, exportMs) => this.#accept(chunk, exportMs),
         this.input.onFirstToken &&
           ((token, logits, prefillEndMs) => {
@@ -423,6 +479,7 @@ export class PrefillHandoff {
           }),
       );
       this.#exportDone = { manifest: exporter.manifest(this.#retained.headers(), result) };
+      this.#exportResult = { result, sampler };
     } catch (error) {
       if (!(error instanceof ExportStopped)) this.#exportError = error;
     }

@@ -14,6 +14,8 @@ import {
 import { encodeFrame } from "../transport/mod.ts";
 import {
   CONTROL_FRAME_LIMITS,
+  decodeRequestPayload,
+  encodeRequestPayload,
   type FirstToken,
   GENERATE_TOKENS_MAX,
   type GenerateDone,
@@ -23,6 +25,7 @@ import {
   type PrefillRequest,
   PROMPT_BYTES_MAX,
   PROMPT_TOKENS_MAX,
+  SENT_TOKENS_HEADER_MAX,
   SENT_TOKENS_MAX,
   TOKEN_BATCH_TEXT_BYTES_MAX,
   TOKEN_BATCH_TOKENS_MAX,
@@ -169,8 +172,9 @@ Deno.test("a 262,144-token prompt at the stated bytes per token fits the prompt 
   const { prompt: _, ...rest } = request;
   assert.ok(headerBytes({ ...rest, prompt: null }, payload) <= CONTROL_FRAME_LIMITS.headerBytesMax);
   assert.equal(parseMessage<PrefillRequest>({ ...request }).prompt.length, PROMPT_BYTES_MAX);
+  const payloadMax = PROMPT_BYTES_MAX + 4 * SENT_TOKENS_MAX;
   assert.throws(
-    () => encodeFrame({}, new Uint8Array(PROMPT_BYTES_MAX + 1), { limits: CONTROL_FRAME_LIMITS }),
+    () => encodeFrame({}, new Uint8Array(payloadMax + 1), { limits: CONTROL_FRAME_LIMITS }),
     /payloadBytesMax/,
   );
   const generate: GenerateRequest = {
@@ -185,6 +189,42 @@ Deno.test("a 262,144-token prompt at the stated bytes per token fits the prompt 
     sentTokens: new Array(SENT_TOKENS_MAX).fill(TOKEN_MAX),
   };
   assert.equal(parseMessage<GenerateRequest>({ ...generate }).sentTokens!.length, SENT_TOKENS_MAX);
+  // A resume after a whole generation: the largest prompt and every token, in one frame.
+  const wire = encodeRequestPayload(generate);
+  assert.ok(headerBytes(wire.header) <= CONTROL_FRAME_LIMITS.headerBytesMax);
+  assert.equal(wire.payload!.length, payloadMax);
+  encodeFrame(wire.header, wire.payload, { limits: CONTROL_FRAME_LIMITS });
+  const received = { ...wire.header };
+  decodeRequestPayload(received, wire.payload!);
+  const parsed = parseMessage<GenerateRequest>(received);
+  assert.equal(parsed.prompt, prompt);
+  assert.equal(parsed.sentTokens!.length, SENT_TOKENS_MAX);
+  assert.ok(parsed.sentTokens!.every((t) => t === TOKEN_MAX));
+});
+
+Deno.test("a resume's sent tokens travel in the payload, the prompt before them", () => {
+  const base = {
+    type: "GenerateRequest" as const,
+    handoffId: HANDOFF_ID,
+    tenantId: "t",
+    generateTokens: 64,
+    mode: "local" as const,
+    prompt: "héllo",
+    sampling: { temperature: 0, topK: 40, topP: 0.95, seed: 1 },
+    probe: false,
+  };
+  const few = encodeRequestPayload({ ...base, sentTokens: [7] });
+  assert.deepEqual(few.header.sentTokens, [7]); // small: still in the header
+  const tokens = Array.from({ length: SENT_TOKENS_HEADER_MAX + 5 }, (_, i) => i * 1000);
+  const many = encodeRequestPayload({ ...base, sentTokens: tokens });
+  assert.equal(many.header.sentTokens, undefined);
+  const received = { ...many.header };
+  decodeRequestPayload(received, many.payload!);
+  assert.deepEqual(parseMessage<GenerateRequest>(received).sentTokens, tokens);
+  assert.equal(received.prompt, "héllo");
+  // A header that claims more tokens than the payload holds is refused by name.
+  const lying = { ...many.header, sentTokensInPayload: tokens.length + 1 };
+  assert.throws(() => decodeRequestPayload(lying, many.payload!), /sentTokensInPayload/);
 });
 
 Deno.test("a TokenBatch over its token bound, or with stray digests, is refused by name", () => {

@@ -19,6 +19,7 @@ import {
   type TokenBatch,
 } from "./messages.ts";
 import { logitsDigest } from "./probe.ts";
+import { faultPoint } from "./fault_points.ts";
 
 /** The longest a generated token waits to be sent. */
 const BATCH_WAIT_MS = 20;
@@ -66,6 +67,7 @@ export async function streamTokens(
       batch.text.length * 3 >= TOKEN_BATCH_TEXT_BYTES_MAX;
     if (full || performance.now() - since >= BATCH_WAIT_MS) {
       await peer.send(batch as unknown as Record<string, unknown>);
+      faultPoint("token-batch-sent");
       batch = _emptyBatch(request.handoffId);
       since = performance.now();
     }

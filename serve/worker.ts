@@ -28,6 +28,7 @@ import type { RuntimeConfig } from "./engine.ts";
 import { type ResolvedIdentity, resolveIdentity } from "./identity.ts";
 import {
   type CancelRequest,
+  decodeRequestPayload,
   isServeMessageType,
   parseMessage,
   type PrefillOutcome,
@@ -35,12 +36,13 @@ import {
   type WorkerCounters,
   type WorkerStats,
 } from "./messages.ts";
-import { Node, type NodeFaults, type NodeLinkOptions } from "./node.ts";
+import { Node, type NodeFaults, type NodeLinkOverrides } from "./node.ts";
 import { sendDone } from "./token_stream.ts";
 import { EnginePool } from "./pool.ts";
 import { DEFAULT_PREFILL_LIMITS, type PrefillLimits } from "./prefill_session.ts";
 import { type PrefillHooks, PrefillRole } from "./prefill_role.ts";
 import { DEFAULT_PREFILL_QUEUE, type PrefillQueueOptions } from "./prefill_queue.ts";
+import { LocalGeneration } from "./prefill_completion.ts";
 import { CORE_MESSAGE_TYPES } from "./wire.ts";
 import { SKIPPY_SHIM_ABI_VERSION } from "../ffi/shim/abi.ts";
 import { stateBackend } from "../ffi/state.ts";
@@ -60,7 +62,7 @@ export interface WorkerOptions {
   /** Bounds of the prefill worker's queue (serve/prefill_queue.ts). */
   prefillQueue?: Partial<PrefillQueueOptions>;
   decodeLimits?: Partial<DecodeLimits>;
-  link?: Partial<NodeLinkOptions>;
+  link?: NodeLinkOverrides;
   /** A committed session waits this long for its GenerateRequest before it is released. */
   committedIdleMs?: number;
   /** One line per event, no content (default: stderr). */
@@ -89,6 +91,8 @@ export class Worker {
     readonly listener: PeerListener,
     readonly prefill: PrefillRole | null,
     readonly decode: DecodeRole | null,
+    /** A prefill-only worker's own generation (its decode worker lost, or a resume). */
+    readonly local: LocalGeneration | null,
   ) {}
 
   /** Loads the model, opens the node and starts listening. */
@@ -166,6 +170,7 @@ export class Worker {
       listener,
       prefill,
       decode,
+      prefill && !decode ? new LocalGeneration(pool, log) : null,
     );
     worker.#acceptLoop();
     return worker;
@@ -194,6 +199,7 @@ export class Worker {
       prefillQueueWaitMsMax: 0,
       ...this.prefill?.counters,
       ...this.decode?.counters,
+      ...(this.local ? { generating: this.local.running } : {}),
       contextsBusy: this.pool.busy,
     };
   }
@@ -227,8 +233,8 @@ export class Worker {
             continue;
           }
           if (type === "PrefillRequest" || type === "GenerateRequest") {
-            // The prompt travels as the frame's payload, not in the (small) header.
-            header.prompt = msg.payload.length > 0 ? new TextDecoder().decode(msg.payload) : null;
+            // The prompt (and a resume's sent tokens) travel as the frame's payload.
+            decodeRequestPayload(header, msg.payload);
           }
           await this.#dispatch(peer, type, header);
         } catch (error) {
@@ -241,6 +247,7 @@ export class Worker {
     }
     this.decode?.peerGone(peer);
     this.prefill?.peerGone(peer);
+    this.local?.peerGone(peer);
   }
 
   /** A peer that may not hand state to this worker: every handoff stream it opens is refused. */
@@ -259,8 +266,9 @@ export class Worker {
       return await this.decode.onCoreMessage(peer, header);
     }
     if (type === "CancelRequest") {
-      const { handoffId, tenantId } = parseMessage<CancelRequest>(header);
-      return this.prefill?.cancelFrom(peer, handoffId, tenantId);
+      const cancel = parseMessage<CancelRequest>(header);
+      this.local?.cancel(peer, cancel);
+      return this.prefill?.cancelFrom(peer, cancel.handoffId, cancel.tenantId);
     }
     if (type === "StatsRequest") {
       const { requestId } = parseMessage<StatsRequest>(header);
@@ -276,6 +284,7 @@ export class Worker {
       return;
     }
     if (type === "GenerateRequest") {
+      if (this.local) return this.local.onGenerateRequest(peer, parseMessage(header));
       if (!this.decode) throw new ProtocolError("This worker has no decode role");
       this.decode.onGenerateRequest(peer, parseMessage(header));
       return;
