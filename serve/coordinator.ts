@@ -335,6 +335,12 @@ async function generateWithRecovery(
       source.channel.send({ type: "CancelRequest", handoffId, tenantId: req.tenantId }).catch(
         () => {},
       );
+    if (wait.deadline.aborted) {
+      // Cancelled before generation started: a committed session there is released now,
+      // not when its committedIdleMs runs out.
+      onAbort();
+      throw new HandoffAbortedError("cancelled", "The request was cancelled");
+    }
     wait.deadline.addEventListener("abort", onAbort, { once: true });
     try {
       if (source.mode !== "running") {

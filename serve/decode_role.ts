@@ -52,6 +52,11 @@ export class DecodeRole {
   /** Every attempt not yet ended (a cancelled one may still be wiping). */
   readonly #live = new Set<Attempt>();
   readonly #committed = new Map<string, Held>();
+  /** Generations running, by handoff id: a CancelRequest from their peer stops them. */
+  readonly #running = new Map<
+    string,
+    { peer: PeerConnection; tenantId: string; controller: AbortController }
+  >();
   #generating = 0;
   readonly #totals = { reservationsTotal: 0, commitsTotal: 0, abortsTotal: 0 };
 
@@ -229,13 +234,40 @@ export class DecodeRole {
 
   onGenerateRequest(peer: PeerConnection, request: GenerateRequest): void {
     const run = request.mode === "committed" ? this.#generateCommitted : this.#generateLocal;
+    const controller = new AbortController();
+    const key = request.handoffId;
+    const entry = { peer, tenantId: request.tenantId, controller };
+    this.#running.set(key, entry);
     this.#generating++;
-    run.call(this, peer, request).catch(async (error) => {
+    run.call(this, peer, request, controller.signal).catch(async (error) => {
       await sendDone(peer, request.handoffId, { ok: false, message: (error as Error).message });
-    }).finally(() => this.#generating--);
+    }).finally(() => {
+      this.#generating--;
+      if (this.#running.get(key) === entry) this.#running.delete(key);
+    });
   }
 
-  async #generateCommitted(peer: PeerConnection, request: GenerateRequest): Promise<void> {
+  /**
+   * A CancelRequest (the client went away): stops the generation of that handoff, or releases
+   * its committed session not yet asked to generate. Honoured only from the peer that owns
+   * the request and for its tenant; anything else is ignored, as for an unknown id.
+   */
+  cancelFrom(peer: PeerConnection, handoffId: string, tenantId?: string): void {
+    const running = this.#running.get(handoffId);
+    const tenantOk = (t: string) => tenantId === undefined || tenantId === t;
+    if (running && running.peer.peerNodeId === peer.peerNodeId && tenantOk(running.tenantId)) {
+      running.controller.abort();
+      return;
+    }
+    const held = this.#committed.get(handoffId);
+    if (held && tenantOk(held.session.tenantId)) this.#release(handoffId);
+  }
+
+  async #generateCommitted(
+    peer: PeerConnection,
+    request: GenerateRequest,
+    cancel: AbortSignal,
+  ): Promise<void> {
     // [s2-auth] Another tenant's handoff is indistinguishable from an unknown id: the same
     // answer, and no wait on its attempt; the session stays with its own tenant.
     const inFlight = this.#attempts.get(request.handoffId);
@@ -253,7 +285,7 @@ export class DecodeRole {
     try {
       const telemetry = new DecoderTelemetry();
       for (const e of session.events) telemetry.push(e);
-      const steps = continueSession(session, request.generateTokens);
+      const steps = untilCancelled(continueSession(session, request.generateTokens), cancel);
       await streamTokens(peer, request, steps, telemetry, session.engine.model.vocab);
       await sendDone(
         peer,
@@ -273,7 +305,11 @@ export class DecodeRole {
    * same handoff and tenant is of no further use (the coordinator chose to recompute) and is
    * ended first, so its context returns to the pool.
    */
-  async #generateLocal(peer: PeerConnection, request: GenerateRequest): Promise<void> {
+  async #generateLocal(
+    peer: PeerConnection,
+    request: GenerateRequest,
+    cancel: AbortSignal,
+  ): Promise<void> {
     const running = this.#attempts.get(request.handoffId);
     if (running && running.handoff.input.request.tenantId === request.tenantId) {
       running.handoff.cancel();
@@ -297,7 +333,13 @@ export class DecodeRole {
         yield* engine.generate(logits, request.generateTokens, params, { seed: s.seed, draws: 0 });
       };
       const telemetry = new DecoderTelemetry();
-      await streamTokens(peer, request, steps(), telemetry, engine.model.vocab);
+      await streamTokens(
+        peer,
+        request,
+        untilCancelled(steps(), cancel),
+        telemetry,
+        engine.model.vocab,
+      );
       await sendDone(peer, request.handoffId, { ok: true, message: null }, telemetry.summary());
     } finally {
       stopProgress();
@@ -309,5 +351,13 @@ export class DecodeRole {
   close(): void {
     for (const attempt of this.#live) attempt.handoff.cancel();
     for (const id of [...this.#committed.keys()]) this.#release(id);
+  }
+}
+
+/** Ends `steps` with an error once `signal` aborts (checked before each step). */
+async function* untilCancelled<T>(steps: AsyncIterable<T>, signal: AbortSignal): AsyncGenerator<T> {
+  for await (const step of steps) {
+    if (signal.aborted) throw new Error("The request was cancelled");
+    yield step;
   }
 }

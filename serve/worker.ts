@@ -268,6 +268,7 @@ export class Worker {
     if (type === "CancelRequest") {
       const cancel = parseMessage<CancelRequest>(header);
       this.local?.cancel(peer, cancel);
+      this.decode?.cancelFrom(peer, cancel.handoffId, cancel.tenantId);
       return this.prefill?.cancelFrom(peer, cancel.handoffId, cancel.tenantId);
     }
     if (type === "StatsRequest") {
