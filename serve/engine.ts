@@ -38,6 +38,12 @@ export interface RuntimeConfig {
    * window plus one micro-batch, which keeps the handoff's SWA snapshot bounded).
    */
   swaFull?: boolean;
+  /**
+   * Recurrent-state snapshots per sequence (`n_rs_seq`), for rolling back rejected
+   * speculative positions natively (default 0; llama.cpp clamps it to 0 for architectures
+   * without native rollback). See serve/speculative.ts.
+   */
+  nRsSeq?: number;
 }
 
 export const RUNTIME_DEFAULTS = {
@@ -105,6 +111,7 @@ export class Engine implements Disposable {
       typeK: config.typeK,
       typeV: config.typeV,
       swaFull: config.swaFull ?? false,
+      nRsSeq: config.nRsSeq ?? 0,
     });
     const engine = new Engine(lib, model, ctx, config);
     engine.#ownsModel = shared === undefined;
