@@ -13,6 +13,7 @@ import type { ComponentKind } from "./schema.ts";
 import {
   type DecoderTelemetrySummary,
   type PrefillerTelemetrySummary,
+  type SpeculationSummary,
   summarizeDecoder,
   summarizePrefiller,
 } from "./telemetry_summary.ts";
@@ -65,7 +66,9 @@ export type DecoderTelemetryEvent =
     parityFields?: string[];
   }
   /** A generated token left the decoder. */
-  | { type: "token"; atMs: number };
+  | { type: "token"; atMs: number }
+  /** What speculative decoding did over the session (once, at its end). */
+  | ({ type: "speculation"; atMs: number } & SpeculationSummary);
 
 /** Link facts measured outside the handoff (probe), passed through to the record. */
 export interface LinkFacts {

@@ -95,7 +95,9 @@ for (const family of ["dense", "recurrent", "hybrid", "hybrid-moe-mtp"]) {
     assert.equal(argmax(logits), full.tokens[n]);
     const expected = new Float32Array(full.rows[n + 1].slice().buffer);
     let diff = 0;
-    for (let i = 0; i < expected.length; i++) diff = Math.max(diff, Math.abs(expected[i] - next[i]));
+    for (let i = 0; i < expected.length; i++) {
+      diff = Math.max(diff, Math.abs(expected[i] - next[i]));
+    }
     console.log(`${family}: max |logit difference| after rollback: ${diff.toExponential(2)}`);
     assert.ok(diff < ROUNDING_TOLERANCE, `logits differ by ${diff} after rollback`);
   });
