@@ -8,10 +8,15 @@ import { DEFAULT_HANDOFF_TIMING } from "../core/handoff.ts";
 import { type Role, ROLES } from "../transport/mod.ts";
 import { Worker } from "../serve/worker.ts";
 import { addRuntimeOptions, intArg, runtimeConfigFrom, type RuntimeFlags } from "./_options.ts";
+import {
+  addSpeculationOptions,
+  speculationConfigFrom,
+  type SpeculationFlags,
+} from "./_speculation.ts";
 import { listenArg } from "./_peers.ts";
 import { numericsOf } from "./_report.ts";
 
-interface ServeFlags extends RuntimeFlags {
+interface ServeFlags extends RuntimeFlags, SpeculationFlags {
   role: Role;
   listen: { host: string; port: number };
   stateDir?: string;
@@ -86,11 +91,13 @@ export function register(program: Command): void {
         "prefill: send each recurrent layer's final state while the last chunk still computes",
       ).choices(["on", "off"]).default("on"),
     );
-  addRuntimeOptions(cmd).action((flags: ServeFlags) => runServe(flags));
+  addSpeculationOptions(addRuntimeOptions(cmd)).action((flags: ServeFlags) => runServe(flags));
 }
 
 async function runServe(flags: ServeFlags): Promise<void> {
-  const runtime = await runtimeConfigFrom(flags);
+  // Speculation is the decode role's (per-session contexts); other roles ignore it.
+  const speculation = flags.role === "prefill" ? undefined : speculationConfigFrom(flags);
+  const runtime = { ...await runtimeConfigFrom(flags), speculation };
   const worker = await Worker.start({
     role: flags.role,
     hostname: flags.listen.host,

@@ -4,6 +4,7 @@
  * building block the prefill and decode workers drive.
  */
 import { UsageError } from "../core/errors.ts";
+import { nRsSeqFor, type SpeculationConfig } from "./speculative.ts";
 import { type SamplerState, sampleToken, type SamplingParams } from "../core/sampling.ts";
 import {
   type GpuLayersRequest,
@@ -44,6 +45,11 @@ export interface RuntimeConfig {
    * without native rollback). See serve/speculative.ts.
    */
   nRsSeq?: number;
+  /**
+   * Speculative decoding on this worker's per-session contexts (default none). When set and
+   * `nRsSeq` is not, contexts keep `draftTokensMax` recurrent snapshots.
+   */
+  speculation?: SpeculationConfig;
 }
 
 export const RUNTIME_DEFAULTS = {
@@ -111,7 +117,7 @@ export class Engine implements Disposable {
       typeK: config.typeK,
       typeV: config.typeV,
       swaFull: config.swaFull ?? false,
-      nRsSeq: config.nRsSeq ?? 0,
+      nRsSeq: config.nRsSeq ?? (config.speculation ? nRsSeqFor(config.speculation) : 0),
     });
     const engine = new Engine(lib, model, ctx, config);
     engine.#ownsModel = shared === undefined;

@@ -7,6 +7,8 @@ import { type SamplerPayload, sampleToken } from "../core/mod.ts";
 import type { DecoderTelemetryEvent } from "../core/telemetry.ts";
 import type { Engine } from "./engine.ts";
 import type { MtpDraft } from "../ffi/mtp.ts";
+import type { SpeculationReport } from "./speculative.ts";
+import { continueSpeculative } from "./speculative_session.ts";
 
 /** A committed session, ready to generate: everything the decode loop continues from. */
 export interface CommittedSession {
@@ -21,6 +23,8 @@ export interface CommittedSession {
   sampler: SamplerPayload;
   events: DecoderTelemetryEvent[];
   mtpReady: boolean | null;
+  /** Set by the speculative loop when it ran (serve/speculative_session.ts). */
+  speculation?: SpeculationReport;
 }
 
 export interface GeneratedStep {
@@ -35,6 +39,10 @@ export async function* continueSession(
   n: number,
 ): AsyncGenerator<GeneratedStep> {
   if (n <= 0) return;
+  const speculation = session.engine.config.speculation;
+  if (speculation && speculation.mode !== "none") {
+    return yield* continueSpeculative(session, n, speculation);
+  }
   const vocab = session.engine.model.vocab;
   yield { token: session.firstToken, logits: null };
   if (vocab.isEog(session.firstToken)) return;
