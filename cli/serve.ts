@@ -115,6 +115,15 @@ async function runServe(flags: ServeFlags): Promise<void> {
     committedIdleMs: flags.committedIdleMs,
     prefillLimits: { layerCapture: flags.layerCapture === "on" },
   });
+  if (speculation && speculation.mode !== "none") {
+    // Named, not silent: what speculation costs the handoff on this worker.
+    console.error(
+      `speculation ${speculation.mode}: up to ${speculation.draftTokensMax} drafts per step on ` +
+        `per-session contexts; greedy requests only (sampled ones decode target-only); ` +
+        `hybrid contexts keep ${speculation.draftTokensMax} recurrent snapshots, so their ` +
+        `recurrent state is imported whole at commit rather than layer by layer`,
+    );
+  }
   // The first SIGINT/SIGTERM stops cleanly: the listener and its endpoint close (freeing the
   // port), peers get a graceful close (bounded by closeTimeoutMs), and in-flight handoffs are
   // aborted, so each prefiller sees the abort and falls back. A second signal exits at once.

@@ -130,6 +130,8 @@ export interface HandoffTelemetry {
   ttftMs: number | null;
   /** Mean gap between generated tokens on the decoder. */
   tpotMs: number | null;
+  /** The decoder's speculative decoding: mode, rollback, fallback, acceptance per source. */
+  speculation?: SpeculationSummary;
 }
 
 /**
@@ -234,6 +236,14 @@ export function overlapFraction(
   return early / total;
 }
 
+/** "speculation mtp+suffix: mtp 3/40, suffix 5/6 accepted in 25 rounds (native rollback)". */
+function _speculation(s: SpeculationSummary): string {
+  const fallback = s.fallback ? `, fallback ${s.fallback}` : "";
+  return `speculation ${s.mode}: mtp ${s.mtpAccepted}/${s.mtpDrafted}, suffix ` +
+    `${s.suffixAccepted}/${s.suffixDrafted} accepted in ${s.rounds} rounds ` +
+    `(${s.rollback ?? "no"} rollback${fallback})`;
+}
+
 function _decoderSide(s: DecoderTelemetrySummary) {
   const tpotMs = s.tokens >= 2 && s.firstTokenAtMs !== null && s.lastTokenAtMs !== null
     ? (s.lastTokenAtMs - s.firstTokenAtMs) / (s.tokens - 1)
@@ -248,6 +258,7 @@ function _decoderSide(s: DecoderTelemetrySummary) {
     parityFields: s.ready?.parityFields ?? [],
     mtpReady: s.ready ? s.ready.mtp : null,
     tpotMs,
+    ...(s.speculation ? { speculation: { ...s.speculation } } : {}),
   };
 }
 
@@ -288,6 +299,7 @@ export function formatTelemetry(
     }
     parts.push(`target ${t.targetReady ? "ready" : "not ready"}`);
     if (t.mtpReady !== null) parts.push(`MTP ${t.mtpReady ? "ready" : "not ready"}`);
+    if (t.speculation && t.speculation.mode !== "none") parts.push(_speculation(t.speculation));
     if (t.parity === "bitwise") parts.push("parity bitwise");
     if (t.parity === "not-claimed") {
       parts.push(`parity not claimed (${t.parityFields.join(", ") || "unknown"})`);

@@ -68,6 +68,12 @@ export function nRsSeqFor(config: Pick<SpeculationConfig, "mode" | "draftTokensM
   return config.mode === "none" ? 0 : config.draftTokensMax;
 }
 
+/** Observers for tests and the correctness harness (never logged). */
+export interface SpeculationHooks {
+  /** Each round's MTP drafts and the draft logits they were taken from. */
+  onMtpDraft?: (tokens: number[], logits: Float32Array[]) => void;
+}
+
 /** One emitted token and the logits it was taken from. */
 export interface SpeculativeStep {
   token: number;
@@ -91,6 +97,7 @@ export class SpeculativeDecoder {
     history: ArrayLike<number>,
     readonly sampling: SamplingParams,
     readonly config: SpeculationConfig,
+    readonly hooks: SpeculationHooks = {},
   ) {
     const report: SpeculationReport = {
       mode: config.mode,
@@ -194,7 +201,9 @@ export class SpeculativeDecoder {
     let mtpTokens: number[] = [];
     if (this.#mtp && room > 0) {
       const m = Math.min(this.config.mtpDraftTokensMax, room);
-      mtpTokens = (await this.#mtp.propose(t, pos, m)).tokens;
+      const drafted = await this.#mtp.propose(t, pos, m);
+      this.hooks.onMtpDraft?.(drafted.tokens, drafted.logits);
+      mtpTokens = drafted.tokens;
     }
     let suffixTokens: number[] = [];
     if (this.#suffix) {
