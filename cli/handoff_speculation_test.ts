@@ -22,22 +22,25 @@ Deno.test("handoff to a speculating decoder keeps the tokens and reports accepta
   const peer = (p: { nodeId: string; host: string; port: number }) =>
     `${p.nodeId}@${p.host}:${p.port}`;
   try {
-    const handoff = await runCliProcess([
-      "handoff",
-      "--prefill",
-      peer(cluster.prefill.peer),
-      "--decode",
-      peer(cluster.decode.peer),
-      "--state-dir",
-      cluster.client.stateDir,
-      "--prompt",
-      PROMPT,
-      "-n",
-      N,
-      "--timeout-ms",
-      String(HANG_MS),
-      "--json",
-    ]);
+    const handoffCli = (...extra: string[]) =>
+      runCliProcess([
+        "handoff",
+        "--prefill",
+        peer(cluster.prefill.peer),
+        "--decode",
+        peer(cluster.decode.peer),
+        "--state-dir",
+        cluster.client.stateDir,
+        "--prompt",
+        PROMPT,
+        "-n",
+        N,
+        "--timeout-ms",
+        String(HANG_MS),
+        "--json",
+        ...extra,
+      ]);
+    const handoff = await handoffCli();
     assert.equal(handoff.code, 0, handoff.stderr + cluster.decode.log.slice(-8).join("\n"));
     const h = JSON.parse(handoff.stdout);
     const generate = async (...extra: string[]) => {
@@ -71,6 +74,12 @@ Deno.test("handoff to a speculating decoder keeps the tokens and reports accepta
     for (const k of ["rounds", "mtpDrafted", "mtpAccepted", "suffixDrafted", "suffixAccepted"]) {
       assert.equal(s[k], colocated.speculation[k], k);
     }
+    // A request can override the worker's mode: here, target-only.
+    const off = await handoffCli("--speculation", "none");
+    assert.equal(off.code, 0, off.stderr);
+    const o = JSON.parse(off.stdout);
+    assert.deepEqual(o.tokens, plain.tokens);
+    assert.equal(o.telemetry.speculation, undefined, "no speculation ran");
   } finally {
     await cluster.stop();
   }

@@ -35,6 +35,7 @@ import {
 } from "./messages.ts";
 import type { Node } from "./node.ts";
 import { IdleTimeout } from "./_idle_timeout.ts";
+import type { SpeculationMode } from "../core/speculation.ts";
 
 export interface HandoffRequest {
   prefill: PeerAddress;
@@ -56,6 +57,8 @@ export interface HandoffRequest {
   /** Skip the handoff: the decode worker prefills the prompt itself (the baseline). */
   colocated?: boolean;
   handoffId?: string;
+  /** Speculative decoding on the decoder for this request (absent: the decode worker's own). */
+  speculation?: SpeculationMode;
 }
 
 export interface HandoffResult {
@@ -178,6 +181,7 @@ export async function runHandoff(node: Node, req: HandoffRequest): Promise<Hando
         sampling: fallbackReason === null ? null : req.sampling,
         probe: req.probe,
         sentTokens: got ? [got.message.token] : [],
+        ...(req.speculation ? { speculation: req.speculation } : {}),
       },
       wait,
       req.onText,

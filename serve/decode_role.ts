@@ -253,6 +253,7 @@ export class DecodeRole {
     try {
       const telemetry = new DecoderTelemetry();
       for (const e of session.events) telemetry.push(e);
+      if (request.speculation) session.speculationMode = request.speculation;
       const steps = continueSession(session, request.generateTokens);
       await streamTokens(peer, request, steps, telemetry, session.engine.model.vocab);
       if (session.speculation) {

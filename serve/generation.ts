@@ -7,7 +7,8 @@ import { type SamplerPayload, sampleToken } from "../core/mod.ts";
 import type { DecoderTelemetryEvent } from "../core/telemetry.ts";
 import type { Engine } from "./engine.ts";
 import type { MtpDraft } from "../ffi/mtp.ts";
-import type { SpeculationReport } from "./speculative.ts";
+import { SPECULATION_DEFAULTS, type SpeculationReport } from "./speculative.ts";
+import type { SpeculationMode } from "../core/speculation.ts";
 import { continueSpeculative } from "./speculative_session.ts";
 
 /** A committed session, ready to generate: everything the decode loop continues from. */
@@ -23,6 +24,8 @@ export interface CommittedSession {
   sampler: SamplerPayload;
   events: DecoderTelemetryEvent[];
   mtpReady: boolean | null;
+  /** This request's speculation mode, overriding the worker's (GenerateRequest.speculation). */
+  speculationMode?: SpeculationMode;
   /** Set by the speculative loop when it ran (serve/speculative_session.ts). */
   speculation?: SpeculationReport;
 }
@@ -39,10 +42,9 @@ export async function* continueSession(
   n: number,
 ): AsyncGenerator<GeneratedStep> {
   if (n <= 0) return;
-  const speculation = session.engine.config.speculation;
-  if (speculation && speculation.mode !== "none") {
-    return yield* continueSpeculative(session, n, speculation);
-  }
+  const base = session.engine.config.speculation ?? SPECULATION_DEFAULTS;
+  const mode = session.speculationMode ?? base.mode;
+  if (mode !== "none") return yield* continueSpeculative(session, n, { ...base, mode });
   const vocab = session.engine.model.vocab;
   yield { token: session.firstToken, logits: null };
   if (vocab.isEog(session.firstToken)) return;
