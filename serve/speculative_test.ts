@@ -15,7 +15,7 @@ import {
   type SpeculationReport,
 } from "./speculative.ts";
 
-const N = 48;
+const N = 32;
 
 const prompts = new Map<string, Int32Array>();
 
@@ -138,4 +138,32 @@ Deno.test("MTP asked for on a model without MTP names the fallback and still spe
   assert.equal(report.fallback, "mtp-unavailable");
   assert.equal(report.counters.mtpDrafted, 0);
   assert.ok(report.counters.suffixDrafted > 0);
+});
+
+Deno.test("an MTP draft that was never caught up is not ready, and telemetry says so", async () => {
+  const prompt = await repetitivePrompt("hybrid-moe-mtp");
+  const want = await targetOnly("hybrid-moe-mtp", prompt);
+  using model = await LlamaModel.load(loadLlama(), await testModel("hybrid-moe-mtp"), {
+    loadMtp: true,
+  });
+  const config: SpeculationConfig = { ...SPECULATION_DEFAULTS, mode: "mtp" };
+  using engine = await Engine.open({
+    ...RUNTIME_DEFAULTS,
+    modelPath: model.path,
+    nCtx: 1024,
+    mtp: true,
+    nRsSeq: nRsSeqFor(config),
+  }, model);
+  using draft = await MtpDraft.open(engine.ctx);
+  const logits = await engine.prefill(prompt); // the draft is left empty: must re-prime
+  const run = runColocated(engine, draft, prompt, logits, N, { temperature: 0 }, {
+    seed: 7,
+    draws: 0,
+  }, config);
+  const tokens: number[] = [];
+  for await (const s of run.steps) tokens.push(s.token);
+  assert.deepEqual(tokens, want);
+  assert.equal(run.report()!.mtpReadiness, "not-ready");
+  assert.equal(run.report()!.fallback, "mtp-not-ready");
+  assert.equal(run.report()!.counters.mtpDrafted, 0);
 });
