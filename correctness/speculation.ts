@@ -49,6 +49,9 @@ export interface SpeculationCaseResult extends SpeculationCase {
   colocated: SpeculationReport | null;
   moved: SpeculationReport | null;
   steps: number;
+  /** Tokens per second of the loop after the first token (benchmarks only; null: n/a). */
+  colocatedTokensPerSec: number | null;
+  movedTokensPerSec: number | null;
 }
 
 /** What one side's speculative continuation produced. */
@@ -57,6 +60,8 @@ export interface SpeculativeContinuation {
   /** MTP draft logits per round, as bytes. */
   drafts: Uint8Array[][];
   report: SpeculationReport;
+  /** Wall time of the loop after the first token's step (for benchmarks, never asserted). */
+  loopMs: number;
 }
 
 function bytesOf(f: Float32Array): Uint8Array {
@@ -88,10 +93,11 @@ export async function continueSpeculating(
     { onMtpDraft: (_t, rows) => drafts.push(rows.map(bytesOf)) },
   );
   const tokens = [first];
+  const t0 = performance.now();
   for await (const s of decoder.generate(logits, steps - 1, { seed: 0, draws: 0 })) {
     tokens.push(s.token);
   }
-  return { tokens, drafts, report: decoder.report };
+  return { tokens, drafts, report: decoder.report, loopMs: performance.now() - t0 };
 }
 
 export interface SpeculationOptions {
@@ -114,6 +120,8 @@ export async function runSpeculationCase(
     colocated: null,
     moved: null,
     steps: options.steps,
+    colocatedTokensPerSec: null,
+    movedTokensPerSec: null,
   };
   if (!hasMtp && (c.mode === "mtp" || c.mode === "mtp+suffix")) {
     return { ...base, verdict: "n/a", ok: true };
@@ -169,6 +177,8 @@ export async function runSpeculationCase(
     draftsBitwise,
     colocated: colocated.report,
     moved: moved.report,
+    colocatedTokensPerSec: (colocated.tokens.length - 1) / (colocated.loopMs / 1000),
+    movedTokensPerSec: (moved.tokens.length - 1) / (moved.loopMs / 1000),
   };
 }
 
