@@ -95,8 +95,13 @@ export function register(program: Command): void {
 }
 
 async function runServe(flags: ServeFlags): Promise<void> {
-  // Speculation is the decode role's (per-session contexts); other roles ignore it.
-  const speculation = flags.role === "prefill" ? undefined : speculationConfigFrom(flags);
+  // Speculation is the decode role's (per-session contexts). A prefill+decode worker shares
+  // its contexts with prefill, whose layer capture needs contexts without rollback snapshots,
+  // so it does not speculate; it says so.
+  const speculation = flags.role === "decode" ? speculationConfigFrom(flags) : undefined;
+  if (flags.role !== "decode" && flags.speculation !== "none") {
+    console.error(`speculation ${flags.speculation}: ignored: only --role decode speculates`);
+  }
   const runtime = { ...await runtimeConfigFrom(flags), speculation };
   const worker = await Worker.start({
     role: flags.role,
