@@ -56,7 +56,7 @@ Deno.test("recurrent (mamba2): n_rs_seq is forced to 0, so rollback uses checkpo
   assert.equal(rollbackKind(engine.ctx, K), "checkpoint");
 });
 
-for (const family of ["dense", "recurrent", "hybrid", "hybrid-moe-mtp"]) {
+for (const family of ["dense", "iswa", "recurrent", "hybrid", "hybrid-moe-mtp"]) {
   Deno.test(`${family}: a rejected verify tail rolls back to the never-drafted state`, async () => {
     using model = await LlamaModel.load(loadLlama(), await testModel(family));
     const prompt = testTokens(120, 950, 9);
