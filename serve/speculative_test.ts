@@ -33,12 +33,23 @@ async function repetitivePrompt(family: string): Promise<Int32Array> {
   return prompt;
 }
 
-/** Target-only tokens from a plain engine (its own model, no MTP, no snapshots). */
+const references = new Map<string, number[]>();
+
+/** Target-only tokens from a plain engine (its own model, no MTP, no snapshots); memoized. */
 async function targetOnly(
   family: string,
   prompt: Int32Array,
   sampling: SamplingParams = { temperature: 0 },
-) {
+): Promise<number[]> {
+  const key = JSON.stringify([family, Array.from(prompt), sampling]);
+  const known = references.get(key);
+  if (known) return known;
+  const tokens = await targetOnlyRun(family, prompt, sampling);
+  references.set(key, tokens);
+  return tokens;
+}
+
+async function targetOnlyRun(family: string, prompt: Int32Array, sampling: SamplingParams) {
   using engine = await Engine.open({
     ...RUNTIME_DEFAULTS,
     modelPath: await testModel(family),
