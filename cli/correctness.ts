@@ -29,6 +29,12 @@ import {
 import type { GpuLayersRequest } from "../ffi/mod.ts";
 import { registerProcessHandoff } from "./_correctness_process.ts";
 import { registerChaos } from "./_correctness_chaos.ts";
+import {
+  DECODE_MODES,
+  type DecodeMode,
+  formatSpeculationRow,
+  runSpeculationCase,
+} from "../correctness/speculation.ts";
 import { listArg, oneOf } from "./_list_args.ts";
 import { gpuLayersArg, intArg } from "./_options.ts";
 import { cacheDir } from "./paths.ts";
@@ -45,6 +51,7 @@ interface HandoffFlags {
   gpuLayers: GpuLayersRequest;
   modelDir?: string;
   json: boolean;
+  decodeModes?: DecodeMode[];
 }
 
 export function register(program: Command): void {
@@ -82,7 +89,16 @@ export function register(program: Command): void {
     )
     .option("--model-dir <dir>", "folder of the test models, made on first use (default: cache)")
     .option("--json", "print the results as JSON", false)
-    .action((flags: HandoffFlags) => runStateHandoff(flags));
+    .option(
+      "--decode-modes <list>",
+      "instead of the fault variants: continue after the handoff in these decode modes " +
+        `(${DECODE_MODES.join(", ")}) on a self-repeating prompt, and require tokens equal to ` +
+        "colocated and target-only, and MTP drafts bitwise equal (speculation: per-session contexts)",
+      listArg(oneOf(DECODE_MODES)),
+    )
+    .action((flags: HandoffFlags) =>
+      flags.decodeModes ? runDecodeModes(flags, flags.decodeModes) : runStateHandoff(flags)
+    );
   registerProcessHandoff(correctness);
   registerChaos(correctness);
 }
@@ -137,6 +153,37 @@ async function runStateHandoff(flags: HandoffFlags): Promise<void> {
     throw new StateValidationError(
       `State handoff parity failed in ${failed} of ${results.length} cases`,
       { hint: "see the rows marked FAIL; rerun one case with --families/--prompt-tokens" },
+    );
+  }
+}
+
+async function runDecodeModes(flags: HandoffFlags, modes: DecodeMode[]): Promise<void> {
+  const dir = flags.modelDir ?? `${cacheDir()}/models`;
+  const results = [];
+  for (const c of casesFrom(flags)) {
+    for (const mode of modes) {
+      const r = await runSpeculationCase({
+        family: c.family,
+        preset: c.preset,
+        promptTokens: c.promptTokens,
+        chunkTokens: c.pageTokens,
+        mode,
+      }, {
+        steps: flags.steps,
+        threads: flags.threads,
+        modelFor: (family, preset) => ensureModelFile(dir, { family, preset, seed: 0 }),
+        digestCacheFile: `${cacheDir()}/digests.json`,
+      });
+      results.push(r);
+      if (!flags.json) console.log(formatSpeculationRow(r));
+    }
+  }
+  if (flags.json) console.log(JSON.stringify({ steps: flags.steps, results }, null, 2));
+  const failed = results.filter((r) => !r.ok).length;
+  if (failed > 0) {
+    throw new StateValidationError(
+      `Speculative decode modes failed in ${failed} of ${results.length} cases`,
+      { hint: "see the rows marked FAIL" },
     );
   }
 }

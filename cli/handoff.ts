@@ -8,6 +8,7 @@
 import { type Command, Option } from "commander";
 import { HandoffAbortedError } from "../core/errors.ts";
 import { formatTelemetry } from "../core/telemetry.ts";
+import { SPECULATION_MODES, type SpeculationMode } from "../core/speculation.ts";
 import { runHandoff } from "../serve/coordinator.ts";
 import type { PeerAddress } from "../serve/messages.ts";
 import { Node } from "../serve/node.ts";
@@ -20,6 +21,7 @@ interface HandoffFlags extends RequestFlags {
   decode: PeerAddress;
   decodeAlternates: PeerAddress[];
   tenant: string;
+  speculation?: SpeculationMode;
   stateDir?: string;
   timeoutMs: number;
   json: boolean;
@@ -56,6 +58,13 @@ export function register(program: Command): void {
           "exists to script a handoff, so a run without one must not pass unnoticed",
       ).choices(["error", "colocated"]).default("error"),
     )
+    .addOption(
+      new Option(
+        "--speculation <mode>",
+        "speculative decoding on the decoder for this request: none, mtp, suffix or " +
+          "mtp+suffix (default: the decode worker's --speculation)",
+      ).choices([...SPECULATION_MODES]),
+    )
     .option("--json", "print one JSON object with text, tokens and telemetry", false)
     .option("--probe", "with --json: add a SHA-256 of every step's logits", false);
   addRequestOptions(cmd, 1).action((flags: HandoffFlags) => runHandoffCommand(flags));
@@ -82,6 +91,7 @@ async function runHandoffCommand(flags: HandoffFlags): Promise<void> {
         seed: flags.seed,
       },
       tenantId: flags.tenant,
+      ...(flags.speculation ? { speculation: flags.speculation } : {}),
       probe: flags.probe,
       timeoutMs: flags.timeoutMs,
       signal: controller.signal,

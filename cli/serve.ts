@@ -9,10 +9,15 @@ import { type Role, ROLES } from "../transport/mod.ts";
 import { Worker } from "../serve/worker.ts";
 import { DEFAULT_PREFILL_QUEUE } from "../serve/prefill_queue.ts";
 import { addRuntimeOptions, intArg, runtimeConfigFrom, type RuntimeFlags } from "./_options.ts";
+import {
+  addSpeculationOptions,
+  speculationConfigFrom,
+  type SpeculationFlags,
+} from "./_speculation.ts";
 import { listenArg } from "./_peers.ts";
 import { numericsOf } from "./_report.ts";
 
-interface ServeFlags extends RuntimeFlags {
+interface ServeFlags extends RuntimeFlags, SpeculationFlags {
   role: Role;
   listen: { host: string; port: number };
   stateDir?: string;
@@ -101,11 +106,18 @@ export function register(program: Command): void {
       intArg(1, 3_600_000),
       DEFAULT_PREFILL_QUEUE.prefillQueueWaitMs,
     );
-  addRuntimeOptions(cmd).action((flags: ServeFlags) => runServe(flags));
+  addSpeculationOptions(addRuntimeOptions(cmd)).action((flags: ServeFlags) => runServe(flags));
 }
 
 async function runServe(flags: ServeFlags): Promise<void> {
-  const runtime = await runtimeConfigFrom(flags);
+  // Speculation is the decode role's (per-session contexts). A prefill+decode worker shares
+  // its contexts with prefill, whose layer capture needs contexts without rollback snapshots,
+  // so it does not speculate; it says so.
+  const speculation = flags.role === "decode" ? speculationConfigFrom(flags) : undefined;
+  if (flags.role !== "decode" && flags.speculation !== "none") {
+    console.error(`speculation ${flags.speculation}: ignored: only --role decode speculates`);
+  }
+  const runtime = { ...await runtimeConfigFrom(flags), speculation };
   const worker = await Worker.start({
     role: flags.role,
     hostname: flags.listen.host,
@@ -127,6 +139,15 @@ async function runServe(flags: ServeFlags): Promise<void> {
       prefillQueueWaitMs: flags.prefillQueueWaitMs,
     },
   });
+  if (speculation && speculation.mode !== "none") {
+    // Named, not silent: what speculation costs the handoff on this worker.
+    console.error(
+      `speculation ${speculation.mode}: up to ${speculation.draftTokensMax} drafts per step on ` +
+        `per-session contexts; greedy requests only (sampled ones decode target-only); ` +
+        `hybrid contexts keep ${speculation.draftTokensMax} recurrent snapshots, so their ` +
+        `recurrent state is imported whole at commit rather than layer by layer`,
+    );
+  }
   // The first SIGINT/SIGTERM stops cleanly: the listener and its endpoint close (freeing the
   // port), peers get a graceful close (bounded by closeTimeoutMs), and in-flight handoffs are
   // aborted, so each prefiller sees the abort and falls back. A second signal exits at once.

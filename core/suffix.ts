@@ -13,9 +13,12 @@ import { assert, LimitExceededError, UsageError } from "./errors.ts";
 
 /** Bounds of a proposer, each with its unit last. */
 export interface SuffixOptions {
-  /** Shortest suffix that counts as a match (tokens). Also the index key length. */
+  /**
+   * Shortest suffix that counts as a match (tokens), 3 to 64; also the index key length.
+   * Shorter matches propose nothing (they mostly predict noise).
+   */
   ngramMin: number;
-  /** Longest suffix compared (tokens); longer matches are not distinguished. */
+  /** Longest suffix compared (tokens), ngramMin to 64; longer matches are not distinguished. */
   ngramMax: number;
   /** Most committed tokens one request may hold. */
   historyTokensMax: number;
@@ -23,13 +26,20 @@ export interface SuffixOptions {
   indexKeysMax: number;
   /** Most recent positions kept per key; older ones are dropped. */
   positionsPerKeyMax: number;
-  /** Largest k `propose` accepts. */
+  /**
+   * The proposal cap: largest k `propose` accepts (tokens). The draft actually proposed also
+   * grows with the match: a match of m tokens proposes at most m - ngramMin + 1.
+   */
   draftTokensMax: number;
 }
 
+/** The range `ngramMin` and `ngramMax` must lie in (tokens). */
+export const NGRAM_MIN_FLOOR = 3;
+export const NGRAM_MAX_CEILING = 64;
+
 export const DEFAULT_SUFFIX_OPTIONS: Readonly<SuffixOptions> = {
-  ngramMin: 2,
-  ngramMax: 8,
+  ngramMin: 3,
+  ngramMax: 16,
   historyTokensMax: 1 << 20,
   indexKeysMax: 1 << 16,
   positionsPerKeyMax: 8,
@@ -56,10 +66,12 @@ export class SuffixProposer {
     this.#o = { ...DEFAULT_SUFFIX_OPTIONS, ...options };
     const o = this.#o;
     const ok = Object.values(o).every((v) => Number.isSafeInteger(v) && v >= 1) &&
-      o.ngramMin <= o.ngramMax;
+      NGRAM_MIN_FLOOR <= o.ngramMin && o.ngramMin <= o.ngramMax &&
+      o.ngramMax <= NGRAM_MAX_CEILING;
     if (!ok) {
       throw new UsageError(`Invalid suffix proposer options ${JSON.stringify(o)}`, {
-        hint: "use positive whole numbers with ngramMin <= ngramMax",
+        hint: `use positive whole numbers with ${NGRAM_MIN_FLOOR} <= ngramMin <= ngramMax <= ` +
+          `${NGRAM_MAX_CEILING}`,
       });
     }
     this.append(history);
@@ -111,38 +123,46 @@ export class SuffixProposer {
   }
 
   /**
-   * Up to `k` draft tokens continuing the longest earlier match of the current suffix
-   * (ties go to the most recent occurrence). Empty when no suffix of at least `ngramMin`
-   * tokens occurred before.
+   * Up to `k` draft tokens continuing the longest earlier match of the current suffix (ties go
+   * to the most recent occurrence), at most `matchLength - ngramMin + 1` of them: the draft
+   * grows with the evidence. Empty when no suffix of at least `ngramMin` tokens occurred
+   * before. `pending` are tokens after the committed history that are not committed yet (an
+   * MTP draft prefix): the suffix is taken of history + pending, the continuation still comes
+   * from committed tokens only, and nothing is indexed. Work per call is bounded by
+   * `positionsPerKeyMax * ngramMax` comparisons.
    */
-  propose(k: number): number[] {
+  propose(k: number, pending: ArrayLike<number> = []): number[] {
     if (!Number.isSafeInteger(k) || k < 0 || k > this.#o.draftTokensMax) {
       throw new UsageError(`Invalid draft length ${k}: must be 0 to ${this.#o.draftTokensMax}`);
     }
     const h = this.#tokens;
-    const end = h.length;
-    if (k === 0 || end < this.#o.ngramMin) return [];
-    const candidates = this.#index.get(this.#key(end)) ?? [];
+    const at = (i: number) => i < h.length ? h[i] : pending[i - h.length];
+    const end = h.length + pending.length;
+    const n = this.#o.ngramMin;
+    if (k === 0 || end < n) return [];
+    const key: number[] = [];
+    for (let i = end - n; i < end; i++) key.push(at(i));
+    const candidates = this.#index.get(key.join(",")) ?? [];
     let best = -1;
     let bestLength = 0;
     for (let c = candidates.length - 1; c >= 0; c--) {
       const e = candidates[c];
-      if (e >= end) continue;
-      const length = this.#matchLength(e, end);
+      if (e >= h.length) continue; // nothing committed follows it
+      const length = this.#matchLength(e, end, at);
       if (length > bestLength) {
         best = e;
         bestLength = length;
       }
     }
     if (best < 0) return [];
-    return h.slice(best, Math.min(best + k, end));
+    const take = Math.min(k, bestLength - n + 1);
+    return h.slice(best, Math.min(best + take, h.length));
   }
 
-  // Length of the common suffix of h[..e) and h[..end), from ngramMin up to ngramMax.
-  #matchLength(e: number, end: number): number {
-    const h = this.#tokens;
+  // Length of the common suffix of seq[..e) and seq[..end), from ngramMin up to ngramMax.
+  #matchLength(e: number, end: number, at: (i: number) => number): number {
     let m = this.#o.ngramMin;
-    while (m < this.#o.ngramMax && e - m - 1 >= 0 && h[e - m - 1] === h[end - m - 1]) m++;
+    while (m < this.#o.ngramMax && e - m - 1 >= 0 && at(e - m - 1) === at(end - m - 1)) m++;
     return m;
   }
 }

@@ -13,6 +13,7 @@ import type { ComponentKind } from "./schema.ts";
 import {
   type DecoderTelemetrySummary,
   type PrefillerTelemetrySummary,
+  type SpeculationSummary,
   summarizeDecoder,
   summarizePrefiller,
 } from "./telemetry_summary.ts";
@@ -65,7 +66,9 @@ export type DecoderTelemetryEvent =
     parityFields?: string[];
   }
   /** A generated token left the decoder. */
-  | { type: "token"; atMs: number };
+  | { type: "token"; atMs: number }
+  /** What speculative decoding did over the session (once, at its end). */
+  | ({ type: "speculation"; atMs: number } & SpeculationSummary);
 
 /** Link facts measured outside the handoff (probe), passed through to the record. */
 export interface LinkFacts {
@@ -129,6 +132,8 @@ export interface HandoffTelemetry {
   tpotMs: number | null;
   /** The coordinator's fallbacks for this request, in order (absent: none recorded). */
   fallbacks?: FallbackRecord[];
+  /** The decoder's speculative decoding: mode, rollback, fallback, acceptance per source. */
+  speculation?: SpeculationSummary;
 }
 
 /**
@@ -257,6 +262,14 @@ export function overlapFraction(
   return early / total;
 }
 
+/** "speculation mtp+suffix: mtp 3/40, suffix 5/6 accepted in 25 rounds (native rollback)". */
+function _speculation(s: SpeculationSummary): string {
+  const fallback = s.fallback ? `, fallback ${s.fallback}` : "";
+  return `speculation ${s.mode}: mtp ${s.mtpAccepted}/${s.mtpDrafted}, suffix ` +
+    `${s.suffixAccepted}/${s.suffixDrafted} accepted in ${s.rounds} rounds ` +
+    `(${s.rollback ?? "no"} rollback${fallback})`;
+}
+
 function _decoderSide(s: DecoderTelemetrySummary) {
   const tpotMs = s.tokens >= 2 && s.firstTokenAtMs !== null && s.lastTokenAtMs !== null
     ? (s.lastTokenAtMs - s.firstTokenAtMs) / (s.tokens - 1)
@@ -271,6 +284,7 @@ function _decoderSide(s: DecoderTelemetrySummary) {
     parityFields: s.ready?.parityFields ?? [],
     mtpReady: s.ready ? s.ready.mtp : null,
     tpotMs,
+    ...(s.speculation ? { speculation: { ...s.speculation } } : {}),
   };
 }
 
@@ -311,6 +325,7 @@ export function formatTelemetry(
     }
     parts.push(`target ${t.targetReady ? "ready" : "not ready"}`);
     if (t.mtpReady !== null) parts.push(`MTP ${t.mtpReady ? "ready" : "not ready"}`);
+    if (t.speculation && t.speculation.mode !== "none") parts.push(_speculation(t.speculation));
     if (t.parity === "bitwise") parts.push("parity bitwise");
     if (t.parity === "not-claimed") {
       parts.push(`parity not claimed (${t.parityFields.join(", ") || "unknown"})`);

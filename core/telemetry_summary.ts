@@ -70,6 +70,25 @@ export interface DecoderTelemetrySummary {
   tokens: number;
   firstTokenAtMs: number | null;
   lastTokenAtMs: number | null;
+  /** Speculative decoding's mode and acceptance per source (absent: none was reported). */
+  speculation?: SpeculationSummary;
+}
+
+/**
+ * Speculation over one session: the mode, how rejected positions rolled back, the MTP
+ * readiness that was verified, the named fallback (null: none) and token counts per source.
+ */
+export interface SpeculationSummary {
+  mode: "none" | "mtp" | "suffix" | "mtp+suffix";
+  rollback: "attention" | "native" | "checkpoint" | null;
+  mtpReadiness: "ready" | "lagging-one" | "not-ready" | null;
+  fallback: string | null;
+  rounds: number;
+  mtpDrafted: number;
+  mtpAccepted: number;
+  suffixDrafted: number;
+  suffixAccepted: number;
+  rolledBack: number;
 }
 
 /**
@@ -226,11 +245,21 @@ export class DecoderTelemetry {
         s.firstTokenAtMs ??= e.atMs;
         s.lastTokenAtMs = e.atMs;
         return;
+      case "speculation": {
+        const { type: _type, atMs: _atMs, ...summary } = e;
+        s.speculation = summary;
+        return;
+      }
     }
   }
 
   summary(): DecoderTelemetrySummary {
-    return { ...this.#s, ready: this.#s.ready && { ...this.#s.ready } };
+    const speculation = this.#s.speculation && { ...this.#s.speculation };
+    return {
+      ...this.#s,
+      ready: this.#s.ready && { ...this.#s.ready },
+      ...(speculation ? { speculation } : {}),
+    };
   }
 }
 

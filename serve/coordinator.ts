@@ -54,6 +54,7 @@ import {
   type Wait,
   type WorkerRole,
 } from "./_request_io.ts";
+import type { SpeculationMode } from "../core/speculation.ts";
 
 export interface HandoffRequest {
   prefill: PeerAddress;
@@ -79,6 +80,8 @@ export interface HandoffRequest {
   handoffId?: string;
   /** Further decode workers a request may resume on when its decode worker is lost. */
   decodeAlternates?: PeerAddress[];
+  /** Speculative decoding on the decoder for this request (absent: the decode worker's own). */
+  speculation?: SpeculationMode;
 }
 
 export interface HandoffResult {
@@ -403,6 +406,7 @@ function generateRequest(
     sampling: mode === "local" ? req.sampling : null,
     probe: req.probe,
     sentTokens: [...sent],
+    ...(req.speculation ? { speculation: req.speculation } : {}),
   };
 }
 

@@ -14,6 +14,7 @@ import type { HandoffTiming, ReserveRequest } from "../core/mod.ts";
 import type { PeerConnection } from "../transport/mod.ts";
 import { DecodeHandoff, type DecodeLimits } from "./decode_session.ts";
 import { type CommittedSession, continueSession, type GeneratedStep } from "./generation.ts";
+import { speculationEvent } from "./speculative.ts";
 import type { ResolvedIdentity } from "./identity.ts";
 import type { GenerateRequest, PrefillQueueCounters, WorkerCounters } from "./messages.ts";
 import type { Node } from "./node.ts";
@@ -285,8 +286,12 @@ export class DecodeRole {
     try {
       const telemetry = new DecoderTelemetry();
       for (const e of session.events) telemetry.push(e);
+      if (request.speculation) session.speculationMode = request.speculation;
       const steps = untilCancelled(continueSession(session, request.generateTokens), cancel);
       await streamTokens(peer, request, steps, telemetry, session.engine.model.vocab);
+      if (session.speculation) {
+        telemetry.push(speculationEvent(session.speculation, performance.now()));
+      }
       await sendDone(
         peer,
         request.handoffId,

@@ -416,6 +416,7 @@ export class DecodeHandoff {
   async #probe(): Promise<HandoffEvent> {
     try {
       const committed = await this.#staged!.commit();
+      this.input.draft?.resetPending();
       if (committed.mtpHidden && this.input.draft) {
         this.input.draft.adoptPending(committed.mtpHidden);
       }
@@ -437,13 +438,16 @@ export class DecodeHandoff {
 
   #committed(): CommittedSession {
     const now = performance.now();
-    const mtp = this.input.draft !== null;
+    // MTP readiness is what was verified: the draft's KV ends where its pending hidden row
+    // is, one token behind the target (the probe decoded the first token alone).
+    const draft = this.input.draft;
+    const mtp = draft ? draft.readiness(this.input.engine.position) !== "not-ready" : null;
     this.#telemetry.push({ type: "committed", atMs: now });
     this.#telemetry.push({
       type: "ready",
       atMs: now,
       target: true,
-      mtp: mtp ? true : null,
+      mtp,
       parity: this.#parity?.parity ?? null,
       parityFields: this.#parity?.differingFields.map(String) ?? [],
     });
@@ -457,7 +461,7 @@ export class DecodeHandoff {
       nextLogits: this.#nextLogits!,
       sampler: this.#tail.sampler!,
       events: this.#telemetry,
-      mtpReady: mtp ? true : null,
+      mtpReady: mtp,
     };
   }
 

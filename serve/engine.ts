@@ -4,6 +4,7 @@
  * building block the prefill and decode workers drive.
  */
 import { UsageError } from "../core/errors.ts";
+import { nRsSeqFor, type SpeculationConfig } from "./speculative.ts";
 import { type SamplerState, sampleToken, type SamplingParams } from "../core/sampling.ts";
 import {
   type GpuLayersRequest,
@@ -38,6 +39,17 @@ export interface RuntimeConfig {
    * window plus one micro-batch, which keeps the handoff's SWA snapshot bounded).
    */
   swaFull?: boolean;
+  /**
+   * Recurrent-state snapshots per sequence (`n_rs_seq`), for rolling back rejected
+   * speculative positions natively (default 0; llama.cpp clamps it to 0 for architectures
+   * without native rollback). See serve/speculative.ts.
+   */
+  nRsSeq?: number;
+  /**
+   * Speculative decoding on this worker's per-session contexts (default none). When set and
+   * `nRsSeq` is not, contexts keep `draftTokensMax` recurrent snapshots.
+   */
+  speculation?: SpeculationConfig;
 }
 
 export const RUNTIME_DEFAULTS = {
@@ -105,6 +117,7 @@ export class Engine implements Disposable {
       typeK: config.typeK,
       typeV: config.typeV,
       swaFull: config.swaFull ?? false,
+      nRsSeq: config.nRsSeq ?? (config.speculation ? nRsSeqFor(config.speculation) : 0),
     });
     const engine = new Engine(lib, model, ctx, config);
     engine.#ownsModel = shared === undefined;

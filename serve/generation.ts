@@ -7,6 +7,9 @@ import { type SamplerPayload, sampleToken } from "../core/mod.ts";
 import type { DecoderTelemetryEvent } from "../core/telemetry.ts";
 import type { Engine } from "./engine.ts";
 import type { MtpDraft } from "../ffi/mtp.ts";
+import { SPECULATION_DEFAULTS, type SpeculationReport } from "./speculative.ts";
+import type { SpeculationMode } from "../core/speculation.ts";
+import { continueSpeculative } from "./speculative_session.ts";
 
 /** A committed session, ready to generate: everything the decode loop continues from. */
 export interface CommittedSession {
@@ -21,6 +24,10 @@ export interface CommittedSession {
   sampler: SamplerPayload;
   events: DecoderTelemetryEvent[];
   mtpReady: boolean | null;
+  /** This request's speculation mode, overriding the worker's (GenerateRequest.speculation). */
+  speculationMode?: SpeculationMode;
+  /** Set by the speculative loop when it ran (serve/speculative_session.ts). */
+  speculation?: SpeculationReport;
 }
 
 export interface GeneratedStep {
@@ -35,6 +42,9 @@ export async function* continueSession(
   n: number,
 ): AsyncGenerator<GeneratedStep> {
   if (n <= 0) return;
+  const base = session.engine.config.speculation ?? SPECULATION_DEFAULTS;
+  const mode = session.speculationMode ?? base.mode;
+  if (mode !== "none") return yield* continueSpeculative(session, n, { ...base, mode });
   const vocab = session.engine.model.vocab;
   yield { token: session.firstToken, logits: null };
   if (vocab.isEog(session.firstToken)) return;

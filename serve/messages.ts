@@ -8,6 +8,7 @@
  */
 import { type AbortReason, isAbortReason, ProtocolError } from "../core/mod.ts";
 import type { DecoderTelemetrySummary, PrefillerTelemetrySummary } from "../core/telemetry.ts";
+import { SPECULATION_MODES, type SpeculationMode } from "../core/speculation.ts";
 
 /**
  * Every bound on the request path is sized so that no valid request reaches it: results and
@@ -169,6 +170,11 @@ export interface GenerateRequest {
    * payload after the prompt (see `encodeRequestPayload`).
    */
   sentTokens?: number[];
+  /**
+   * `committed` mode: speculative decoding for this request, overriding the decode worker's
+   * `--speculation` (its draft bounds stay the worker's). Absent: the worker's own.
+   */
+  speculation?: SpeculationMode;
 }
 
 /** Decode worker -> coordinator: generated tokens, in order. */
@@ -337,6 +343,8 @@ const CHECKS: Record<ServeMessage["type"], Checker> = {
       : m.sentTokens !== undefined && (!Array.isArray(m.sentTokens) ||
           m.sentTokens.length > SENT_TOKENS_MAX || !m.sentTokens.every((t) => count(t, 0x7fffffff)))
       ? "sentTokens"
+      : m.speculation !== undefined && !SPECULATION_MODES.includes(m.speculation as SpeculationMode)
+      ? "speculation"
       : null,
   TokenBatch: (m) =>
     !str(m.handoffId, 64)

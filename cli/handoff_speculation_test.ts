@@ -1,0 +1,86 @@
+/**
+ * Two processes: a decode worker started with `--speculation mtp+suffix` continues a handoff
+ * of the hybrid-moe-mtp model with MTP and suffix speculation; the tokens equal colocated
+ * target-only generation and colocated speculation, MTP readiness is the verified one, and
+ * the decoder's telemetry carries the acceptance counters per source.
+ */
+import assert from "node:assert/strict";
+import { startLocalCluster } from "../serve/local_cluster.ts";
+import { HANG_MS } from "../testing/bounds.ts";
+import { runCliProcess } from "../testing/cli.ts";
+import { testModel } from "../testing/models.ts";
+
+const PROMPT = "one two three four five six seven eight nine ten ".repeat(20);
+const N = "24";
+
+Deno.test("handoff to a speculating decoder keeps the tokens and reports acceptance", async () => {
+  const model = await testModel("hybrid-moe-mtp");
+  const cluster = await startLocalCluster({
+    args: ["--model", model],
+    decodeArgs: ["--speculation", "mtp+suffix"],
+  });
+  const peer = (p: { nodeId: string; host: string; port: number }) =>
+    `${p.nodeId}@${p.host}:${p.port}`;
+  try {
+    const handoffCli = (...extra: string[]) =>
+      runCliProcess([
+        "handoff",
+        "--prefill",
+        peer(cluster.prefill.peer),
+        "--decode",
+        peer(cluster.decode.peer),
+        "--state-dir",
+        cluster.client.stateDir,
+        "--prompt",
+        PROMPT,
+        "-n",
+        N,
+        "--timeout-ms",
+        String(HANG_MS),
+        "--json",
+        ...extra,
+      ]);
+    const handoff = await handoffCli();
+    assert.equal(handoff.code, 0, handoff.stderr + cluster.decode.log.slice(-8).join("\n"));
+    const h = JSON.parse(handoff.stdout);
+    const generate = async (...extra: string[]) => {
+      const r = await runCliProcess([
+        "generate",
+        "--model",
+        model,
+        "--prompt",
+        PROMPT,
+        "-n",
+        N,
+        "--json",
+        ...extra,
+      ]);
+      assert.equal(r.code, 0, r.stderr);
+      return JSON.parse(r.stdout);
+    };
+    const plain = await generate();
+    const colocated = await generate("--speculation", "mtp+suffix");
+    assert.equal(h.placement, "disaggregated");
+    assert.deepEqual(h.tokens, plain.tokens);
+    assert.deepEqual(colocated.tokens, plain.tokens);
+    assert.equal(h.mtpReady, true, "the decoder verified its MTP state");
+    const s = h.telemetry.speculation;
+    assert.equal(s.mode, "mtp+suffix");
+    assert.equal(s.rollback, "native");
+    assert.equal(s.mtpReadiness, "lagging-one");
+    assert.equal(s.fallback, null);
+    assert.ok(s.mtpDrafted > 0 && s.rounds > 0);
+    // The same loop colocated: the same rounds and acceptance.
+    for (const k of ["rounds", "mtpDrafted", "mtpAccepted", "suffixDrafted", "suffixAccepted"]) {
+      assert.equal(s[k], colocated.speculation[k], k);
+    }
+    // A request can override the worker's mode: here, target-only.
+    const off = await handoffCli("--speculation", "none");
+    assert.equal(off.code, 0, off.stderr);
+    const o = JSON.parse(off.stdout);
+    assert.deepEqual(o.tokens, plain.tokens);
+    assert.equal(o.telemetry.speculation, undefined, "no speculation ran");
+  } finally {
+    await cluster.stop();
+  }
+});

@@ -1,0 +1,204 @@
+/**
+ * Decode modes of the state-handoff harness: target-only, MTP, suffix and MTP + suffix. Per
+ * case a prefiller side A prefills a constructed self-repeating prompt (the suffix proposer
+ * must fire on it), hands the state to a fresh decoder context B on another model instance
+ * (the real staged import), and both continue with the same speculative loop. The verdict
+ * needs every token after the handoff to equal the colocated run's and target-only greedy
+ * decoding's, and every MTP draft's logits after the handoff to equal the colocated ones bit
+ * for bit. Speculation runs on per-session contexts.
+ */
+import { type Family, familySpec, type Preset } from "../models/mod.ts";
+import { Engine, RUNTIME_DEFAULTS, type RuntimeConfig } from "../serve/engine.ts";
+import {
+  SPECULATION_DEFAULTS,
+  type SpeculationReport,
+  SpeculativeDecoder,
+} from "../serve/speculative.ts";
+import type { SpeculationMode } from "../core/speculation.ts";
+import { selfRepeatingPrompt } from "../testing/speculation_prompt.ts";
+import {
+  adoptHandoff,
+  DecoderModel,
+  openHandoff,
+  prefillSide,
+  Side,
+  stageAndCommit,
+} from "./state_handoff.ts";
+
+export const DECODE_MODES = ["target-only", "mtp", "suffix", "mtp+suffix"] as const;
+export type DecodeMode = typeof DECODE_MODES[number];
+
+export interface SpeculationCase {
+  family: Family;
+  preset: Preset;
+  promptTokens: number;
+  chunkTokens: number;
+  mode: DecodeMode;
+}
+
+export interface SpeculationCaseResult extends SpeculationCase {
+  /** `n/a`: an MTP mode on a family without MTP. */
+  verdict: "exact" | "differs" | "n/a";
+  ok: boolean;
+  /** Tokens after the handoff equal the colocated run's. */
+  tokensEqual: boolean;
+  /** ...and target-only greedy decoding's. */
+  targetEqual: boolean;
+  /** Every MTP draft's logits equal colocated vs after the handoff (null: no MTP drafts). */
+  draftsBitwise: boolean | null;
+  colocated: SpeculationReport | null;
+  moved: SpeculationReport | null;
+  steps: number;
+  /** Tokens per second of the loop after the first token (benchmarks only; null: n/a). */
+  colocatedTokensPerSec: number | null;
+  movedTokensPerSec: number | null;
+}
+
+/** What one side's speculative continuation produced. */
+export interface SpeculativeContinuation {
+  tokens: number[];
+  /** MTP draft logits per round, as bytes. */
+  drafts: Uint8Array[][];
+  report: SpeculationReport;
+  /** Wall time of the loop after the first token's step (for benchmarks, never asserted). */
+  loopMs: number;
+}
+
+function bytesOf(f: Float32Array): Uint8Array {
+  return new Uint8Array(f.buffer, f.byteOffset, f.byteLength).slice();
+}
+
+function modeOf(mode: DecodeMode): SpeculationMode {
+  return mode === "target-only" ? "none" : mode;
+}
+
+/**
+ * Decodes the first token alone (colocated: its own step; on a decoder this is the probe's
+ * decode), then continues `steps - 1` tokens with the speculative loop.
+ */
+export async function continueSpeculating(
+  side: Side,
+  prompt: Int32Array,
+  first: number,
+  steps: number,
+): Promise<SpeculativeContinuation> {
+  const logits = await side.engine.step(first);
+  const drafts: Uint8Array[][] = [];
+  const decoder = new SpeculativeDecoder(
+    side.engine,
+    side.draft,
+    [...prompt, first],
+    { temperature: 0 },
+    side.engine.config.speculation ?? SPECULATION_DEFAULTS,
+    { onMtpDraft: (_t, rows) => drafts.push(rows.map(bytesOf)) },
+  );
+  const tokens = [first];
+  const t0 = performance.now();
+  for await (const s of decoder.generate(logits, steps - 1, { seed: 0, draws: 0 })) {
+    tokens.push(s.token);
+  }
+  return { tokens, drafts, report: decoder.report, loopMs: performance.now() - t0 };
+}
+
+export interface SpeculationOptions {
+  steps: number;
+  modelFor: (family: Family, preset: Preset) => Promise<string>;
+  threads?: number;
+  digestCacheFile?: string;
+}
+
+export async function runSpeculationCase(
+  c: SpeculationCase,
+  options: SpeculationOptions,
+): Promise<SpeculationCaseResult> {
+  const hasMtp = familySpec(c.family, c.preset).nextnLayers > 0;
+  const base = {
+    ...c,
+    tokensEqual: false,
+    targetEqual: false,
+    draftsBitwise: null,
+    colocated: null,
+    moved: null,
+    steps: options.steps,
+    colocatedTokensPerSec: null,
+    movedTokensPerSec: null,
+  };
+  if (!hasMtp && (c.mode === "mtp" || c.mode === "mtp+suffix")) {
+    return { ...base, verdict: "n/a", ok: true };
+  }
+  const modelPath = await options.modelFor(c.family, c.preset);
+  const copyTokens = 8;
+  const config: RuntimeConfig = {
+    ...RUNTIME_DEFAULTS,
+    modelPath,
+    nCtx: Math.ceil((c.promptTokens + options.steps + 64) / 256) * 256,
+    chunkTokens: c.chunkTokens,
+    threads: options.threads ?? RUNTIME_DEFAULTS.threads,
+    mtp: hasMtp,
+    speculation: { ...SPECULATION_DEFAULTS, mode: modeOf(c.mode) },
+  };
+  using a = await Side.open(config, { digestCacheFile: options.digestCacheFile });
+  const prompt = await selfRepeatingPrompt(a.engine, {
+    copyTokens,
+    bodyTokens: Math.max(16, c.promptTokens - copyTokens - 2),
+  });
+  const want: number[] = [];
+  {
+    using plain = await Engine.open({ ...config, speculation: undefined, mtp: false });
+    const logits = await plain.prefill(prompt);
+    const greedy = { temperature: 0 };
+    for await (const s of plain.generate(logits, options.steps, greedy, { seed: 0, draws: 0 })) {
+      want.push(s.token);
+    }
+  }
+  const { state, firstToken } = await prefillSide(a, prompt);
+  using dm = await DecoderModel.load(config);
+  using b = await dm.openSide(options.digestCacheFile);
+  const imp = await openHandoff(b, a.identity, prompt.length, options.steps);
+  const { mtpHidden } = await stageAndCommit(imp, state);
+  adoptHandoff(b, prompt.length, mtpHidden);
+  const colocated = await continueSpeculating(a, prompt, firstToken, options.steps);
+  const moved = await continueSpeculating(b, prompt, firstToken, options.steps);
+  const same = (x: number[], y: number[]) => x.length === y.length && x.every((t, i) => t === y[i]);
+  const tokensEqual = same(moved.tokens, colocated.tokens);
+  const targetEqual = same(moved.tokens, want);
+  const draftsBitwise = moved.drafts.length === 0 && colocated.drafts.length === 0
+    ? null
+    : JSON.stringify(moved.drafts.map((r) => r.map((x) => Array.from(x)))) ===
+      JSON.stringify(colocated.drafts.map((r) => r.map((x) => Array.from(x))));
+  const ok = tokensEqual && targetEqual && draftsBitwise !== false &&
+    moved.report.fallback === null;
+  return {
+    ...base,
+    verdict: ok ? "exact" : "differs",
+    ok,
+    tokensEqual,
+    targetEqual,
+    draftsBitwise,
+    colocated: colocated.report,
+    moved: moved.report,
+    colocatedTokensPerSec: (colocated.tokens.length - 1) / (colocated.loopMs / 1000),
+    movedTokensPerSec: (moved.tokens.length - 1) / (moved.loopMs / 1000),
+  };
+}
+
+/** One printable row per case: verdict and acceptance per source after the handoff. */
+export function formatSpeculationRow(r: SpeculationCaseResult): string {
+  const head = `${r.family} ${r.promptTokens} tok ${r.mode}`.padEnd(36);
+  if (r.verdict === "n/a") return `${head} n/a (no MTP layers)`;
+  const c = r.moved?.counters;
+  const acc = c
+    ? `mtp ${c.mtpAccepted}/${c.mtpDrafted} suffix ${c.suffixAccepted}/${c.suffixDrafted} ` +
+      `in ${c.rounds} rounds`
+    : "";
+  const drafts = r.draftsBitwise === null
+    ? ""
+    : r.draftsBitwise
+    ? " drafts bitwise"
+    : " DRAFTS DIFFER";
+  const fallback = r.moved?.fallback ? ` fallback ${r.moved.fallback}` : "";
+  return `${head} ${r.ok ? "ok  " : "FAIL"} tokens ${
+    r.tokensEqual && r.targetEqual ? "equal" : "DIFFER"
+  }` +
+    `${drafts} ${acc}${fallback}`;
+}
