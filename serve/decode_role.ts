@@ -17,7 +17,8 @@ import { type CommittedSession, continueSession, type GeneratedStep } from "./ge
 import type { ResolvedIdentity } from "./identity.ts";
 import type { GenerateRequest, WorkerCounters } from "./messages.ts";
 import type { Node } from "./node.ts";
-import type { EnginePool, PooledEngine } from "./pool.ts";
+import type { PooledSession, SessionPool } from "./pool.ts";
+import { Admission, ADMISSION_DEFAULTS, type AdmissionOptions } from "./admission.ts";
 import { DecoderTelemetry } from "../core/telemetry.ts";
 import { reportProgress, sendDone, streamTokens } from "./token_stream.ts";
 import { atMost } from "./_deadline.ts";
@@ -35,7 +36,7 @@ interface Attempt {
 
 interface Held {
   session: CommittedSession;
-  pooled: PooledEngine;
+  pooled: PooledSession;
   timer: ReturnType<typeof setTimeout>;
   sourceNodeId: string;
   attempt: number;
@@ -51,16 +52,24 @@ export class DecodeRole {
   readonly #committed = new Map<string, Held>();
   #generating = 0;
   readonly #totals = { reservationsTotal: 0, commitsTotal: 0, abortsTotal: 0 };
+  readonly admission: Admission;
 
+  /**
+   * `pool`: where sessions come from, a context each (`EnginePool`) or a sequence of the
+   * continuously batched shared context (`SequencePool`); `admission` bounds who waits for one.
+   */
   constructor(
     readonly node: Node,
-    readonly pool: EnginePool,
+    readonly pool: SessionPool,
     readonly identity: ResolvedIdentity,
     readonly timing: HandoffTiming,
     readonly limits: DecodeLimits,
     readonly committedIdleMs: number,
     readonly log: (line: string) => void,
-  ) {}
+    admission: Readonly<AdmissionOptions> = ADMISSION_DEFAULTS,
+  ) {
+    this.admission = new Admission(pool, admission);
+  }
 
   /** What the decode side holds now, and what it did since start. */
   get counters(): DecodeCounters {
@@ -101,8 +110,11 @@ export class DecodeRole {
     }
     const refusal = await this.#clearEarlier(peer, request);
     if (refusal) return await this.#refuse(peer, request, refusal);
-    const pooled = await this.pool.tryAcquire();
-    if (!pooled) return await this.#refuse(peer, request, "all sessions in use");
+    // A reservation does not queue: the prefiller is waiting for the answer (reserve timeout)
+    // and falls back or retries on a refusal; colocated requests queue (#generateLocal).
+    const admitted = await this.admission.acquireNow();
+    if (!admitted.ok) return await this.#refuse(peer, request, admitted.busy);
+    const pooled = admitted.session;
     this.#totals.reservationsTotal++;
     const handoff = new DecodeHandoff({
       request,
@@ -146,7 +158,7 @@ export class DecodeRole {
     return null;
   }
 
-  async #runAttempt(attempt: Attempt, pooled: PooledEngine): Promise<CommittedSession | null> {
+  async #runAttempt(attempt: Attempt, pooled: PooledSession): Promise<CommittedSession | null> {
     const { handoff } = attempt;
     let session: CommittedSession | null = null;
     try {
@@ -165,7 +177,7 @@ export class DecodeRole {
     this.#totals.abortsTotal++;
     const why = session ? "superseded" : handoff.failure ?? "aborted";
     this.log(`handoff ${handoff.handoffId}: attempt ${handoff.attempt} not committed: ${why}`);
-    this.pool.release(pooled);
+    this.admission.release(pooled);
     return null;
   }
 
@@ -180,7 +192,7 @@ export class DecodeRole {
     }).catch(() => {});
   }
 
-  #hold(session: CommittedSession, pooled: PooledEngine, attempt: Attempt): void {
+  #hold(session: CommittedSession, pooled: PooledSession, attempt: Attempt): void {
     this.#release(session.handoffId); // never two sessions under one id
     const timer = setTimeout(() => {
       this.log(`handoff ${session.handoffId}: released after ${this.committedIdleMs} ms idle`);
@@ -201,7 +213,7 @@ export class DecodeRole {
     if (!held) return;
     clearTimeout(held.timer);
     this.#committed.delete(handoffId);
-    this.pool.release(held.pooled);
+    this.admission.release(held.pooled);
   }
 
   /** Routes this peer's handoff streams to the attempt they belong to. */
@@ -248,6 +260,9 @@ export class DecodeRole {
     clearTimeout(held.timer);
     this.#committed.delete(request.handoffId);
     const { session } = held;
+    // Per-token logits digests are compared with a lone run: decode this session alone.
+    if (request.probe) session.engine.alone = true;
+    const decodePath = session.engine.path;
     const stopProgress = reportProgress(peer, request.handoffId, () => session.engine.position);
     try {
       const telemetry = new DecoderTelemetry();
@@ -260,10 +275,11 @@ export class DecodeRole {
         { ok: true, message: null },
         telemetry.summary(),
         session.mtpReady,
+        { decodePath },
       );
     } finally {
       stopProgress();
-      this.pool.release(held.pooled);
+      this.admission.release(held.pooled);
     }
   }
 
@@ -280,12 +296,16 @@ export class DecodeRole {
     }
     const held = this.#committed.get(request.handoffId);
     if (held && held.session.tenantId === request.tenantId) this.#release(request.handoffId);
-    const pooled = await this.pool.tryAcquire();
-    if (!pooled) {
-      const message = "The decode worker is busy (all sessions in use)";
-      return await sendDone(peer, request.handoffId, { ok: false, message });
+    const admitted = await this.admission.acquire();
+    if (!admitted.ok) {
+      const message = admitted.busy;
+      return await sendDone(peer, request.handoffId, { ok: false, message }, null, null, {
+        busy: true,
+      });
     }
+    const pooled = admitted.session;
     const engine = pooled.engine;
+    if (request.probe) engine.alone = true;
     const stopProgress = reportProgress(peer, request.handoffId, () => engine.position);
     try {
       const prompt = engine.model.vocab.tokenize(request.prompt!);
@@ -297,15 +317,23 @@ export class DecodeRole {
       };
       const telemetry = new DecoderTelemetry();
       await streamTokens(peer, request, steps(), telemetry, engine.model.vocab);
-      await sendDone(peer, request.handoffId, { ok: true, message: null }, telemetry.summary());
+      await sendDone(
+        peer,
+        request.handoffId,
+        { ok: true, message: null },
+        telemetry.summary(),
+        null,
+        { decodePath: engine.path },
+      );
     } finally {
       stopProgress();
-      this.pool.release(pooled);
+      this.admission.release(pooled);
     }
   }
 
   /** Cancels running attempts and releases committed sessions. */
   close(): void {
+    this.admission.close();
     for (const attempt of this.#live) attempt.handoff.cancel();
     for (const id of [...this.#committed.keys()]) this.#release(id);
   }

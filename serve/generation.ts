@@ -5,14 +5,14 @@
  */
 import { type SamplerPayload, sampleToken } from "../core/mod.ts";
 import type { DecoderTelemetryEvent } from "../core/telemetry.ts";
-import type { Engine } from "./engine.ts";
+import type { DecodeEngine } from "./engine.ts";
 import type { MtpDraft } from "../ffi/mtp.ts";
 
 /** A committed session, ready to generate: everything the decode loop continues from. */
 export interface CommittedSession {
   handoffId: string;
   tenantId: string;
-  engine: Engine;
+  engine: DecodeEngine;
   draft: MtpDraft | null;
   history: Int32Array;
   firstToken: number;
