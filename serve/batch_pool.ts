@@ -49,6 +49,7 @@ export class SequencePool implements SessionPool, Disposable {
   readonly #busy = new Map<number, SequenceEngine>();
   /** Released sequences still being wiped. */
   #wiping = 0;
+  readonly #wipes = new Set<Promise<void>>();
 
   private constructor(
     readonly model: LlamaModel,
@@ -135,15 +136,23 @@ export class SequencePool implements SessionPool, Disposable {
     if (this.#busy.get(engine.seq) !== engine) return; // released twice
     this.#busy.delete(engine.seq);
     this.#wiping++;
-    engine.wipe().catch(() => this.ctx.serialize(() => this.ctx.clearMemory())).finally(() => {
-      this.#wiping--;
-      // An idle context is zeroed as a whole (per-sequence removal leaves bytes unreachable,
-      // overwritten on reuse, but not zeroed).
-      if (this.busy === 0) this.ctx.clearMemory();
-      this.#free.push(engine.seq);
-      this.#free.sort((a, b) => a - b);
-      this.whenFree?.();
-    });
+    const wipe = engine.wipe().catch(() => this.ctx.serialize(() => this.ctx.clearMemory()))
+      .finally(() => {
+        this.#wiping--;
+        this.#wipes.delete(wipe);
+        // An idle context is zeroed as a whole (per-sequence removal leaves bytes unreachable,
+        // overwritten on reuse, but not zeroed).
+        if (this.busy === 0) this.ctx.clearMemory();
+        this.#free.push(engine.seq);
+        this.#free.sort((a, b) => a - b);
+        this.whenFree?.();
+      });
+    this.#wipes.add(wipe);
+  }
+
+  /** Resolves once every sequence released so far is wiped and free again. */
+  async drained(): Promise<void> {
+    while (this.#wipes.size > 0) await Promise.allSettled([...this.#wipes]);
   }
 
   usage(): SequenceUsage {

@@ -1,0 +1,148 @@
+/**
+ * Continuous batching on one decode worker's shared context (serve/batch_pool.ts, the same
+ * loop `serve --role decode` runs), in process: decode throughput in tokens/s summed over
+ * streams at concurrency 1, 4 and 16, against the same requests decoded one at a time on a
+ * context of their own, side by side in one run. Also the exactness under batching: the share
+ * of greedy tokens (up to each stream's first divergence) and of logits rows bitwise equal to
+ * the one-at-a-time run. Only the decode phase is timed (each wave's prompts are prefilled
+ * first).
+ */
+import { LlamaModel, loadLlama } from "../ffi/mod.ts";
+import { ensureModelFile } from "../models/mod.ts";
+import { SequencePool } from "../serve/batch_pool.ts";
+import { type DecodeEngine, Engine, RUNTIME_DEFAULTS, type RuntimeConfig } from "../serve/engine.ts";
+import { testTokens } from "../testing/models.ts";
+import { median } from "./stats.ts";
+
+export interface BatchBenchRow {
+  family: string;
+  concurrency: number;
+  requests: number;
+  decodeTokensPerStream: number;
+  /** Decode tokens/s summed over streams: batched, and the same requests one at a time. */
+  batchedTokensPerSec: number;
+  sequentialTokensPerSec: number;
+  ratio: number;
+  /** Greedy tokens equal to the one-at-a-time run (up to each stream's first divergence). */
+  tokenAgreement: number;
+  /** Logits rows bitwise equal to the one-at-a-time run. */
+  logitsBitwiseEqual: number;
+  /** Steps of the batch loop per decode token (1/concurrency when every step is full). */
+  stepsPerDecodeToken: number;
+}
+
+interface Run {
+  tokens: number[];
+  logits: Float32Array[];
+  decodeMs: number;
+}
+
+const GREEDY = { temperature: 0 };
+
+async function decodeAll(
+  engines: DecodeEngine[],
+  prompts: Int32Array[],
+  n: number,
+): Promise<Run[]> {
+  const firsts = await Promise.all(engines.map((e, i) => e.prefill(prompts[i])));
+  const t0 = performance.now();
+  return await Promise.all(engines.map(async (e, i) => {
+    const run: Run = { tokens: [], logits: [], decodeMs: 0 };
+    for await (const s of e.generate(firsts[i], n, GREEDY, { seed: 0, draws: 0 })) {
+      run.tokens.push(s.token);
+      run.logits.push(s.logits);
+    }
+    run.decodeMs = performance.now() - t0;
+    return run;
+  }));
+}
+
+function sameBits(a: Float32Array, b: Float32Array): boolean {
+  const x = new Uint32Array(a.buffer, a.byteOffset, a.length);
+  const y = new Uint32Array(b.buffer, b.byteOffset, b.length);
+  return x.length === y.length && x.every((v, i) => v === y[i]);
+}
+
+export async function runBatchBench(o: {
+  modelDir: string;
+  families: string[];
+  concurrency: number[];
+  requests: number;
+  decodeTokens: number;
+  repeats: number;
+}): Promise<BatchBenchRow[]> {
+  const rows: BatchBenchRow[] = [];
+  const lib = loadLlama();
+  for (const family of o.families) {
+    const modelPath = await ensureModelFile(o.modelDir, { family, preset: "tiny", seed: 0 });
+    const config: RuntimeConfig = { ...RUNTIME_DEFAULTS, modelPath, nCtx: 1024 };
+    using model = await LlamaModel.load(lib, modelPath);
+    // Mixed prompt lengths, 32 to 480 tokens.
+    const prompts = Array.from(
+      { length: o.requests },
+      (_, i) => testTokens(32 + ((i * 97) % 449), 950, i),
+    );
+    // One at a time, each on a context of its own (the reference for exactness too).
+    const seqRates: number[] = [];
+    let reference: Run[] = [];
+    using own = await Engine.open(config, model);
+    for (let r = 0; r < o.repeats; r++) {
+      const runs: Run[] = [];
+      for (const p of prompts) {
+        await own.wipe();
+        runs.push((await decodeAll([own], [p], o.decodeTokens))[0]);
+      }
+      const ms = runs.reduce((a, x) => a + x.decodeMs, 0);
+      seqRates.push(runs.reduce((a, x) => a + x.tokens.length, 0) / (ms / 1000));
+      reference = runs;
+    }
+    const sequential = median(seqRates);
+    for (const c of o.concurrency) {
+      using pool = await SequencePool.open(model, config, { sequencesMax: c, stepTokensMax: 512 });
+      const rates: number[] = [];
+      let agree = 0;
+      let bitwise = 0;
+      let total = 0;
+      for (let r = 0; r < o.repeats; r++) {
+        let tokens = 0;
+        let ms = 0;
+        const decodeTokens0 = pool.loop.totals.decodeTokens;
+        const steps0 = pool.loop.totals.steps;
+        for (let w = 0; w < prompts.length; w += c) {
+          const wave = prompts.slice(w, w + c);
+          const sessions = await Promise.all(wave.map(() => pool.tryAcquire()));
+          const runs = await decodeAll(sessions.map((s) => s!.engine), wave, o.decodeTokens);
+          ms += Math.max(...runs.map((x) => x.decodeMs));
+          for (const [i, run] of runs.entries()) {
+            const ref = reference[w + i];
+            tokens += run.tokens.length;
+            const diverged = run.tokens.findIndex((t, k) => t !== ref.tokens[k]);
+            agree += diverged < 0 ? run.tokens.length : diverged;
+            bitwise += run.logits.filter((l, k) => sameBits(l, ref.logits[k])).length;
+            total += run.tokens.length;
+          }
+          for (const s of sessions) pool.release(s!);
+          await pool.drained();
+        }
+        rates.push(tokens / (ms / 1000));
+        if (r === o.repeats - 1) {
+          const steps = pool.loop.totals.steps - steps0;
+          const decoded = pool.loop.totals.decodeTokens - decodeTokens0;
+          rows.push({
+            family,
+            concurrency: c,
+            requests: prompts.length,
+            decodeTokensPerStream: o.decodeTokens,
+            batchedTokensPerSec: median(rates),
+            sequentialTokensPerSec: sequential,
+            ratio: median(rates) / sequential,
+            tokenAgreement: agree / total,
+            logitsBitwiseEqual: bitwise / total,
+            stepsPerDecodeToken: steps / Math.max(1, decoded),
+          });
+        }
+      }
+    }
+  }
+  return rows;
+}
