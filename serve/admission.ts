@@ -41,6 +41,7 @@ export interface AdmissionCounters {
 export class Admission {
   readonly #waiters: Waiter[] = [];
   readonly #totals = { admittedTotal: 0, queuedTotal: 0, refusedBusyTotal: 0 };
+  #closed = false;
 
   constructor(readonly pool: SessionPool, readonly options: Readonly<AdmissionOptions>) {
     validateAdmission(options);
@@ -52,6 +53,10 @@ export class Admission {
     const t0 = performance.now();
     // Arrivals never overtake waiters.
     let session = this.#waiters.length === 0 ? await this.pool.tryAcquire() : null;
+    if (this.#closed) {
+      if (session) this.pool.release(session);
+      return this.#refuse("the worker is closing", t0);
+    }
     if (!session) {
       if (this.#waiters.length >= this.options.queueDepthMax) {
         return this.#refuse(
@@ -107,6 +112,7 @@ export class Admission {
 
   /** Refuses every waiter (the worker is closing). */
   close(): void {
+    this.#closed = true;
     for (const w of this.#waiters.splice(0)) {
       clearTimeout(w.timer);
       w.resolve(null);
