@@ -10,7 +10,12 @@
 import { LlamaModel, loadLlama } from "../ffi/mod.ts";
 import { ensureModelFile } from "../models/mod.ts";
 import { SequencePool } from "../serve/batch_pool.ts";
-import { type DecodeEngine, Engine, RUNTIME_DEFAULTS, type RuntimeConfig } from "../serve/engine.ts";
+import {
+  type DecodeEngine,
+  Engine,
+  RUNTIME_DEFAULTS,
+  type RuntimeConfig,
+} from "../serve/engine.ts";
 import { testTokens } from "../testing/models.ts";
 import { median } from "./stats.ts";
 

@@ -237,9 +237,12 @@ export class LlamaContext implements Disposable {
       const holder = this.#heldSeqs.get(batch.seqIdAt(i));
       if (holder !== undefined) {
         return Promise.reject(
-          new StateValidationError(`Cannot decode sequence ${batch.seqIdAt(i)}: it holds ${holder}`, {
-            hint: "commit the state import first (or abort it)",
-          }),
+          new StateValidationError(
+            `Cannot decode sequence ${batch.seqIdAt(i)}: it holds ${holder}`,
+            {
+              hint: "commit the state import first (or abort it)",
+            },
+          ),
         );
       }
     }

@@ -121,7 +121,11 @@ export class Admission {
 
   #refuse(why: string, t0: number): Admitted {
     this.#totals.refusedBusyTotal++;
-    return { ok: false, busy: `The decode worker is busy: ${why}`, waitedMs: performance.now() - t0 };
+    return {
+      ok: false,
+      busy: `The decode worker is busy: ${why}`,
+      waitedMs: performance.now() - t0,
+    };
   }
 
   async #wake(): Promise<void> {

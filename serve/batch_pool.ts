@@ -98,7 +98,13 @@ export class SequencePool implements SessionPool, Disposable {
         );
       }
       const loop = new BatchLoop(ctx, { stepTokensMax: options.stepTokensMax });
-      return new SequencePool(model, config, loop, options, backend.kind === "hybrid" || backend.kind === "recurrent");
+      return new SequencePool(
+        model,
+        config,
+        loop,
+        options,
+        backend.kind === "hybrid" || backend.kind === "recurrent",
+      );
     } catch (error) {
       ctx.free();
       throw error;
@@ -175,7 +181,9 @@ export class SequencePool implements SessionPool, Disposable {
 /** Throws UsageError naming the first out-of-range batching option. */
 export function validateBatching(o: BatchingOptions, nCtx: number): void {
   if (!Number.isInteger(o.sequencesMax) || o.sequencesMax < 1 || o.sequencesMax > SEQUENCES_MAX) {
-    throw new UsageError(`sequencesMax ${o.sequencesMax} is out of range: use 1 to ${SEQUENCES_MAX}`);
+    throw new UsageError(
+      `sequencesMax ${o.sequencesMax} is out of range: use 1 to ${SEQUENCES_MAX}`,
+    );
   }
   if (!Number.isInteger(o.stepTokensMax) || o.stepTokensMax < o.sequencesMax) {
     throw new UsageError(

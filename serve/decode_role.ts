@@ -10,7 +10,7 @@
  * a retry (the prefiller never saw the earlier attempt's CommitAck, so the coordinator never
  * moved the request here) and the earlier attempt is cancelled or released first.
  */
-import type { HandoffTiming, ReserveRequest } from "../core/mod.ts";
+import { type HandoffTiming, LimitExceededError, type ReserveRequest } from "../core/mod.ts";
 import type { PeerConnection } from "../transport/mod.ts";
 import { DecodeHandoff, type DecodeLimits } from "./decode_session.ts";
 import { type CommittedSession, continueSession, type GeneratedStep } from "./generation.ts";
@@ -309,6 +309,14 @@ export class DecodeRole {
     const stopProgress = reportProgress(peer, request.handoffId, () => engine.position);
     try {
       const prompt = engine.model.vocab.tokenize(request.prompt!);
+      // Refused before any decode: an admitted request never runs out of cells mid-stream.
+      const needed = prompt.length + request.generateTokens;
+      if (needed > engine.contextTokens) {
+        throw new LimitExceededError(
+          `Request needs ${needed} context tokens (prompt ${prompt.length} + generate ${request.generateTokens}), this decoder has ${engine.contextTokens}`,
+          { hint: "start the decode worker with a larger --ctx, or ask for fewer tokens" },
+        );
+      }
       const s = request.sampling!;
       const params = { temperature: s.temperature, topK: s.topK, topP: s.topP };
       const logits = await engine.prefill(prompt);
