@@ -24,6 +24,7 @@ export interface BatchBenchRow {
   concurrency: number;
   requests: number;
   decodeTokensPerStream: number;
+  threads: number;
   /** Decode tokens/s summed over streams: batched, and the same requests one at a time. */
   batchedTokensPerSec: number;
   sequentialTokensPerSec: number;
@@ -75,51 +76,59 @@ export async function runBatchBench(o: {
   requests: number;
   decodeTokens: number;
   repeats: number;
+  threads: number;
 }): Promise<BatchBenchRow[]> {
   const rows: BatchBenchRow[] = [];
   const lib = loadLlama();
   for (const family of o.families) {
     const modelPath = await ensureModelFile(o.modelDir, { family, preset: "tiny", seed: 0 });
-    const config: RuntimeConfig = { ...RUNTIME_DEFAULTS, modelPath, nCtx: 1024 };
+    // One thread: on an oversubscribed machine a two-thread graph stalls at every barrier when
+    // one thread is descheduled, which swamps what is measured (seen: 15 vs 1,000 tok/s).
+    const config: RuntimeConfig = {
+      ...RUNTIME_DEFAULTS,
+      modelPath,
+      nCtx: 1024,
+      threads: o.threads,
+    };
     using model = await LlamaModel.load(lib, modelPath);
     // Mixed prompt lengths, 32 to 480 tokens.
     const prompts = Array.from(
       { length: o.requests },
       (_, i) => testTokens(32 + ((i * 97) % 449), 950, i),
     );
-    // One at a time, each on a context of its own (the reference for exactness too).
-    const seqRates: number[] = [];
-    let reference: Run[] = [];
+    // One at a time, each on a context of its own: the baseline and the exactness reference.
+    // Measured right before each batched run (same load on a shared machine), medians of both.
     using own = await Engine.open(config, model);
-    for (let r = 0; r < o.repeats; r++) {
+    const oneAtATime = async (): Promise<{ rate: number; runs: Run[] }> => {
       const runs: Run[] = [];
       for (const p of prompts) {
         await own.wipe();
         runs.push((await decodeAll([own], [p], o.decodeTokens))[0]);
       }
       const ms = runs.reduce((a, x) => a + x.decodeMs, 0);
-      seqRates.push(runs.reduce((a, x) => a + x.tokens.length, 0) / (ms / 1000));
-      reference = runs;
-    }
-    const sequential = median(seqRates);
+      return { rate: runs.reduce((a, x) => a + x.tokens.length, 0) / (ms / 1000), runs };
+    };
     for (const c of o.concurrency) {
       using pool = await SequencePool.open(model, config, { sequencesMax: c, stepTokensMax: 512 });
       const rates: number[] = [];
+      const seqRates: number[] = [];
       let agree = 0;
       let bitwise = 0;
       let total = 0;
+      const decodeTokens0 = pool.loop.totals.decodeTokens;
+      const steps0 = pool.loop.totals.steps;
       for (let r = 0; r < o.repeats; r++) {
+        const reference = await oneAtATime();
+        seqRates.push(reference.rate);
         let tokens = 0;
         let ms = 0;
-        const decodeTokens0 = pool.loop.totals.decodeTokens;
-        const steps0 = pool.loop.totals.steps;
         for (let w = 0; w < prompts.length; w += c) {
           const wave = prompts.slice(w, w + c);
           const sessions = await Promise.all(wave.map(() => pool.tryAcquire()));
           const runs = await decodeAll(sessions.map((s) => s!.engine), wave, o.decodeTokens);
           ms += Math.max(...runs.map((x) => x.decodeMs));
           for (const [i, run] of runs.entries()) {
-            const ref = reference[w + i];
+            const ref = reference.runs[w + i];
             tokens += run.tokens.length;
             const diverged = run.tokens.findIndex((t, k) => t !== ref.tokens[k]);
             agree += diverged < 0 ? run.tokens.length : diverged;
@@ -130,23 +139,22 @@ export async function runBatchBench(o: {
           await pool.drained();
         }
         rates.push(tokens / (ms / 1000));
-        if (r === o.repeats - 1) {
-          const steps = pool.loop.totals.steps - steps0;
-          const decoded = pool.loop.totals.decodeTokens - decodeTokens0;
-          rows.push({
-            family,
-            concurrency: c,
-            requests: prompts.length,
-            decodeTokensPerStream: o.decodeTokens,
-            batchedTokensPerSec: median(rates),
-            sequentialTokensPerSec: sequential,
-            ratio: median(rates) / sequential,
-            tokenAgreement: agree / total,
-            logitsBitwiseEqual: bitwise / total,
-            stepsPerDecodeToken: steps / Math.max(1, decoded),
-          });
-        }
       }
+      const steps = pool.loop.totals.steps - steps0;
+      const decoded = pool.loop.totals.decodeTokens - decodeTokens0;
+      rows.push({
+        family,
+        concurrency: c,
+        requests: prompts.length,
+        decodeTokensPerStream: o.decodeTokens,
+        threads: config.threads,
+        batchedTokensPerSec: median(rates),
+        sequentialTokensPerSec: median(seqRates),
+        ratio: median(rates) / median(seqRates),
+        tokenAgreement: agree / total,
+        logitsBitwiseEqual: bitwise / total,
+        stepsPerDecodeToken: steps / Math.max(1, decoded),
+      });
     }
   }
   return rows;

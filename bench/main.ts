@@ -150,6 +150,7 @@ const SECTIONS: Record<string, Section> = {
       requests: 16,
       decodeTokens: quick ? 32 : 64,
       repeats: quick ? 1 : 3,
+      threads: 1,
     });
     const label = (r: (typeof rows)[number]) => `${r.family} c=${r.concurrency}`;
     return {
@@ -178,7 +179,7 @@ const SECTIONS: Record<string, Section> = {
         ]),
       ),
       notes: [
-        "Decode throughput on one decode worker's shared context (the loop `serve --role decode` runs with --batching on), in process: tokens/s summed over streams, decode phase only (each wave's prompts prefilled first), 16 requests of 32 to 480 prompt tokens in waves of `streams`; one-at-a-time: the same requests decoded one after another on a context of their own. Medians of repeats; tiny random-weight models, 2 threads.",
+        "Decode throughput on one decode worker's shared context (the loop `serve --role decode` runs with --batching on), in process: tokens/s summed over streams, decode phase only (each wave's prompts prefilled first), 16 requests of 32 to 480 prompt tokens in waves of `streams`; one-at-a-time: the same requests decoded one after another on a context of their own. Medians of repeats, each batched run measured right after its one-at-a-time run; tiny random-weight models, 1 thread (a loaded 2-core machine stalls two-thread graphs at barriers).",
         "Exactness under batching: token agreement counts greedy tokens equal to the one-at-a-time run up to each stream's first divergence; logits bitwise is the share of logits rows equal bit for bit. Batched decode is NOT bitwise exact on this build (rows differ in the last bits, ~3e-7); a sequence decoded alone in the shared context is (serve/batch_loop_test.ts), which is where the handoff probe and --probe requests run.",
         "node-llama-cpp comparison skipped: the node-llama-cpp package is not installed here (only its prebuilt @node-llama-cpp/<platform> libraries, which this project loads itself).",
       ],

@@ -7,8 +7,9 @@
  * (core/sampling.ts) in each session, so every sampler state stays a small exportable value.
  *
  * Sessions join and leave between steps: a session submits work when it has some, and the
- * loop runs while any is pending. After a step the loop yields one macrotask, so the sessions
- * that just got their logits sample and submit their next token into the same next step.
+ * loop runs while any is pending. After a step the loop waits for the sessions that just got
+ * their logits to sample and submit their next token (microtasks), at most one macrotask, so
+ * they share the next step.
  * Nothing else decodes the context: every decode goes through this loop, serialized with the
  * staged imports (ffi/context.ts `serialize`) that land handoffs in free sequences between
  * steps.
@@ -70,6 +71,9 @@ export class BatchLoop {
   #lastAlone = false;
   readonly #batch: LlamaBatch;
   #running = false;
+  /** Submits since the last step handed out its logits (see `#gather`). */
+  #resubmits = 0;
+  #gathered: { target: number; wake: () => void } | null = null;
   readonly totals: BatchLoopTotals = {
     steps: 0,
     decodeTokens: 0,
@@ -100,6 +104,8 @@ export class BatchLoop {
     return new Promise((resolve, reject) => {
       const work = { seq, tokens, pos0, done: 0, alone, resolve, reject };
       (alone ? this.#alone : tokens.length === 1 ? this.#decodes : this.#prompts).push(work);
+      this.#resubmits++;
+      if (this.#gathered && this.#resubmits >= this.#gathered.target) this.#gathered.wake();
       this.#kick();
     });
   }
@@ -128,20 +134,35 @@ export class BatchLoop {
 
   async #run(): Promise<void> {
     try {
-      while (this.pending > 0) {
-        await this.#step();
-        await new Promise((resolve) => setTimeout(resolve, 0));
-      }
+      while (this.pending > 0) await this.#gather(await this.#step());
     } finally {
       this.#running = false;
     }
   }
 
   /**
-   * Composes one step and runs it: every decode token, then prompt chunks under the budget;
+   * Waits until the `resolved` sessions of the last step have submitted their next work (they
+   * sample in microtasks, so usually at once), or one macrotask has passed (a session busy
+   * sending, or one that ended): it joins a later step.
+   */
+  #gather(resolved: number): Promise<void> {
+    if (resolved === 0 || this.#resubmits >= resolved) return Promise.resolve();
+    return new Promise((resolve) => {
+      const wake = () => {
+        clearTimeout(timer);
+        this.#gathered = null;
+        resolve();
+      };
+      const timer = setTimeout(wake, 0);
+      this.#gathered = { target: resolved, wake };
+    });
+  }
+
+  /**
+   * Composes one step and runs it (returns how many works it resolved): every decode token, then prompt chunks under the budget;
    * or, alternating with those, one alone work's next chunk.
    */
-  async #step(): Promise<void> {
+  async #step(): Promise<number> {
     const shared = this.#decodes.length + this.#prompts.length > 0;
     const alone = this.#alone.length > 0 && (!shared || !this.#lastAlone);
     this.#lastAlone = alone;
@@ -178,11 +199,12 @@ export class BatchLoop {
       logits = await this.ctx.decodeRows(batch, rows);
     } catch (error) {
       for (const part of parts) this.#drop(part.work, error as Error);
-      return;
+      return 0;
     }
     this.totals.steps++;
     this.totals.sequencesPerStepMax = Math.max(this.totals.sequencesPerStepMax, parts.length);
     let r = 0;
+    this.#resubmits = 0;
     for (const part of parts) {
       const { work, take } = part;
       if (work.tokens.length === 1) this.totals.decodeTokens++;
@@ -193,6 +215,7 @@ export class BatchLoop {
       this.#drop(work, null);
       work.resolve(logits[r++]);
     }
+    return r;
   }
 
   /** Removes `work` from its queue; rejects it with `error` when given. */

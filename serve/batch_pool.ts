@@ -34,11 +34,13 @@ export const SEQUENCES_MAX = 256;
 export interface SequenceUsage {
   sequencesBusy: number;
   sequencesMax: number;
-  /** Cells the busy sequences hold now, and all cells (sequences x per-sequence cells). */
+  /** Cells the busy sequences hold now (see `usage`), and all cells (sequences x cells each). */
   kvCellsUsed: number;
   kvCellsMax: number;
   /** Recurrent slots (one per sequence) in use; 0 for models without recurrent layers. */
   recurrentSlotsBusy: number;
+  /** Sequences taken out of service because llama.cpp would not remove their state. */
+  sequencesOutOfService: number;
 }
 
 export class SequencePool implements SessionPool, Disposable {
@@ -50,6 +52,8 @@ export class SequencePool implements SessionPool, Disposable {
   /** Released sequences still being wiped. */
   #wiping = 0;
   readonly #wipes = new Set<Promise<void>>();
+  /** Sequences whose removal failed: out of service (reported in `usage`). */
+  readonly #quarantined: number[] = [];
 
   private constructor(
     readonly model: LlamaModel,
@@ -142,17 +146,19 @@ export class SequencePool implements SessionPool, Disposable {
     if (this.#busy.get(engine.seq) !== engine) return; // released twice
     this.#busy.delete(engine.seq);
     this.#wiping++;
-    const wipe = engine.wipe().catch(() => this.ctx.serialize(() => this.ctx.clearMemory()))
-      .finally(() => {
-        this.#wiping--;
-        this.#wipes.delete(wipe);
-        // An idle context is zeroed as a whole (per-sequence removal leaves bytes unreachable,
-        // overwritten on reuse, but not zeroed).
-        if (this.busy === 0) this.ctx.clearMemory();
-        this.#free.push(engine.seq);
-        this.#free.sort((a, b) => a - b);
-        this.whenFree?.();
-      });
+    const wipe = engine.wipe().then(() => true, () => false).then((wiped) => {
+      this.#wiping--;
+      this.#wipes.delete(wipe);
+      // A sequence llama.cpp would not remove is never handed out again (the others keep
+      // running; clearing the whole context would wipe them too).
+      if (!wiped) return void this.#quarantined.push(engine.seq);
+      // An idle context is zeroed as a whole (per-sequence removal leaves bytes unreachable,
+      // overwritten on reuse, but not zeroed).
+      if (this.busy === 0) this.ctx.clearMemory();
+      this.#free.push(engine.seq);
+      this.#free.sort((a, b) => a - b);
+      this.whenFree?.();
+    });
     this.#wipes.add(wipe);
   }
 
@@ -161,15 +167,21 @@ export class SequencePool implements SessionPool, Disposable {
     while (this.#wipes.size > 0) await Promise.allSettled([...this.#wipes]);
   }
 
+  /**
+   * Counts from this side's own bookkeeping, never from llama.cpp's cells (not safe to read
+   * while a step decodes): a session holds the cells of the positions it has decoded or
+   * committed; a staged import counts once committed.
+   */
   usage(): SequenceUsage {
     let cells = 0;
-    for (const seq of this.#busy.keys()) cells += this.ctx.seqPosMax(seq) + 1;
+    for (const engine of this.#busy.values()) cells += engine.position;
     return {
       sequencesBusy: this.busy,
       sequencesMax: this.options.sequencesMax,
       kvCellsUsed: cells,
       kvCellsMax: this.options.sequencesMax * this.contextTokens,
       recurrentSlotsBusy: this.recurrent ? this.busy : 0,
+      sequencesOutOfService: this.#quarantined.length,
     };
   }
 

@@ -204,6 +204,8 @@ export interface WorkerCounters {
   kvCellsMax?: number;
   /** Recurrent slots in use (one per sequence; 0 for a model without recurrent layers). */
   recurrentSlotsBusy?: number;
+  /** Sequences out of service (llama.cpp would not remove their state; never handed out). */
+  sequencesOutOfService?: number;
   /** Admission: requests waiting for a session now; admitted, queued and refused since start. */
   admissionWaiting?: number;
   admittedTotal?: number;
