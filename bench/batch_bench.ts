@@ -29,6 +29,10 @@ export interface BatchBenchRow {
   batchedTokensPerSec: number;
   sequentialTokensPerSec: number;
   ratio: number;
+  /** The same per CPU-second of this process (NaN off Linux): independent of other load. */
+  batchedTokensPerCpuSec: number;
+  sequentialTokensPerCpuSec: number;
+  cpuRatio: number;
   /** Greedy tokens equal to the one-at-a-time run (up to each stream's first divergence). */
   tokenAgreement: number;
   /** Logits rows bitwise equal to the one-at-a-time run. */
@@ -41,6 +45,23 @@ interface Run {
   tokens: number[];
   logits: Float32Array[];
   decodeMs: number;
+  /** CPU seconds this process used during the decode phase (null off Linux). */
+  cpuS: number | null;
+}
+
+/**
+ * CPU seconds this process has used (user + system, /proc/self/stat), or null where there is
+ * no /proc. On a machine shared with other work, tokens per CPU-second do not depend on how
+ * much of the machine the others take, as wall-clock tokens/s do.
+ */
+function cpuSeconds(): number | null {
+  try {
+    const stat = Deno.readTextFileSync("/proc/self/stat");
+    const fields = stat.slice(stat.lastIndexOf(")") + 2).split(" ");
+    return (Number(fields[11]) + Number(fields[12])) / 100; // clock ticks (USER_HZ = 100)
+  } catch {
+    return null;
+  }
 }
 
 const GREEDY = { temperature: 0 };
@@ -52,8 +73,9 @@ async function decodeAll(
 ): Promise<Run[]> {
   const firsts = await Promise.all(engines.map((e, i) => e.prefill(prompts[i])));
   const t0 = performance.now();
-  return await Promise.all(engines.map(async (e, i) => {
-    const run: Run = { tokens: [], logits: [], decodeMs: 0 };
+  const cpu0 = cpuSeconds();
+  const runs = await Promise.all(engines.map(async (e, i) => {
+    const run: Run = { tokens: [], logits: [], decodeMs: 0, cpuS: null };
     for await (const s of e.generate(firsts[i], n, GREEDY, { seed: 0, draws: 0 })) {
       run.tokens.push(s.token);
       run.logits.push(s.logits);
@@ -61,6 +83,16 @@ async function decodeAll(
     run.decodeMs = performance.now() - t0;
     return run;
   }));
+  const cpu1 = cpuSeconds();
+  // The wave's CPU time, on its first run (the others share it).
+  if (cpu0 !== null && cpu1 !== null) runs[0].cpuS = cpu1 - cpu0;
+  return runs;
+}
+
+/** Tokens per CPU-second over `runs` (the runs carrying their wave's CPU time). */
+function perCpu(tokens: number, runs: Run[]): number {
+  const cpu = runs.reduce((a, x) => a + (x.cpuS ?? NaN), 0);
+  return cpu > 0 ? tokens / cpu : NaN;
 }
 
 function sameBits(a: Float32Array, b: Float32Array): boolean {
@@ -99,19 +131,22 @@ export async function runBatchBench(o: {
     // One at a time, each on a context of its own: the baseline and the exactness reference.
     // Measured right before each batched run (same load on a shared machine), medians of both.
     using own = await Engine.open(config, model);
-    const oneAtATime = async (): Promise<{ rate: number; runs: Run[] }> => {
+    const oneAtATime = async (): Promise<{ rate: number; cpuRate: number; runs: Run[] }> => {
       const runs: Run[] = [];
       for (const p of prompts) {
         await own.wipe();
         runs.push((await decodeAll([own], [p], o.decodeTokens))[0]);
       }
       const ms = runs.reduce((a, x) => a + x.decodeMs, 0);
-      return { rate: runs.reduce((a, x) => a + x.tokens.length, 0) / (ms / 1000), runs };
+      const tokens = runs.reduce((a, x) => a + x.tokens.length, 0);
+      return { rate: tokens / (ms / 1000), cpuRate: perCpu(tokens, runs), runs };
     };
     for (const c of o.concurrency) {
       using pool = await SequencePool.open(model, config, { sequencesMax: c, stepTokensMax: 512 });
       const rates: number[] = [];
       const seqRates: number[] = [];
+      const cpuRates: number[] = [];
+      const seqCpuRates: number[] = [];
       let agree = 0;
       let bitwise = 0;
       let total = 0;
@@ -120,13 +155,16 @@ export async function runBatchBench(o: {
       for (let r = 0; r < o.repeats; r++) {
         const reference = await oneAtATime();
         seqRates.push(reference.rate);
+        seqCpuRates.push(reference.cpuRate);
         let tokens = 0;
         let ms = 0;
+        const waves: Run[] = [];
         for (let w = 0; w < prompts.length; w += c) {
           const wave = prompts.slice(w, w + c);
           const sessions = await Promise.all(wave.map(() => pool.tryAcquire()));
           const runs = await decodeAll(sessions.map((s) => s!.engine), wave, o.decodeTokens);
           ms += Math.max(...runs.map((x) => x.decodeMs));
+          waves.push(runs[0]);
           for (const [i, run] of runs.entries()) {
             const ref = reference.runs[w + i];
             tokens += run.tokens.length;
@@ -139,6 +177,7 @@ export async function runBatchBench(o: {
           await pool.drained();
         }
         rates.push(tokens / (ms / 1000));
+        cpuRates.push(perCpu(tokens, waves));
       }
       const steps = pool.loop.totals.steps - steps0;
       const decoded = pool.loop.totals.decodeTokens - decodeTokens0;
@@ -151,6 +190,9 @@ export async function runBatchBench(o: {
         batchedTokensPerSec: median(rates),
         sequentialTokensPerSec: median(seqRates),
         ratio: median(rates) / median(seqRates),
+        batchedTokensPerCpuSec: median(cpuRates),
+        sequentialTokensPerCpuSec: median(seqCpuRates),
+        cpuRatio: median(cpuRates) / median(seqCpuRates),
         tokenAgreement: agree / total,
         logitsBitwiseEqual: bitwise / total,
         stepsPerDecodeToken: steps / Math.max(1, decoded),
