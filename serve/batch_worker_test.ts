@@ -42,7 +42,7 @@ Deno.test({
   sanitizeResources: false,
   fn: async (t) => {
     const model = await testModel("hybrid");
-    const { dir, nodes } = await makeNodes(["prefill", "decode", "small", "client"]);
+    const { dir, nodes } = await makeNodes(["prefill", "decode", "small", "off", "client"]);
     const client = nodes.get("client")!;
     const prefill = await startInProcess("prefill", "prefill", `${dir}/prefill`, model, {
       sessionsMax: 4,
@@ -105,6 +105,22 @@ Deno.test({
         assert.equal(r.tokens.length, 600);
         const stats = await small.stats();
         assert.equal(stats.refusedBusyTotal, 1);
+      });
+
+      await t.step("--batching off: a context per session, said in the stats", async () => {
+        const off = await startInProcess("off", "decode", `${dir}/off`, model, {
+          batching: "off",
+        });
+        try {
+          assert.ok(!(off.worker!.sessions instanceof SequencePool));
+          const r = await run(client, prefill, off, PROMPTS[0]);
+          assert.deepEqual(r.logitsSha256, alone[0].logitsSha256);
+          const stats = await off.stats();
+          assert.equal(stats.decodePath, "per-session");
+          assert.equal(stats.sequencesMax, undefined);
+        } finally {
+          await off.stop();
+        }
       });
 
       await waitForIdle(decode, HANG_MS);
