@@ -48,8 +48,11 @@ export class Admission {
     pool.whenFree = () => this.#wake();
   }
 
-  /** A session now, after a bounded wait, or a busy refusal that says why. */
-  async acquire(): Promise<Admitted> {
+  /**
+   * A session now, after a bounded wait (`waitMs`, default `queueWaitMs`), or a busy refusal
+   * that says why.
+   */
+  async acquire(waitMs = this.options.queueWaitMs): Promise<Admitted> {
     const t0 = performance.now();
     // Arrivals never overtake waiters.
     let session = this.#waiters.length === 0 ? await this.pool.tryAcquire() : null;
@@ -71,13 +74,13 @@ export class Admission {
           timer: setTimeout(() => {
             this.#waiters.splice(this.#waiters.indexOf(waiter), 1);
             resolve(null);
-          }, this.options.queueWaitMs),
+          }, waitMs),
         };
         this.#waiters.push(waiter);
       });
       if (!session) {
         return this.#refuse(
-          `all ${this.pool.capacity} sessions stayed in use for ${this.options.queueWaitMs} ms`,
+          `all ${this.pool.capacity} sessions stayed in use for ${waitMs} ms`,
           t0,
         );
       }
@@ -86,16 +89,20 @@ export class Admission {
     return { ok: true, session, waitedMs: performance.now() - t0 };
   }
 
-  /** A session now (never waits), or a busy refusal; waiters are not overtaken. */
-  async acquireNow(): Promise<Admitted> {
+  /**
+   * A session now (never waits), or a busy refusal; waiters are not overtaken. `willWait`: the
+   * caller queues next (`acquire`), so this refusal is not counted as one.
+   */
+  async acquireNow(willWait = false): Promise<Admitted> {
     const t0 = performance.now();
     const session = this.#waiters.length === 0 ? await this.pool.tryAcquire() : null;
     if (!session) {
       const waiting = this.#waiters.length;
-      return this.#refuse(
-        `all ${this.pool.capacity} sessions in use${waiting > 0 ? ` (${waiting} waiting)` : ""}`,
-        t0,
-      );
+      const why = `all ${this.pool.capacity} sessions in use${
+        waiting > 0 ? ` (${waiting} waiting)` : ""
+      }`;
+      if (willWait) return { ok: false, busy: why, waitedMs: 0 };
+      return this.#refuse(why, t0);
     }
     this.#totals.admittedTotal++;
     return { ok: true, session, waitedMs: performance.now() - t0 };

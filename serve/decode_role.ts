@@ -50,6 +50,8 @@ export class DecodeRole {
   /** Every attempt not yet ended (a cancelled one may still be wiping). */
   readonly #live = new Set<Attempt>();
   readonly #committed = new Map<string, Held>();
+  /** Reservations waiting in the admission queue for a session (see `#reserve`). */
+  readonly #waitingReservations = new Map<string, { peer: PeerConnection; cancel: () => void }>();
   #generating = 0;
   readonly #totals = { reservationsTotal: 0, commitsTotal: 0, abortsTotal: 0 };
   readonly admission: Admission;
@@ -91,6 +93,8 @@ export class DecodeRole {
     if (attempt && attempt.peer === peer && attempt.handoff.attempt === header.attempt) {
       return attempt.handoff.deliver(header);
     }
+    const waiting = this.#waitingReservations.get(id);
+    if (header.type === "AbortNotice" && waiting?.peer === peer) waiting.cancel();
     const held = this.#committed.get(id);
     const fromSource = held?.sourceNodeId === peer.peerNodeId && held.attempt === header.attempt;
     if (header.type === "AbortNotice" && fromSource) {
@@ -108,13 +112,50 @@ export class DecodeRole {
       this.log(`peer ${peer.peerNodeId}: reservation without a valid handoff id ignored`);
       return;
     }
+    // The same peer's retry supersedes its reservation still waiting for a session.
+    const waiting = this.#waitingReservations.get(id);
+    if (waiting?.peer === peer) waiting.cancel();
     const refusal = await this.#clearEarlier(peer, request);
     if (refusal) return await this.#refuse(peer, request, refusal);
-    // A reservation does not queue: the prefiller is waiting for the answer (reserve timeout)
-    // and falls back or retries on a refusal; colocated requests queue (#generateLocal).
-    const admitted = await this.admission.acquireNow();
+    const admitted = await this.admission.acquireNow(this.#reserveWaitMs > 0);
+    if (admitted.ok) return this.#startAttempt(peer, request, admitted.session);
+    if (this.#reserveWaitMs === 0) return await this.#refuse(peer, request, admitted.busy);
+    // No sequence free: wait in the admission queue, but without holding up this peer's other
+    // messages, and briefly enough that the prefiller (waiting reserveTimeoutMs for the answer)
+    // hears a refusal in time to fall back.
+    this.#waitForSession(peer, request).catch((error) => {
+      this.log(`handoff ${id}: reservation failed: ${(error as Error).message}`);
+    });
+  }
+
+  /** How long a reservation may wait for a session: half the reserve timeout, at most. */
+  get #reserveWaitMs(): number {
+    return Math.min(
+      this.admission.options.queueWaitMs,
+      Math.floor(this.timing.reserveTimeoutMs / 2),
+    );
+  }
+
+  async #waitForSession(peer: PeerConnection, request: ReserveRequest): Promise<void> {
+    const id = request.handoffId;
+    let cancelled = false;
+    const waiting = { peer, cancel: () => (cancelled = true) };
+    this.#waitingReservations.set(id, waiting);
+    const admitted = await this.admission.acquire(this.#reserveWaitMs);
+    if (this.#waitingReservations.get(id) === waiting) this.#waitingReservations.delete(id);
     if (!admitted.ok) return await this.#refuse(peer, request, admitted.busy);
-    const pooled = admitted.session;
+    // Given up meanwhile (the prefiller aborted, or a retry superseded it), or another attempt
+    // of this id started: the session goes back unused.
+    if (cancelled || this.#attempts.has(id) || this.#committed.has(id)) {
+      this.admission.release(admitted.session);
+      if (!cancelled) await this.#refuse(peer, request, "handoff already in progress");
+      return;
+    }
+    this.#startAttempt(peer, request, admitted.session);
+  }
+
+  #startAttempt(peer: PeerConnection, request: ReserveRequest, pooled: PooledSession): void {
+    const id = request.handoffId;
     this.#totals.reservationsTotal++;
     const handoff = new DecodeHandoff({
       request,
