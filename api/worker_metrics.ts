@@ -37,6 +37,18 @@ const GAUGES: [keyof WorkerCounters, string, string][] = [
   ["decodeAttempts", "skippy:worker_decode_attempts", "Uncommitted handoff attempts"],
   ["retainedBytes", "skippy:worker_retained_bytes", "Exported state retained for retries"],
   ["stagedBytes", "skippy:worker_staged_bytes", "State staged by uncommitted attempts"],
+  ["prefillQueued", "skippy:worker_prefill_queued", "Prompts waiting for a prefill context"],
+  ["rssBytes", "skippy:worker_resident_memory_bytes", "The worker process's resident memory"],
+  [
+    "sequencesBusy",
+    "skippy:worker_sequences_busy",
+    "Sequences of the batched decode context in use",
+  ],
+  ["sequencesMax", "skippy:worker_sequences_max", "Sequences of the batched decode context"],
+  ["kvCellsUsed", "skippy:worker_kv_cells_used", "KV cells reserved by running sequences"],
+  ["kvCellsMax", "skippy:worker_kv_cells_max", "KV cells of the batched decode context"],
+  ["recurrentSlotsBusy", "skippy:worker_recurrent_slots_busy", "Recurrent state slots in use"],
+  ["admissionWaiting", "skippy:worker_admission_waiting", "Decode requests waiting for a sequence"],
 ];
 
 export function registerWorkerMetrics(
@@ -76,7 +88,8 @@ export function registerWorkerMetrics(
       async collect() {
         this.reset();
         for (const a of await answers()) {
-          if (a.counters) this.set({ node_id: a.nodeId, role: a.role }, a.counters[field]);
+          const value = a.counters?.[field];
+          if (typeof value === "number") this.set({ node_id: a.nodeId, role: a.role }, value);
         }
       },
     });

@@ -1,5 +1,5 @@
 /**
- * `deno task bench [--only model,state,transport,handoff,lab,speculation] [--quick] [--out DIR]`
+ * `deno task bench [--only model,state,transport,handoff,lab,speculation,batch] [--quick] [--out DIR]`
  *
  * Runs the benchmark sections, prints their tables and writes a report folder with SVG charts
  * (default `reports/bench-<timestamp>`). Benchmarks are never asserted in the test suite.
@@ -16,6 +16,7 @@ import { runHandoffBench } from "./handoff_bench.ts";
 import { labTailSection } from "./lab_tail_bench.ts";
 import { speculationSection } from "./speculation_bench.ts";
 import { lineChart } from "./svg.ts";
+import { runBatchBench } from "./batch_bench.ts";
 
 type Section = (o: { quick: boolean; modelDir: string }) => Promise<ReportSection>;
 
@@ -143,6 +144,66 @@ const SECTIONS: Record<string, Section> = {
     };
   },
   state: stateBenchSection,
+  batch: async ({ quick, modelDir }) => {
+    const rows = await runBatchBench({
+      modelDir,
+      families: quick ? ["hybrid"] : ["dense", "hybrid"],
+      concurrency: [1, 4, 16],
+      requests: 16,
+      decodeTokens: quick ? 32 : 64,
+      repeats: quick ? 1 : 3,
+      threads: 1,
+    });
+    const label = (r: (typeof rows)[number]) => `${r.family} c=${r.concurrency}`;
+    return {
+      name: "batch",
+      rows,
+      table: table(
+        [
+          "family",
+          "streams",
+          "batched tok/s",
+          "one-at-a-time tok/s",
+          "ratio",
+          "tok/CPU-s batched",
+          "tok/CPU-s one-at-a-time",
+          "CPU ratio",
+          "token agreement",
+          "logits bitwise",
+          "steps/token",
+        ],
+        rows.map((r) => [
+          r.family,
+          r.concurrency,
+          r.batchedTokensPerSec,
+          r.sequentialTokensPerSec,
+          r.ratio,
+          r.batchedTokensPerCpuSec,
+          r.sequentialTokensPerCpuSec,
+          r.cpuRatio,
+          r.tokenAgreement,
+          r.logitsBitwiseEqual,
+          r.stepsPerDecodeToken,
+        ]),
+      ),
+      notes: [
+        "Decode throughput on one decode worker's shared context (the loop `serve --role decode` runs with --batching on), in process: tokens/s summed over streams, decode phase only (each wave's prompts prefilled first), 16 requests of 32 to 480 prompt tokens in waves of `streams`; one-at-a-time: the same requests decoded one after another on a context of their own. Medians of repeats, each batched run measured right after its one-at-a-time run; tiny random-weight models, 1 thread (a loaded 2-core machine stalls two-thread graphs at barriers).",
+        "tok/CPU-s: decode tokens per CPU-second of the bench process (user + system, /proc/self/stat): on a machine shared with other work this does not depend on how much CPU the others take; wall-clock tok/s does.",
+        "Exactness under batching: token agreement counts greedy tokens equal to the one-at-a-time run up to each stream's first divergence; logits bitwise is the share of logits rows equal bit for bit. Batched decode is NOT bitwise exact on this build (rows differ in the last bits, ~3e-7); a sequence decoded alone in the shared context is (serve/batch_loop_test.ts), which is where the handoff probe and --probe requests run.",
+        "node-llama-cpp comparison skipped: the node-llama-cpp package is not installed here (only its prebuilt @node-llama-cpp/<platform> libraries, which this project loads itself).",
+      ],
+      charts: {
+        "batch-throughput.svg": barChart(rows.map(label), [
+          { name: "batched", values: rows.map((r) => r.batchedTokensPerSec) },
+          { name: "one at a time", values: rows.map((r) => r.sequentialTokensPerSec) },
+        ], {
+          title: "Decode tokens/s summed over streams, one decode worker",
+          xLabel: "family, concurrent streams",
+          yLabel: "tokens/s",
+        }),
+      },
+    };
+  },
 };
 
 const USAGE = `usage: deno task bench [--only ${

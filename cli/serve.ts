@@ -32,6 +32,10 @@ interface ServeFlags extends RuntimeFlags, SpeculationFlags {
   layerCapture: "on" | "off";
   prefillQueueDepthMax: number;
   prefillQueueWaitMs: number;
+  batching?: "on" | "off";
+  stepTokensMax: number;
+  queueDepthMax: number;
+  queueWaitMs: number;
 }
 
 export function register(program: Command): void {
@@ -45,7 +49,37 @@ export function register(program: Command): void {
       listenArg,
     )
     .option("--state-dir <dir>", "node identity, certificate and trust list (default: per-user)")
-    .option("--sessions-max <n>", "requests served at once (one context each)", intArg(1, 64), 2)
+    .option(
+      "--sessions-max <n>",
+      "requests served at once (decode with batching: sequences of one shared context; else one context each)",
+      intArg(1, 64),
+      2,
+    )
+    .addOption(
+      new Option(
+        "--batching <on|off>",
+        "decode: continuous batching of all sessions in one context (off: a context per " +
+          "session; default: on where it can be used, else off with the reason logged)",
+      ).choices(["on", "off"]),
+    )
+    .option(
+      "--step-tokens-max <n>",
+      "decode with batching: most tokens per step (one per stream, the rest prompt chunks)",
+      intArg(1, 8192),
+      512,
+    )
+    .option(
+      "--queue-depth-max <n>",
+      "decode: requests that may wait for a free session (beyond: refused busy)",
+      intArg(0, 65_536),
+      64,
+    )
+    .option(
+      "--queue-wait-ms <ms>",
+      "decode: how long a request waits for a free session before it is refused busy",
+      intArg(0, 3_600_000),
+      1_000,
+    )
     .option(
       "--lease-ms <ms>",
       "how long prefill state is retained awaiting CommitAck",
@@ -125,6 +159,9 @@ async function runServe(flags: ServeFlags): Promise<void> {
     runtime,
     stateDir: flags.stateDir,
     sessionsMax: flags.sessionsMax,
+    batching: flags.batching,
+    stepTokensMax: flags.stepTokensMax,
+    admission: { queueDepthMax: flags.queueDepthMax, queueWaitMs: flags.queueWaitMs },
     timing: {
       leaseMs: flags.leaseMs,
       commitTimeoutMs: flags.commitTimeoutMs,

@@ -52,7 +52,9 @@ export type SpeculationFallback =
   /** MTP asked for, but the draft state did not verify (position or pending row missing). */
   | "mtp-not-ready"
   /** The target's recurrent memory has neither native rollback nor a checkpoint path. */
-  | "rollback-unavailable";
+  | "rollback-unavailable"
+  /** The session runs in the decode worker's shared batched context (speculation is per session). */
+  | "batched-decode";
 
 /** Acceptance counters per source; token counts, never token values. */
 export interface SpeculationCounters {

@@ -1,7 +1,8 @@
 /**
  * A `llama_batch` whose arrays live in JavaScript memory, so no native free is needed and a
  * batch can carry both token ids and embedding rows (as MTP draft batches require).
- * Single-sequence by construction: every token belongs to `seqId`.
+ * Each token carries one sequence id (`add`'s `seqId`, default 0): several sequences of one
+ * context can share a batch (the decode worker's continuous batching, serve/batch_loop.ts).
  */
 import { assert } from "../core/errors.ts";
 import { llama_batch } from "./llama.ts";
@@ -63,6 +64,12 @@ export class LlamaBatch {
       assert(embd !== undefined && embd.length === this.nEmbd, "embedding row required");
       this.embeddings.set(embd, i * this.nEmbd);
     }
+  }
+
+  /** The sequence id of token `i` of this batch. */
+  seqIdAt(i: number): number {
+    assert(i >= 0 && i < this.#n, `batch index ${i} outside [0, ${this.#n})`);
+    return this.#seqIds[i];
   }
 
   /** Fills the batch with a run of tokens at consecutive positions; logits for the last only. */

@@ -78,6 +78,8 @@ export class LlamaContext implements Disposable {
   #threadpool: Deno.PointerValue = null;
   #queue: Promise<unknown> = Promise.resolve();
   #heldBy: string | null = null;
+  /** Sequences held by an uncommitted import while the rest of the context decodes. */
+  readonly #heldSeqs = new Map<number, string>();
   readonly nCtx: number;
   readonly nVocab: number;
   readonly nEmbd: number;
@@ -185,6 +187,34 @@ export class LlamaContext implements Disposable {
     };
   }
 
+  /**
+   * Like `hold`, for one sequence of a context that several sessions share: a batch that
+   * names `seq` is refused until the release runs; other sequences keep decoding.
+   */
+  holdSequence(seq: number, holder: string): () => void {
+    assert(this.#heldBy === null, `context already held by ${this.#heldBy}`);
+    assert(!this.#heldSeqs.has(seq), `sequence ${seq} already held by ${this.#heldSeqs.get(seq)}`);
+    this.#heldSeqs.set(seq, holder);
+    return () => {
+      this.#heldSeqs.delete(seq);
+    };
+  }
+
+  /** Who holds sequence `seq` (see `holdSequence`), or null. */
+  sequenceHeldBy(seq: number): string | null {
+    return this.#heldSeqs.get(seq) ?? null;
+  }
+
+  /** Sequences this context holds (`n_seq_max`). */
+  get nSeqMax(): number {
+    return this.model.lib.symbols.llama_n_seq_max(this.ptr);
+  }
+
+  /** Cells each sequence may use: `n_ctx`, or `n_ctx / n_seq_max` without a unified cache. */
+  get nCtxSeq(): number {
+    return this.model.lib.symbols.llama_n_ctx_seq(this.ptr);
+  }
+
   /** Who holds the context (see `hold`), or null. */
   get heldBy(): string | null {
     return this.#heldBy;
@@ -192,12 +222,29 @@ export class LlamaContext implements Disposable {
 
   /** Decodes a batch; throws RuntimeLibraryError with llama.cpp's reason on failure. */
   decode(batch: LlamaBatch): Promise<void> {
+    return this.#decode(batch, () => {});
+  }
+
+  #decode(batch: LlamaBatch, after: () => void): Promise<void> {
     if (this.#heldBy !== null) {
       return Promise.reject(
         new StateValidationError(`Cannot decode: the context holds ${this.#heldBy}`, {
           hint: "commit the state import first (or abort it)",
         }),
       );
+    }
+    for (let i = 0; this.#heldSeqs.size > 0 && i < batch.length; i++) {
+      const holder = this.#heldSeqs.get(batch.seqIdAt(i));
+      if (holder !== undefined) {
+        return Promise.reject(
+          new StateValidationError(
+            `Cannot decode sequence ${batch.seqIdAt(i)}: it holds ${holder}`,
+            {
+              hint: "commit the state import first (or abort it)",
+            },
+          ),
+        );
+      }
     }
     return this.serialize(async () => {
       const lib = this.model.lib;
@@ -210,7 +257,21 @@ export class LlamaContext implements Disposable {
           `llama_decode failed: ${what}${detail ? ` (llama.cpp: ${detail})` : ""}`,
         );
       }
+      after();
     });
+  }
+
+  /**
+   * Decodes a batch and copies the logits of the batch indices `rows` (tokens that asked for
+   * output) before any other native call on this context can run: a context shared by several
+   * sessions hands each one its own row.
+   */
+  async decodeRows(batch: LlamaBatch, rows: readonly number[]): Promise<Float32Array[]> {
+    let out: Float32Array[] = [];
+    await this.#decode(batch, () => {
+      out = rows.map((i) => this.logits(i));
+    });
+    return out;
   }
 
   /** A copy of the logits of output row `i` (-1 = last). */

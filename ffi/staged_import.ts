@@ -82,7 +82,13 @@ export class StagedImport {
     this.#main = main;
     this.#draft = draft;
     this.#runs = new RecurrentRuns(ctx, backend, options.seq, options.nTokens);
-    this.#releases = [ctx.hold(HOLDER), ...(draft ? [draft.ctx.hold(HOLDER)] : [])];
+    // A context shared by several sessions (n_seq_max > 1) keeps decoding the others: only
+    // the destination sequence is held.
+    const hold = (c: LlamaContext) =>
+      c.options.nSeqMax !== undefined && c.options.nSeqMax > 1
+        ? c.holdSequence(options.seq, HOLDER)
+        : c.hold(HOLDER);
+    this.#releases = [hold(ctx), ...(draft ? [hold(draft.ctx)] : [])];
   }
 
   /** Opens an import into the empty sequence `seq` of `ctx` (and of `options.draft`). */
@@ -102,7 +108,9 @@ export class StagedImport {
       draft = { ctx: options.draft, backend: b, component: "mtp-kv", ranges: [], pages: [] };
     }
     for (const t of [main, ...(draft ? [draft] : [])]) {
-      if (t.ctx.seqPosMax(seq) !== -1 || t.ctx.heldBy !== null) {
+      // Serialized for a shared context (see `validate`).
+      const posMax = await t.ctx.serialize(() => t.ctx.seqPosMax(seq));
+      if (posMax !== -1 || t.ctx.heldBy !== null || t.ctx.sequenceHeldBy(seq)) {
         throw new StateValidationError(
           `Cannot open a state import into sequence ${seq}: it already holds state`,
           { hint: "import into a cleared sequence of a context that nothing else is using" },
@@ -400,7 +408,9 @@ export class StagedImport {
           const tail = t === this.#main ? { recurrent: this.#recurrent, swa: this.#swa } : {};
           await assembleFinal(t, this.options.seq, tail);
         }
-        checkReadiness(t, this.options.seq, n);
+        // Serialized: on a shared context other sequences may be decoding right now, and
+        // llama.cpp's cell bookkeeping is not safe to read while a decode changes it.
+        await t.ctx.serialize(() => checkReadiness(t, this.options.seq, n));
       } catch (error) {
         // The public path imported everything at once: take it out again, keep the pages.
         if (t.backend.path === "public" && t.backend.kind !== "recurrent") {

@@ -10,7 +10,7 @@
  * a retry (the prefiller never saw the earlier attempt's CommitAck, so the coordinator never
  * moved the request here) and the earlier attempt is cancelled or released first.
  */
-import type { HandoffTiming, ReserveRequest } from "../core/mod.ts";
+import { type HandoffTiming, LimitExceededError, type ReserveRequest } from "../core/mod.ts";
 import type { PeerConnection } from "../transport/mod.ts";
 import { DecodeHandoff, type DecodeLimits } from "./decode_session.ts";
 import { type CommittedSession, continueSession, type GeneratedStep } from "./generation.ts";
@@ -18,7 +18,8 @@ import { speculationEvent } from "./speculative.ts";
 import type { ResolvedIdentity } from "./identity.ts";
 import type { GenerateRequest, PrefillQueueCounters, WorkerCounters } from "./messages.ts";
 import type { Node } from "./node.ts";
-import type { EnginePool, PooledEngine } from "./pool.ts";
+import type { PooledSession, SessionPool } from "./pool.ts";
+import { Admission, ADMISSION_DEFAULTS, type AdmissionOptions } from "./admission.ts";
 import { DecoderTelemetry } from "../core/telemetry.ts";
 import { reportProgress, sendDone, streamTokens } from "./token_stream.ts";
 import { atMost } from "./_deadline.ts";
@@ -36,7 +37,7 @@ interface Attempt {
 
 interface Held {
   session: CommittedSession;
-  pooled: PooledEngine;
+  pooled: PooledSession;
   timer: ReturnType<typeof setTimeout>;
   sourceNodeId: string;
   attempt: number;
@@ -58,18 +59,28 @@ export class DecodeRole {
     string,
     { peer: PeerConnection; tenantId: string; controller: AbortController }
   >();
+  /** Reservations waiting in the admission queue for a session (see `#reserve`). */
+  readonly #waitingReservations = new Map<string, { peer: PeerConnection; cancel: () => void }>();
   #generating = 0;
   readonly #totals = { reservationsTotal: 0, commitsTotal: 0, abortsTotal: 0 };
+  readonly admission: Admission;
 
+  /**
+   * `pool`: where sessions come from, a context each (`EnginePool`) or a sequence of the
+   * continuously batched shared context (`SequencePool`); `admission` bounds who waits for one.
+   */
   constructor(
     readonly node: Node,
-    readonly pool: EnginePool,
+    readonly pool: SessionPool,
     readonly identity: ResolvedIdentity,
     readonly timing: HandoffTiming,
     readonly limits: DecodeLimits,
     readonly committedIdleMs: number,
     readonly log: (line: string) => void,
-  ) {}
+    admission: Readonly<AdmissionOptions> = ADMISSION_DEFAULTS,
+  ) {
+    this.admission = new Admission(pool, admission);
+  }
 
   /** What the decode side holds now, and what it did since start. */
   get counters(): DecodeCounters {
@@ -91,6 +102,8 @@ export class DecodeRole {
     if (attempt && attempt.peer === peer && attempt.handoff.attempt === header.attempt) {
       return attempt.handoff.deliver(header);
     }
+    const waiting = this.#waitingReservations.get(id);
+    if (header.type === "AbortNotice" && waiting?.peer === peer) waiting.cancel();
     const held = this.#committed.get(id);
     const fromSource = held?.sourceNodeId === peer.peerNodeId && held.attempt === header.attempt;
     if (header.type === "AbortNotice" && fromSource) {
@@ -108,10 +121,50 @@ export class DecodeRole {
       this.log(`peer ${peer.peerNodeId}: reservation without a valid handoff id ignored`);
       return;
     }
+    // The same peer's retry supersedes its reservation still waiting for a session.
+    const waiting = this.#waitingReservations.get(id);
+    if (waiting?.peer === peer) waiting.cancel();
     const refusal = await this.#clearEarlier(peer, request);
     if (refusal) return await this.#refuse(peer, request, refusal);
-    const pooled = await this.pool.tryAcquire();
-    if (!pooled) return await this.#refuse(peer, request, "all sessions in use");
+    const admitted = await this.admission.acquireNow(this.#reserveWaitMs > 0);
+    if (admitted.ok) return this.#startAttempt(peer, request, admitted.session);
+    if (this.#reserveWaitMs === 0) return await this.#refuse(peer, request, admitted.busy);
+    // No sequence free: wait in the admission queue, but without holding up this peer's other
+    // messages, and briefly enough that the prefiller (waiting reserveTimeoutMs for the answer)
+    // hears a refusal in time to fall back.
+    this.#waitForSession(peer, request).catch((error) => {
+      this.log(`handoff ${id}: reservation failed: ${(error as Error).message}`);
+    });
+  }
+
+  /** How long a reservation may wait for a session: half the reserve timeout, at most. */
+  get #reserveWaitMs(): number {
+    return Math.min(
+      this.admission.options.queueWaitMs,
+      Math.floor(this.timing.reserveTimeoutMs / 2),
+    );
+  }
+
+  async #waitForSession(peer: PeerConnection, request: ReserveRequest): Promise<void> {
+    const id = request.handoffId;
+    let cancelled = false;
+    const waiting = { peer, cancel: () => (cancelled = true) };
+    this.#waitingReservations.set(id, waiting);
+    const admitted = await this.admission.acquire(this.#reserveWaitMs);
+    if (this.#waitingReservations.get(id) === waiting) this.#waitingReservations.delete(id);
+    if (!admitted.ok) return await this.#refuse(peer, request, admitted.busy);
+    // Given up meanwhile (the prefiller aborted, or a retry superseded it), or another attempt
+    // of this id started: the session goes back unused.
+    if (cancelled || this.#attempts.has(id) || this.#committed.has(id)) {
+      this.admission.release(admitted.session);
+      if (!cancelled) await this.#refuse(peer, request, "handoff already in progress");
+      return;
+    }
+    this.#startAttempt(peer, request, admitted.session);
+  }
+
+  #startAttempt(peer: PeerConnection, request: ReserveRequest, pooled: PooledSession): void {
+    const id = request.handoffId;
     this.#totals.reservationsTotal++;
     const handoff = new DecodeHandoff({
       request,
@@ -155,7 +208,7 @@ export class DecodeRole {
     return null;
   }
 
-  async #runAttempt(attempt: Attempt, pooled: PooledEngine): Promise<CommittedSession | null> {
+  async #runAttempt(attempt: Attempt, pooled: PooledSession): Promise<CommittedSession | null> {
     const { handoff } = attempt;
     let session: CommittedSession | null = null;
     try {
@@ -174,7 +227,7 @@ export class DecodeRole {
     this.#totals.abortsTotal++;
     const why = session ? "superseded" : handoff.failure ?? "aborted";
     this.log(`handoff ${handoff.handoffId}: attempt ${handoff.attempt} not committed: ${why}`);
-    this.pool.release(pooled);
+    this.admission.release(pooled);
     return null;
   }
 
@@ -189,7 +242,7 @@ export class DecodeRole {
     }).catch(() => {});
   }
 
-  #hold(session: CommittedSession, pooled: PooledEngine, attempt: Attempt): void {
+  #hold(session: CommittedSession, pooled: PooledSession, attempt: Attempt): void {
     this.#release(session.handoffId); // never two sessions under one id
     const timer = setTimeout(() => {
       this.log(`handoff ${session.handoffId}: released after ${this.committedIdleMs} ms idle`);
@@ -210,7 +263,7 @@ export class DecodeRole {
     if (!held) return;
     clearTimeout(held.timer);
     this.#committed.delete(handoffId);
-    this.pool.release(held.pooled);
+    this.admission.release(held.pooled);
   }
 
   /** Routes this peer's handoff streams to the attempt they belong to. */
@@ -282,6 +335,9 @@ export class DecodeRole {
     clearTimeout(held.timer);
     this.#committed.delete(request.handoffId);
     const { session } = held;
+    // Per-token logits digests are compared with a lone run: decode this session alone.
+    if (request.probe) session.engine.alone = true;
+    const decodePath = session.engine.path;
     const stopProgress = reportProgress(peer, request.handoffId, () => session.engine.position);
     try {
       const telemetry = new DecoderTelemetry();
@@ -298,10 +354,11 @@ export class DecodeRole {
         { ok: true, message: null },
         telemetry.summary(),
         session.mtpReady,
+        { decodePath },
       );
     } finally {
       stopProgress();
-      this.pool.release(held.pooled);
+      this.admission.release(held.pooled);
     }
   }
 
@@ -322,15 +379,27 @@ export class DecodeRole {
     }
     const held = this.#committed.get(request.handoffId);
     if (held && held.session.tenantId === request.tenantId) this.#release(request.handoffId);
-    const pooled = await this.pool.tryAcquire();
-    if (!pooled) {
-      const message = "The decode worker is busy (all sessions in use)";
-      return await sendDone(peer, request.handoffId, { ok: false, message });
+    const admitted = await this.admission.acquire();
+    if (!admitted.ok) {
+      const message = admitted.busy;
+      return await sendDone(peer, request.handoffId, { ok: false, message }, null, null, {
+        busy: true,
+      });
     }
+    const pooled = admitted.session;
     const engine = pooled.engine;
+    if (request.probe) engine.alone = true;
     const stopProgress = reportProgress(peer, request.handoffId, () => engine.position);
     try {
       const prompt = engine.model.vocab.tokenize(request.prompt!);
+      // Refused before any decode: an admitted request never runs out of cells mid-stream.
+      const needed = prompt.length + request.generateTokens;
+      if (needed > engine.contextTokens) {
+        throw new LimitExceededError(
+          `Request needs ${needed} context tokens (prompt ${prompt.length} + generate ${request.generateTokens}), this decoder has ${engine.contextTokens}`,
+          { hint: "start the decode worker with a larger --ctx, or ask for fewer tokens" },
+        );
+      }
       const s = request.sampling!;
       const params = { temperature: s.temperature, topK: s.topK, topP: s.topP };
       const logits = await engine.prefill(prompt);
@@ -345,15 +414,23 @@ export class DecodeRole {
         telemetry,
         engine.model.vocab,
       );
-      await sendDone(peer, request.handoffId, { ok: true, message: null }, telemetry.summary());
+      await sendDone(
+        peer,
+        request.handoffId,
+        { ok: true, message: null },
+        telemetry.summary(),
+        null,
+        { decodePath: engine.path },
+      );
     } finally {
       stopProgress();
-      this.pool.release(pooled);
+      this.admission.release(pooled);
     }
   }
 
   /** Cancels running attempts and releases committed sessions. */
   close(): void {
+    this.admission.close();
     for (const attempt of this.#live) attempt.handoff.cancel();
     for (const id of [...this.#committed.keys()]) this.#release(id);
   }

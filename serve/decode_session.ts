@@ -41,7 +41,7 @@ import { StagedTail } from "./_decode_tail.ts";
 import { FrameInbox } from "./_frame_inbox.ts";
 import { checkReservation } from "./_reservation.ts";
 import type { CommittedSession } from "./generation.ts";
-import type { Engine } from "./engine.ts";
+import type { DecodeEngine } from "./engine.ts";
 import type { ResolvedIdentity } from "./identity.ts";
 import type { MtpDraft } from "../ffi/mtp.ts";
 import { probeStep } from "./probe.ts";
@@ -66,7 +66,8 @@ export interface DecodeHandoffInput {
   request: ReserveRequest;
   /** The prefill worker's connection (its control stream carries our replies). */
   peer: PeerConnection;
-  engine: Engine;
+  /** A context of its own, or a sequence of the shared one (the import lands in `engine.seq`). */
+  engine: DecodeEngine;
   draft: MtpDraft | null;
   identity: ResolvedIdentity;
   /** This node's id: chunks bound to another destination fail their tag. */
@@ -281,7 +282,7 @@ export class DecodeHandoff {
   async #reserve(request: ReserveRequest): Promise<HandoffEvent> {
     const own = this.input.identity;
     try {
-      const nCtx = this.input.engine.ctx.nCtx;
+      const nCtx = this.input.engine.contextTokens;
       this.#parity = checkReservation(request, this.input.peer, {
         nodeId: this.input.nodeId,
         identity: own,
@@ -289,6 +290,7 @@ export class DecodeHandoff {
       });
       this.#staged = await StagedImport.open(this.input.engine.ctx, {
         nTokens: request.promptTokens,
+        seq: this.input.engine.seq,
         draft: this.input.draft?.ctx,
         stagedBytesMax: this.input.limits.stagingBytesMax,
       });
@@ -470,8 +472,7 @@ export class DecodeHandoff {
     this.#inbox.wipe();
     this.#tail.wipe();
     await this.#staged?.abort().catch(() => {});
-    this.input.engine.ctx.clearMemory();
+    await this.input.engine.wipe();
     this.input.draft?.ctx.clearMemory();
-    this.input.engine.adoptPosition(0);
   }
 }

@@ -87,8 +87,72 @@ export interface ChunkDone {
   computeMs: number;
 }
 
-export class Engine implements Disposable {
+/**
+ * What the decode side needs of an engine, whichever path serves it: an `Engine` (one context
+ * per session) or a `SequenceEngine` (one sequence of the decode worker's shared context,
+ * serve/batch_loop.ts). Everything here acts on the session's own sequence only.
+ */
+export interface DecodeEngine {
+  readonly model: LlamaModel;
+  readonly ctx: LlamaContext;
+  readonly config: Readonly<RuntimeConfig>;
+  /** The session's sequence in `ctx`. */
+  readonly seq: number;
+  /** Tokens the session's sequence can hold. */
+  readonly contextTokens: number;
+  /** Which path serves the session (telemetry). */
+  readonly path: "per-session" | "batched";
+  readonly position: number;
+  adoptPosition(pos: number): void;
+  /**
+   * Whether every decode of the session runs alone (no other sequence in the step): always on a
+   * context of its own; settable on a shared one (serve/batch_loop.ts), where batched decode
+   * logits may differ from a lone run's in the last bits.
+   */
+  alone: boolean;
+  prefill(tokens: Int32Array): Promise<Float32Array>;
+  /** Decodes one token; `alone` keeps this step alone even on a shared context (the probe). */
+  step(token: number, alone?: boolean): Promise<Float32Array>;
+  generate(
+    logits: Float32Array,
+    n: number,
+    sampling: SamplingParams,
+    sampler: SamplerState,
+  ): AsyncGenerator<{ token: number; logits: Float32Array }>;
+  /** Removes the session's state (and, where the context is its own, zeroes it). */
+  wipe(): Promise<void>;
+}
+
+/**
+ * Samples from `logits`, then decodes each sampled token with `step` to get the next logits,
+ * `n` times; yields every token with the logits it was sampled from. Stops after an
+ * end-of-generation token.
+ */
+export async function* sampleAndStep(
+  engine: Pick<DecodeEngine, "model" | "step">,
+  logits: Float32Array,
+  n: number,
+  sampling: SamplingParams,
+  sampler: SamplerState,
+): AsyncGenerator<{ token: number; logits: Float32Array }> {
+  let current = logits;
+  for (let i = 0; i < n; i++) {
+    const token = sampleToken(current, sampling, sampler);
+    yield { token, logits: current };
+    if (engine.model.vocab.isEog(token) || i === n - 1) return;
+    current = await engine.step(token);
+  }
+}
+
+export class Engine implements Disposable, DecodeEngine {
   readonly batch: LlamaBatch;
+  readonly seq = 0;
+  readonly path = "per-session";
+  /** A context of its own: always alone. */
+  get alone(): boolean {
+    return true;
+  }
+  set alone(_: boolean) {}
   #pos = 0;
 
   private constructor(
@@ -125,6 +189,18 @@ export class Engine implements Disposable {
   }
 
   #ownsModel = false;
+
+  get contextTokens(): number {
+    return this.ctx.nCtx;
+  }
+
+  /** Zeroes the context's memory (it serves one session). */
+  wipe(): Promise<void> {
+    return this.ctx.serialize(() => {
+      this.ctx.clearMemory();
+      this.#pos = 0;
+    });
+  }
 
   /** Next position to be written (tokens held by the context). */
   get position(): number {
@@ -196,13 +272,7 @@ export class Engine implements Disposable {
     sampling: SamplingParams,
     sampler: SamplerState,
   ): AsyncGenerator<{ token: number; logits: Float32Array }> {
-    let current = logits;
-    for (let i = 0; i < n; i++) {
-      const token = sampleToken(current, sampling, sampler);
-      yield { token, logits: current };
-      if (this.model.vocab.isEog(token) || i === n - 1) return;
-      current = await this.step(token);
-    }
+    yield* sampleAndStep(this, logits, n, sampling, sampler);
   }
 
   [Symbol.dispose](): void {

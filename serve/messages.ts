@@ -197,6 +197,13 @@ export interface GenerateDone {
   telemetry: DecoderTelemetrySummary | null;
   /** Whether the MTP draft state was imported and ready (null: the model has no MTP). */
   mtpReady: boolean | null;
+  /**
+   * Which decode path served the request: a context of its own (`per-session`) or a sequence
+   * of the continuously batched shared context (`batched`). Absent from older workers.
+   */
+  decodePath?: "per-session" | "batched";
+  /** True when the request was refused by admission (no session free in time): retry or fall back. */
+  busy?: boolean;
 }
 
 /** Anyone trusted -> worker: report what you hold right now (counts only, no content). */
@@ -223,6 +230,24 @@ export interface WorkerCounters extends PrefillQueueCounters {
   reservationsTotal: number;
   commitsTotal: number;
   abortsTotal: number;
+  /** The worker's resident set size (bytes), `Deno.memoryUsage().rss`. */
+  rssBytes?: number;
+  /** Decode side: which path serves requests (see GenerateDone's `decodePath`). */
+  decodePath?: "per-session" | "batched";
+  /** Batched decode side: sequences of the shared context, and KV cells, in use and in all. */
+  sequencesBusy?: number;
+  sequencesMax?: number;
+  kvCellsUsed?: number;
+  kvCellsMax?: number;
+  /** Recurrent slots in use (one per sequence; 0 for a model without recurrent layers). */
+  recurrentSlotsBusy?: number;
+  /** Sequences out of service (llama.cpp would not remove their state; never handed out). */
+  sequencesOutOfService?: number;
+  /** Admission: requests waiting for a session now; admitted, queued and refused since start. */
+  admissionWaiting?: number;
+  admittedTotal?: number;
+  queuedTotal?: number;
+  refusedBusyTotal?: number;
 }
 
 /** The prefill queue's counters (serve/prefill_queue.ts), part of WorkerCounters. */

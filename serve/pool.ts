@@ -5,7 +5,7 @@
  */
 import { LlamaModel, loadLlama } from "../ffi/mod.ts";
 import { readGgufFile, specFromGguf } from "../models/mod.ts";
-import { Engine, type RuntimeConfig } from "./engine.ts";
+import { type DecodeEngine, Engine, type RuntimeConfig } from "./engine.ts";
 import { MtpDraft } from "../ffi/mtp.ts";
 
 export interface PooledEngine {
@@ -13,9 +13,34 @@ export interface PooledEngine {
   draft: MtpDraft | null;
 }
 
-export class EnginePool implements Disposable {
+/** A session's engine on the decode side: a context of its own, or a sequence of a shared one. */
+export interface PooledSession {
+  engine: DecodeEngine;
+  draft: MtpDraft | null;
+}
+
+/**
+ * Where the decode side takes a session's engine from: `EnginePool` (a context per session) or
+ * `SequencePool` (a sequence of one shared, continuously batched context: serve/batch_pool.ts).
+ */
+export interface SessionPool {
+  readonly path: "per-session" | "batched";
+  /** Sessions at once. */
+  readonly capacity: number;
+  /** Sessions taken and not yet given back (a released one counts until it is wiped). */
+  readonly busy: number;
+  /** An idle session with empty state, or null when all `capacity` are in use. */
+  tryAcquire(): Promise<PooledSession | null>;
+  /** Wipes the session's state and returns it; `whenFree` runs once it can be taken again. */
+  release(item: PooledSession): void;
+  whenFree: (() => void) | null;
+}
+
+export class EnginePool implements Disposable, SessionPool {
   readonly #free: PooledEngine[] = [];
   #created = 0;
+  readonly path = "per-session";
+  whenFree: (() => void) | null = null;
 
   private constructor(
     readonly model: LlamaModel,
@@ -56,15 +81,30 @@ export class EnginePool implements Disposable {
   }
 
   /** Wipes (zeroes) the engine's state and returns it to the pool. */
-  release(item: PooledEngine): void {
-    item.engine.ctx.clearMemory();
-    item.draft?.ctx.clearMemory();
-    item.engine.adoptPosition(0);
-    this.#free.push(item);
+  release(item: PooledEngine | PooledSession): void {
+    const pooled = item as PooledEngine;
+    pooled.engine.ctx.clearMemory();
+    pooled.draft?.ctx.clearMemory();
+    pooled.engine.adoptPosition(0);
+    this.#free.push(pooled);
+    this.whenFree?.();
   }
 
   get busy(): number {
     return this.#created - this.#free.length;
+  }
+
+  get capacity(): number {
+    return this.sessionsMax;
+  }
+
+  /** Frees idle contexts (their memory), keeping the model: for a worker that uses another pool. */
+  trim(): void {
+    for (const item of this.#free.splice(0)) {
+      item.draft?.ctx.free();
+      item.engine.ctx.free();
+      this.#created--;
+    }
   }
 
   [Symbol.dispose](): void {

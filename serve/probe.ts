@@ -7,18 +7,22 @@
  * The digest travels encrypted and is never logged.
  */
 import { sha256Hex } from "../core/mod.ts";
-import type { Engine } from "./engine.ts";
+import type { DecodeEngine } from "./engine.ts";
 
 /** SHA-256 (hex) of a logits row, bit for bit. */
 export function logitsDigest(logits: Float32Array): Promise<string> {
   return sha256Hex(new Uint8Array(logits.buffer, logits.byteOffset, logits.byteLength));
 }
 
-/** Decodes `token` at the engine's position; returns the logits and their digest. */
+/**
+ * Decodes `token` at the engine's position, alone (on a shared context no other sequence is
+ * in that step, which keeps it bitwise equal to the prefiller's own run); returns the logits
+ * and their digest.
+ */
 export async function probeStep(
-  engine: Engine,
+  engine: Pick<DecodeEngine, "step">,
   token: number,
 ): Promise<{ logits: Float32Array; digest: string }> {
-  const logits = await engine.step(token);
+  const logits = await engine.step(token, true);
   return { logits, digest: await logitsDigest(logits) };
 }

@@ -6,6 +6,7 @@
  * token. From there it is the same loop as colocated generation (serve/speculative.ts), which
  * is why the drafts equal the colocated ones bit for bit.
  */
+import { Engine } from "./engine.ts";
 import type { CommittedSession, GeneratedStep } from "./generation.ts";
 import { type SpeculationConfig, SpeculativeDecoder } from "./speculative.ts";
 
@@ -21,6 +22,9 @@ export async function* continueSpeculative(
   if (engine.model.vocab.isEog(session.firstToken) || n === 1) return;
   const history = [...session.history, session.firstToken];
   const params = session.sampler.params;
+  // Speculation verifies and rolls back on a context of its own (generation.ts never sends a
+  // session of the shared batched context here).
+  if (!(engine instanceof Engine)) throw new Error("speculation needs a per-session context");
   const decoder = new SpeculativeDecoder(engine, session.draft, history, params, config);
   session.speculation = decoder.report;
   const sampler = { ...session.sampler.state };

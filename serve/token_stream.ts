@@ -89,8 +89,16 @@ export async function sendDone(
   result: { ok: boolean; message: string | null },
   telemetry: DecoderTelemetrySummary | null = null,
   mtpReady: boolean | null = null,
+  extra: Pick<GenerateDone, "decodePath" | "busy"> = {},
 ): Promise<void> {
-  const done: GenerateDone = { type: "GenerateDone", handoffId, ...result, telemetry, mtpReady };
+  const done: GenerateDone = {
+    type: "GenerateDone",
+    handoffId,
+    ...result,
+    telemetry,
+    mtpReady,
+    ...extra,
+  };
   await sendOrExplain(peer, done as unknown as Record<string, unknown>, (message) => ({
     type: "GenerateDone",
     handoffId,

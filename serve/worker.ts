@@ -38,7 +38,9 @@ import {
 } from "./messages.ts";
 import { Node, type NodeFaults, type NodeLinkOverrides } from "./node.ts";
 import { sendDone } from "./token_stream.ts";
-import { EnginePool } from "./pool.ts";
+import { EnginePool, type SessionPool } from "./pool.ts";
+import { ADMISSION_DEFAULTS, type AdmissionOptions } from "./admission.ts";
+import { BATCHING_DEFAULTS, SequencePool } from "./batch_pool.ts";
 import { DEFAULT_PREFILL_LIMITS, type PrefillLimits } from "./prefill_session.ts";
 import { type PrefillHooks, PrefillRole } from "./prefill_role.ts";
 import { DEFAULT_PREFILL_QUEUE, type PrefillQueueOptions } from "./prefill_queue.ts";
@@ -55,8 +57,21 @@ export interface WorkerOptions {
   runtime: RuntimeConfig;
   /** Node identity, certificate and trust list; default per-user folder. */
   stateDir?: string;
-  /** Requests this worker serves at once (one context each). */
+  /**
+   * Requests this worker serves at once: one context each, or, with batching on the decode
+   * side, the sequences of its shared context.
+   */
   sessionsMax: number;
+  /**
+   * Decode side: continuous batching in one shared context (`on`, the default) or a context
+   * per session (`off`). Falls back to `off`, with the reason logged, for models with an MTP
+   * draft and without the native shim.
+   */
+  batching?: "on" | "off";
+  /** Most tokens in one batched step: decode tokens plus prompt chunks (default 512). */
+  stepTokensMax?: number;
+  /** Decode side: who may wait for a session, and how long. */
+  admission?: Partial<AdmissionOptions>;
   timing?: Partial<HandoffTiming>;
   prefillLimits?: Partial<PrefillLimits>;
   /** Bounds of the prefill worker's queue (serve/prefill_queue.ts). */
@@ -86,6 +101,8 @@ export class Worker {
     readonly options: WorkerOptions,
     readonly node: Node,
     readonly pool: EnginePool,
+    /** The decode side's sessions: `pool` itself, or the batched shared context. */
+    readonly sessions: SessionPool,
     readonly identity: ResolvedIdentity,
     readonly capabilities: Capabilities,
     readonly listener: PeerListener,
@@ -131,6 +148,9 @@ export class Worker {
     const log = options.log ?? ((line: string) => console.error(line));
     const legacy = node.trust.legacyEntries().length;
     if (legacy > 0) log(legacyRolesNotice(legacy));
+    const sessions = roleCovers(options.role, "decode")
+      ? await Worker.#decodeSessions(options, pool, log)
+      : pool;
     const prefill = roleCovers(options.role, "prefill")
       ? new PrefillRole(
         node,
@@ -150,7 +170,7 @@ export class Worker {
     const decode = roleCovers(options.role, "decode")
       ? new DecodeRole(
         node,
-        pool,
+        sessions,
         identity,
         timing,
         {
@@ -159,12 +179,14 @@ export class Worker {
         },
         options.committedIdleMs ?? 30_000,
         log,
+        { ...ADMISSION_DEFAULTS, ...options.admission },
       )
       : null;
     const worker = new Worker(
       options,
       node,
       pool,
+      sessions,
       identity,
       capabilities,
       listener,
@@ -174,6 +196,36 @@ export class Worker {
     );
     worker.#acceptLoop();
     return worker;
+  }
+
+  /** The decode side's pool: the shared batched context when it can be used, else `pool`. */
+  static async #decodeSessions(
+    options: WorkerOptions,
+    pool: EnginePool,
+    log: (line: string) => void,
+  ): Promise<SessionPool> {
+    if ((options.batching ?? "on") === "off") return pool;
+    const off = (why: string) => {
+      log(`serve: batching off: ${why}`);
+      return pool;
+    };
+    if (pool.withDraft) return off("the model has an MTP draft (its context is per session)");
+    const speculation = pool.config.speculation?.mode ?? "none";
+    if (speculation !== "none") {
+      return off(`speculation ${speculation} verifies on per-session contexts`);
+    }
+    try {
+      const shared = await SequencePool.open(pool.model, pool.config, {
+        sequencesMax: options.sessionsMax,
+        stepTokensMax: options.stepTokensMax ?? BATCHING_DEFAULTS.stepTokensMax,
+      });
+      // A decode-only worker keeps no per-session contexts around (the identity probe's).
+      if (!roleCovers(options.role, "prefill")) pool.trim();
+      return shared;
+    } catch (error) {
+      if (options.batching === "on") throw error;
+      return off((error as Error).message);
+    }
   }
 
   get addr(): { hostname: string; port: number } {
@@ -200,7 +252,19 @@ export class Worker {
       ...this.prefill?.counters,
       ...this.decode?.counters,
       ...(this.local ? { generating: this.local.running } : {}),
-      contextsBusy: this.pool.busy,
+      contextsBusy: this.pool.busy + (this.sessions === this.pool ? 0 : this.sessions.busy),
+      ...this.#decodeUsage(),
+    };
+  }
+
+  /** Memory and decode-side usage, reported beside the counters (not summed, not held). */
+  #decodeUsage(): Partial<WorkerCounters> {
+    const usage = this.sessions instanceof SequencePool ? this.sessions.usage() : null;
+    return {
+      rssBytes: Deno.memoryUsage().rss,
+      decodePath: this.decode ? this.sessions.path : undefined,
+      ...usage,
+      ...this.decode?.admission.counters,
     };
   }
 
