@@ -5,6 +5,10 @@
  * 500). Every message is one line, names the field or bound, and never quotes prompt content.
  */
 import type { z } from "zod";
+import { WorkerBusyError } from "../core/mod.ts";
+
+/** Retry-After, in seconds, for a 503 because a worker had no room. */
+export const WORKER_BUSY_RETRY_AFTER_S = 1;
 
 export type ApiErrorType =
   | "invalid_request_error"
@@ -95,9 +99,18 @@ export function contextTooSmall(promptTokens: number, maxTokens: number, nCtx: n
   );
 }
 
-/** 500 for a worker failure: one line, the worker's own message (never content). */
+/**
+ * 500 for a worker failure: one line, the worker's own message (never content); 503 with
+ * Retry-After when a worker had no room (WorkerBusyError: the request can simply be retried).
+ */
 export function serverError(error: unknown): ApiError {
   const message = error instanceof Error ? error.message : String(error);
+  if (error instanceof WorkerBusyError) {
+    return new ApiError(503, "unavailable_error", firstLine(message), {
+      code: "worker_busy",
+      retryAfterS: WORKER_BUSY_RETRY_AFTER_S,
+    });
+  }
   return new ApiError(500, "server_error", firstLine(message), { code: "server_error" });
 }
 

@@ -318,6 +318,7 @@ function fallbackCode(result: HandoffResult | null): string {
   if (!result) return "unknown";
   if (result.telemetry.fallbackReason) return result.telemetry.fallbackReason;
   const why = result.fallbackReason ?? "";
+  if (why.startsWith("prefill-busy")) return "prefill-busy";
   if (why.startsWith("the prefill worker is unreachable")) return "prefill-unreachable";
   if (why.startsWith("the prefill worker was lost")) return "connection-lost";
   if (why.startsWith("decode worker not eligible")) return "not-eligible";

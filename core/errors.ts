@@ -65,6 +65,12 @@ export class HandoffAbortedError extends SkippyError {
   }
 }
 
+/**
+ * A worker had no room for the request (every sequence or context taken and its queue full or
+ * its wait over): nothing was lost, and the same request can be sent again later.
+ */
+export class WorkerBusyError extends SkippyError {}
+
 /** A bound (bytes, count, time) was exceeded. */
 export class LimitExceededError extends SkippyError {}
 

@@ -4,7 +4,12 @@
  * bounded by the request's idle timeout. A peer found dead is reported to the node's links,
  * which then skip it for every request until its backoff has passed.
  */
-import { HandoffAbortedError, LimitExceededError, PeerError } from "../core/mod.ts";
+import {
+  HandoffAbortedError,
+  LimitExceededError,
+  PeerError,
+  WorkerBusyError,
+} from "../core/mod.ts";
 import type { DecoderTelemetrySummary } from "../core/telemetry.ts";
 import {
   encodeRequestPayload,
@@ -187,6 +192,11 @@ export async function readGeneration(
     }
     if (header.type === "GenerateDone") {
       const done = parseMessage<GenerateDone>(header);
+      if (!done.ok && done.busy) {
+        throw new WorkerBusyError(`The ${channel.role} worker is busy: ${done.message}`, {
+          hint: "retry later, or add decode workers",
+        });
+      }
       if (!done.ok) {
         throw new HandoffAbortedError("decode-failed", `Generation failed: ${done.message}`);
       }
