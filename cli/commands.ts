@@ -10,6 +10,7 @@ import { register as registerServe } from "./serve.ts";
 import { register as registerHandoff } from "./handoff.ts";
 import { register as registerDemo } from "./demo.ts";
 import { register as registerStats } from "./stats.ts";
+import { register as registerPlan } from "./plan.ts";
 import { measureStateBytes } from "./_runtime_probe.ts";
 
 export type RegisterCommand = (program: Command) => void;
@@ -25,4 +26,5 @@ export const COMMANDS: RegisterCommand[] = [
   registerHandoff,
   registerDemo,
   registerStats,
+  registerPlan,
 ];
