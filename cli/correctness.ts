@@ -31,6 +31,7 @@ import { registerProcessHandoff } from "./_correctness_process.ts";
 import { listArg, oneOf } from "./_list_args.ts";
 import { gpuLayersArg, intArg } from "./_options.ts";
 import { cacheDir } from "./paths.ts";
+import { defaultCertificationPath, writeCertification } from "./_certify.ts"; // placement (issue 11)
 
 interface HandoffFlags {
   families: Family[];
@@ -44,6 +45,8 @@ interface HandoffFlags {
   gpuLayers: GpuLayersRequest;
   modelDir?: string;
   json: boolean;
+  /** Placement (issue 11): certification file to update, or true for the default one. */
+  certify?: string | true;
 }
 
 export function register(program: Command): void {
@@ -81,6 +84,7 @@ export function register(program: Command): void {
     )
     .option("--model-dir <dir>", "folder of the test models, made on first use (default: cache)")
     .option("--json", "print the results as JSON", false)
+    .option("--certify [file]", "record exact families in the certification file the planner reads")
     .action((flags: HandoffFlags) => runStateHandoff(flags));
   registerProcessHandoff(correctness);
 }
@@ -130,6 +134,15 @@ async function runStateHandoff(flags: HandoffFlags): Promise<void> {
   const wallMs = performance.now() - t0;
   if (flags.json) console.log(JSON.stringify({ steps: flags.steps, wallMs, results }, null, 2));
   else printReport(results, flags, wallMs);
+  if (flags.certify) { // placement (issue 11)
+    const path = flags.certify === true ? defaultCertificationPath() : flags.certify;
+    const c = await writeCertification(path, results);
+    console.error(
+      `certification ${path}: certified ${c.certified.join(", ") || "none"}; revoked ${
+        c.revoked.join(", ") || "none"
+      }`,
+    );
+  }
   const failed = results.filter((r) => !r.ok).length;
   if (failed > 0) {
     throw new StateValidationError(

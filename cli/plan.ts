@@ -16,7 +16,7 @@ import { loadLlama } from "../ffi/mod.ts";
 import { familyOf } from "../serve/identity.ts";
 import { modelInfo } from "./_model_info.ts";
 import { intArg, numberArg } from "./_options.ts";
-import { cacheDir } from "./paths.ts";
+import { defaultCertificationPath } from "./_certify.ts";
 
 interface PlanFlags {
   model?: string;
@@ -215,7 +215,7 @@ async function _rates(f: PlanFlags): Promise<{ prefiller: NodeRates; decoder: No
 export async function _certification(
   path?: string,
 ): Promise<{ file: CertificationFile | null; path: string | null }> {
-  const p = path ?? `${cacheDir()}/certification.json`;
+  const p = path ?? defaultCertificationPath();
   try {
     return { file: parseCertification(JSON.parse(await Deno.readTextFile(p)), p), path: p };
   } catch (error) {

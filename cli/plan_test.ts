@@ -108,3 +108,51 @@ Deno.test("plan explains a refusal term by term: uncertified family, slow link, 
     await Deno.remove(dir, { recursive: true });
   }
 });
+
+Deno.test("correctness state-handoff --certify writes the file plan reads: certified hybrid disaggregates", async () => {
+  const model = await testModel("hybrid");
+  const dir = await Deno.makeTempDir();
+  try {
+    const cert = `${dir}/cert.json`;
+    const c = await runCliProcess([
+      "correctness",
+      "state-handoff",
+      "--families",
+      "hybrid",
+      "--prompt-tokens",
+      "300",
+      "--page-tokens",
+      "256",
+      "--steps",
+      "2",
+      "--variants",
+      "in-order",
+      "--certify",
+      cert,
+    ]);
+    assert.equal(c.code, 0, c.stderr);
+    assert.match(c.stderr, /certified hybrid/);
+    const args = [
+      "plan",
+      "--model",
+      model,
+      "--prompt-tokens",
+      "8192",
+      "--prefiller-rate",
+      "4000",
+      "--decoder-rate",
+      "1000",
+      "--link",
+      "10G",
+      "--rtt",
+      "0.2",
+      "--certification",
+      cert,
+      "--json",
+    ];
+    const j = JSON.parse((await runCliProcess(args)).stdout);
+    assert.equal(j.placement, "disaggregated", JSON.stringify(j.reasons));
+  } finally {
+    await Deno.remove(dir, { recursive: true });
+  }
+});

@@ -115,3 +115,15 @@ export function withCertification(
   }
   return { version: CERTIFICATION_FILE_VERSION, entries: [...rest, entry] };
 }
+
+/** The file without the entry of `family` on `llamaBuild` (a failed run revokes it). */
+export function withoutCertification(
+  cert: CertificationFile,
+  family: string,
+  llamaBuild: string,
+): CertificationFile {
+  return {
+    version: CERTIFICATION_FILE_VERSION,
+    entries: cert.entries.filter((e) => !(e.family === family && e.llamaBuild === llamaBuild)),
+  };
+}
