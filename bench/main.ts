@@ -1,5 +1,5 @@
 /**
- * `deno task bench [--only model,state,transport,handoff,lab] [--quick] [--out DIR]`
+ * `deno task bench [--only model,state,transport,handoff,lab,link] [--quick] [--out DIR]`
  *
  * Runs the benchmark sections, prints their tables and writes a report folder with SVG charts
  * (default `reports/bench-<timestamp>`). Benchmarks are never asserted in the test suite.
@@ -14,12 +14,14 @@ import { stateBenchSection } from "./state_bench.ts";
 import { formatTransportBench, runTransportBench } from "./transport_bench.ts";
 import { runHandoffBench } from "./handoff_bench.ts";
 import { labTailSection } from "./lab_tail_bench.ts";
+import { linkSection } from "./link_bench.ts";
 import { lineChart } from "./svg.ts";
 
 type Section = (o: { quick: boolean; modelDir: string }) => Promise<ReportSection>;
 
 const SECTIONS: Record<string, Section> = {
   lab: (o) => labTailSection(o),
+  link: (o) => linkSection(o),
   transport: async ({ quick }) => {
     const r = await runTransportBench({ transferMiB: quick ? 32 : 128, repeats: quick ? 2 : 3 });
     return {

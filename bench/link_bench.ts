@@ -1,0 +1,303 @@
+/**
+ * The cost model against emulated links (`deno task bench --only link`): two workers on
+ * loopback, the decode worker behind the UDP link emulator (link_emulator.ts), and per grid
+ * point (rate, RTT, loss) the planner's prediction next to a measured handoff.
+ *
+ * Per point: the link is measured the way a live node measures it (pings on the control
+ * stream and one bounded probe, through the same relay, by this process on behalf of the
+ * prefill worker), the node rates come from a calibration on the unshaped path (one
+ * disaggregated and one colocated run per prompt), `placeRequest()` predicts TTFT and the tail
+ * (prefill end to CommitAck), then one handoff runs through the relay. Points over the relay's
+ * measured ceiling are refused by the emulator and listed as such: the cost model covers them.
+ * The planner's decision is shown; the handoff is run whatever it says, to be compared.
+ */
+import { ensureModelFile } from "../models/mod.ts";
+import { runHandoff } from "../serve/coordinator.ts";
+import { startLocalCluster } from "../serve/local_cluster.ts";
+import { RUNTIME_DEFAULTS } from "../serve/engine.ts";
+import { LlamaModel, loadLlama } from "../ffi/mod.ts";
+import { LinkEstimator } from "../core/link_estimates.ts";
+import { RateRecorder } from "../core/node_rates.ts";
+import { placeRequest } from "../core/placement.ts";
+import { isCertified, parseCertification } from "../core/certification.ts";
+import { LinkMonitor } from "../transport/link_monitor.ts";
+import { LinkEmulator, measureRelayCeiling } from "./link_emulator.ts";
+import type { ReportSection } from "./report.ts";
+import { table } from "./stats.ts";
+import { lineChart } from "./svg.ts";
+import { cacheDir } from "../cli/paths.ts";
+
+export interface LinkPoint {
+  rateBitsPerS: number;
+  rttMs: number;
+  lossFraction: number;
+}
+
+export interface LinkBenchRow extends LinkPoint {
+  promptTokens: number;
+  /** Null when measured; otherwise why the point was not run. */
+  refused: string | null;
+  measuredRttMs: number | null;
+  measuredBytesPerS: number | null;
+  decision: string | null;
+  predictedTtftMs: number | null;
+  measuredTtftMs: number | null;
+  predictedTailMs: number | null;
+  measuredTailMs: number | null;
+  stateBytes: number | null;
+  relayDrops: number | null;
+  /** Where the bandwidth the prediction used came from: the probe, or the previous handoff. */
+  bandwidthSource: string | null;
+  /** The handoff's own rate: bytes over its summed write time. */
+  achievedBytesPerS: number | null;
+}
+
+/** The issue's grid, reduced: every rate with the RTTs and losses below. */
+export const LINK_RATES = [10e6, 20e6, 100e6, 400e6, 1e9];
+export const LINK_RTTS_MS = [0.2, 2, 10];
+export const LINK_LOSSES = [0, 0.001];
+
+const SENTENCE = "the quick brown fox jumps over the lazy dog and ";
+const MODEL = { family: "dense", preset: "super-mini", seed: 1 } as const;
+
+export async function runLinkBench(o: { modelDir: string; quick: boolean }) {
+  const model = await ensureModelFile(o.modelDir, MODEL);
+  const prompts = o.quick ? [512] : [512, 1024];
+  const points: LinkPoint[] = [];
+  for (const rateBitsPerS of LINK_RATES) {
+    for (const rttMs of o.quick ? [2, 10] : LINK_RTTS_MS) {
+      for (const lossFraction of LINK_LOSSES) points.push({ rateBitsPerS, rttMs, lossFraction });
+    }
+  }
+  const ceiling = await measureRelayCeiling(5000);
+  const perSentence = await _tokensPerSentence(model);
+  const cluster = await startLocalCluster({ args: ["--model", model, "--ctx", "2048"] });
+  const rows: LinkBenchRow[] = [];
+  const cert = await _certification();
+  try {
+    const base = {
+      prefill: cluster.prefill.peer,
+      decode: cluster.decode.peer,
+      generateTokens: 4,
+      sampling: { temperature: 0, topK: 40, topP: 0.95, seed: 1 },
+      tenantId: "bench",
+      probe: false,
+      timeoutMs: 120_000,
+    };
+    const prefillRates = new RateRecorder(cluster.prefill.peer.nodeId);
+    const decodeRates = new RateRecorder(cluster.decode.peer.nodeId);
+    const promptFor = (n: number) => SENTENCE.repeat(Math.max(1, Math.floor((n - 8) / perSentence)));
+    // Calibration on the unshaped path: the warm-up run is discarded.
+    for (const n of prompts) {
+      for (let k = 0; k < 2; k++) {
+        const d = await runHandoff(cluster.client, { ...base, prompt: promptFor(n) });
+        const c = await runHandoff(cluster.client, { ...base, prompt: promptFor(n), colocated: true });
+        if (k === 0) continue;
+        const t = d.telemetry;
+        prefillRates.recordPrefill(t.promptTokens, t.prefillMs ?? NaN);
+        decodeRates.recordPrefill(t.promptTokens, c.ttftMs);
+        if (c.telemetry.tpotMs) decodeRates.recordDecode(4, 4 * c.telemetry.tpotMs, t.promptTokens);
+      }
+    }
+    const family = "dense";
+    const lib = loadLlama();
+    const llamaBuild = `${lib.release}+${lib.buildId}`;
+    for (const point of points) {
+      for (const n of prompts) {
+        rows.push(
+          ...await _runPoint(point, n, {
+            ceilingBitsPerS: ceiling.bitsPerS,
+            cluster,
+            base: { ...base, prompt: promptFor(n) },
+            rates: { prefiller: prefillRates.rates(), decoder: decodeRates.rates() },
+            certified: isCertified(cert, family, llamaBuild),
+            kvBytesPerToken: 4096,
+          }),
+        );
+      }
+    }
+  } finally {
+    await cluster.stop();
+  }
+  return { model: `${MODEL.family} ${MODEL.preset}`, ceiling, rows };
+}
+
+async function _runPoint(
+  p: LinkPoint,
+  promptTokens: number,
+  // deno-lint-ignore no-explicit-any
+  x: any,
+): Promise<LinkBenchRow[]> {
+  const row: LinkBenchRow = {
+    ...p,
+    promptTokens,
+    refused: null,
+    measuredRttMs: null,
+    measuredBytesPerS: null,
+    decision: null,
+    predictedTtftMs: null,
+    measuredTtftMs: null,
+    predictedTailMs: null,
+    measuredTailMs: null,
+    stateBytes: null,
+    relayDrops: null,
+    bandwidthSource: null,
+    achievedBytesPerS: null,
+  };
+  const decode = x.cluster.decode.peer;
+  let link: LinkEmulator;
+  try {
+    link = new LinkEmulator({
+      target: { hostname: decode.host, port: decode.port },
+      rateBitsPerS: p.rateBitsPerS,
+      oneWayDelayMs: p.rttMs / 2,
+      lossFraction: p.lossFraction,
+      // 50 ms of queue at the link rate (at least a few packets).
+      queueBytesMax: Math.max(32 * 1024, (p.rateBitsPerS / 8) * 0.05),
+      ceilingBitsPerS: x.ceilingBitsPerS,
+      seed: 7,
+    });
+  } catch (error) {
+    row.refused = (error as Error).message.split(":")[0];
+    return [row];
+  }
+  const rows: LinkBenchRow[] = [];
+  try {
+    const via = { ...decode, host: link.endpoint.hostname, port: link.endpoint.port };
+    const links = new LinkEstimator();
+    const monitor = new LinkMonitor(x.cluster.prefill.peer.nodeId, links, { pingsPerMeasure: 10 });
+    const conn = await x.cluster.client.connect(via);
+    // The probe lasts about half a second at the emulated rate (bounded both ways).
+    const probeBytes = Math.round(Math.min(8 << 20, Math.max(1.5 * (1 << 20), (p.rateBitsPerS / 8) * 0.5)));
+    let estimate;
+    try {
+      estimate = await monitor.measure(conn, probeBytes);
+    } finally {
+      await conn.close();
+    }
+    // The measurement above ran from this process; it stands for the prefill worker's path.
+    const measured = links.estimate({ from: x.cluster.prefill.peer.nodeId, to: decode.nodeId }, performance.now());
+    row.measuredRttMs = measured?.rttMs ?? estimate?.rttMs ?? null;
+    // Two runs: predicted from the probe, then from the first handoff's own transfer.
+    for (let run = 0; run < 2; run++) {
+      const e = links.estimate({ from: x.cluster.prefill.peer.nodeId, to: decode.nodeId }, performance.now());
+      const out: LinkBenchRow = { ...row, measuredBytesPerS: e?.bandwidthBytesPerS ?? null, bandwidthSource: e?.bandwidthSource ?? null };
+      rows.push(out);
+      if (!(await _predictAndRun(out, x, links, via, link))) break;
+      if (run === 0 && out.stateBytes && out.achievedBytesPerS) {
+        monitor.recordTransfer(decode.nodeId, out.stateBytes, (out.stateBytes / out.achievedBytesPerS) * 1000);
+      }
+    }
+  } finally {
+    link.close();
+  }
+  return rows;
+}
+
+/** Predicts with the estimate as it stands, then runs one handoff through `via`. */
+async function _predictAndRun(
+  row: LinkBenchRow,
+  // deno-lint-ignore no-explicit-any
+  x: any,
+  links: LinkEstimator,
+  // deno-lint-ignore no-explicit-any
+  via: any,
+  link: LinkEmulator,
+): Promise<boolean> {
+  const decode = x.cluster.decode.peer;
+  {
+    const promptTokens = row.promptTokens;
+    const d = placeRequest({
+      promptTokens,
+      prefiller: { nodeId: x.cluster.prefill.peer.nodeId, rates: x.rates.prefiller, hasRole: true },
+      decoder: { nodeId: decode.nodeId, rates: x.rates.decoder, hasRole: true, freeBytes: 8 * 2 ** 30 },
+      schemaShared: true,
+      identityMatch: true,
+      family: "dense",
+      llamaBuild: "bench",
+      state: { kvBytesPerToken: x.kvBytesPerToken, recurrentBytes: 0 },
+      chunkTokens: RUNTIME_DEFAULTS.chunkTokens,
+    }, { links, nowMs: performance.now(), certification: null });
+    row.decision = `${d.placement}${x.certified ? "" : " (family not certified)"}: ` +
+      d.reasons.filter((r) => r.code !== "chosen" && r.code !== "not-certified").map((r) => r.code).join(",");
+    row.predictedTtftMs = d.prediction?.ttftDisaggregatedMs ?? null;
+    row.predictedTailMs = d.prediction?.commitTailMs ?? null;
+    const r = await runHandoff(x.cluster.client, { ...x.base, decode: via });
+    if (r.placement !== "disaggregated") {
+      row.refused = `handoff fell back: ${r.fallbackReason}`;
+      return false;
+    }
+    row.measuredTtftMs = r.ttftMs;
+    row.measuredTailMs = r.telemetry.uncoveredTailMs;
+    row.stateBytes = r.telemetry.totalBytes;
+    row.achievedBytesPerS = r.telemetry.achievedBytesPerS;
+    const s = link.stats;
+    row.relayDrops = s.forward.lost + s.forward.queueDrops + s.backward.lost + s.backward.queueDrops;
+  }
+  return true;
+}
+
+async function _tokensPerSentence(model: string): Promise<number> {
+  using m = await LlamaModel.load(loadLlama(), model);
+  return m.vocab.tokenize(SENTENCE.repeat(100), false).length / 100;
+}
+
+async function _certification() {
+  try {
+    const p = `${cacheDir()}/certification.json`;
+    return parseCertification(JSON.parse(await Deno.readTextFile(p)), p);
+  } catch {
+    return null;
+  }
+}
+
+const _pct = (pred: number | null, meas: number | null) =>
+  pred === null || meas === null || meas === 0 ? "" : `${(((pred - meas) / meas) * 100).toFixed(0)}%`;
+
+/** The bench section: table, notes and charts. */
+export async function linkSection(o: { modelDir: string; quick: boolean }): Promise<ReportSection> {
+  const r = await runLinkBench(o);
+  const f = (v: number | null, d = 0) => (v === null ? "-" : v.toFixed(d));
+  const ran = r.rows.filter((x) => x.refused === null);
+  const label = (x: LinkBenchRow) => `${x.rateBitsPerS / 1e6}M/${x.rttMs}ms/${x.lossFraction * 100}%`;
+  return {
+    name: "link",
+    rows: r,
+    table: table(
+      ["link", "prompt", "rtt ms", "MB/s", "from", "achieved", "pred TTFT", "meas TTFT", "err", "pred tail", "meas tail", "err", "drops", "planner / refused"],
+      r.rows.map((x) => [
+        label(x),
+        x.promptTokens,
+        f(x.measuredRttMs, 2),
+        x.measuredBytesPerS === null ? "-" : (x.measuredBytesPerS / 1e6).toFixed(2),
+        x.bandwidthSource ?? "-",
+        x.achievedBytesPerS === null ? "-" : (x.achievedBytesPerS / 1e6).toFixed(2),
+        f(x.predictedTtftMs),
+        f(x.measuredTtftMs),
+        _pct(x.predictedTtftMs, x.measuredTtftMs),
+        f(x.predictedTailMs),
+        f(x.measuredTailMs),
+        _pct(x.predictedTailMs, x.measuredTailMs),
+        x.relayDrops ?? "-",
+        x.refused ?? x.decision ?? "",
+      ]),
+    ),
+    notes: [
+      `${r.model}; relay ceiling measured at ${(r.ceiling.bitsPerS / 1e6).toFixed(1)} Mbit/s in this process ` +
+      `(${r.ceiling.packets} packets of ${r.ceiling.packetBytes} B); rates over 0.8 of it are refused.`,
+      `${ran.length} of ${r.rows.length} points measured. Link figures are measured through the relay (pings + one probe), rates calibrated on the unshaped path; TTFT on the client's clock, tail = prefill end to CommitAck.`,
+    ],
+    charts: {
+      "link-tail.svg": lineChart([
+        { name: "predicted tail", points: ran.map((x, k) => ({ x: k + 1, y: x.predictedTailMs ?? 0 })) },
+        { name: "measured tail", points: ran.map((x, k) => ({ x: k + 1, y: x.measuredTailMs ?? 0 })) },
+        { name: "predicted TTFT", points: ran.map((x, k) => ({ x: k + 1, y: x.predictedTtftMs ?? 0 })) },
+        { name: "measured TTFT", points: ran.map((x, k) => ({ x: k + 1, y: x.measuredTtftMs ?? 0 })) },
+      ], {
+        title: `Predicted vs measured per emulated point (${ran.map(label).join(", ")})`,
+        xLabel: "measured point #",
+        yLabel: "ms",
+      }),
+    },
+  };
+}
