@@ -52,7 +52,6 @@ export interface PipeStats {
 /** One direction: serialization, delay, loss, bounded queue, FIFO delivery by one timer. */
 class _Pipe<T> {
   readonly stats: PipeStats = { packets: 0, bytes: 0, lost: 0, queueDrops: 0 };
-  readonly #bytesPerMs: number;
   readonly #shape: LinkShape;
   readonly #random: () => number;
   readonly #deliver: (packet: Uint8Array, to: T) => void;
@@ -66,25 +65,25 @@ class _Pipe<T> {
     random: () => number,
     deliver: (packet: Uint8Array, to: T) => void,
   ) {
-    this.#shape = shape;
-    this.#bytesPerMs = shape.rateBitsPerS / 8 / 1000;
+    this.#shape = shape; // shared with the emulator: `reshape()` changes it in place
     this.#random = random;
     this.#deliver = deliver;
   }
 
   push(packet: Uint8Array, to: T): void {
     const now = performance.now();
+    const bytesPerMs = this.#shape.rateBitsPerS / 8 / 1000;
     if (this.#shape.lossFraction > 0 && this.#random() < this.#shape.lossFraction) {
       this.stats.lost++;
       return;
     }
     const start = Math.max(now, this.#busyUntilMs);
-    const waitingBytes = (start - now) * this.#bytesPerMs;
+    const waitingBytes = (start - now) * bytesPerMs;
     if (waitingBytes + packet.length > this.#shape.queueBytesMax) {
       this.stats.queueDrops++;
       return;
     }
-    this.#busyUntilMs = start + packet.length / this.#bytesPerMs;
+    this.#busyUntilMs = start + packet.length / bytesPerMs;
     this.#queue.push({ atMs: this.#busyUntilMs + this.#shape.oneWayDelayMs, packet, to });
     this.stats.packets++;
     this.stats.bytes += packet.length;
@@ -153,6 +152,7 @@ export class LinkEmulator implements Disposable {
   readonly #upstream = new Map<string, { conn: Deno.DatagramConn; client: Deno.NetAddr }>();
   readonly #target: Deno.NetAddr;
   readonly #clientsMax: number;
+  readonly #ceiling: number | undefined;
   #closed = false;
 
   constructor(o: LinkEmulatorOptions) {
@@ -172,6 +172,7 @@ export class LinkEmulator implements Disposable {
       queueBytesMax: o.queueBytesMax,
     };
     this.#clientsMax = o.clientsMax ?? 16;
+    this.#ceiling = o.ceilingBitsPerS === undefined ? undefined : o.ceilingBitsPerS * share;
     this.#target = { transport: "udp", hostname: o.target.hostname, port: o.target.port };
     this.#listener = Deno.listenDatagram({
       transport: "udp",
@@ -208,6 +209,19 @@ export class LinkEmulator implements Disposable {
 
   [Symbol.dispose](): void {
     this.close();
+  }
+
+  /**
+   * Changes the link while traffic flows (a degradation mid-run): packets already queued keep
+   * their delivery time, new ones get the new shape. The ceiling check applies again.
+   */
+  reshape(change: Partial<LinkShape>): void {
+    const next = { ...this.shape, ...change };
+    _checkShape(next);
+    if (this.#ceiling !== undefined && next.rateBitsPerS > this.#ceiling) {
+      throw new RangeError(`Link rate ${_mbit(next.rateBitsPerS)} is over what this relay sustains`);
+    }
+    Object.assign(this.shape, next);
   }
 
   /** Counters: client to target, and back. */

@@ -84,3 +84,21 @@ Deno.test("LinkEmulator refuses a rate above its stated ceiling and a bad shape"
   assert.throws(() => new LinkEmulator({ ...SHAPE, target, lossFraction: 2 }), /lossFraction/);
   assert.throws(() => new LinkEmulator({ ...SHAPE, target, queueBytesMax: 10 }), /queueBytesMax/);
 });
+
+Deno.test("LinkEmulator.reshape() raises the delay for new packets mid-run", async () => {
+  const { echo, client, target } = echoRig();
+  const link = new LinkEmulator({ ...SHAPE, target, oneWayDelayMs: 0 });
+  const to = { transport: "udp" as const, ...link.endpoint };
+  try {
+    link.reshape({ oneWayDelayMs: 40 });
+    const t0 = performance.now();
+    await client.send(new Uint8Array(10), to);
+    await client.receive();
+    assert.ok(performance.now() - t0 >= 80);
+    assert.throws(() => link.reshape({ lossFraction: -1 }), /lossFraction/);
+  } finally {
+    link.close();
+    client.close();
+    echo.close();
+  }
+});
