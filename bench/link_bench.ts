@@ -16,13 +16,15 @@ import { runHandoff } from "../serve/coordinator.ts";
 import { startLocalCluster } from "../serve/local_cluster.ts";
 import { RUNTIME_DEFAULTS } from "../serve/engine.ts";
 import { LlamaModel, loadLlama } from "../ffi/mod.ts";
-import { LinkEstimator } from "../core/link_estimates.ts";
+import { handoffTransferSample, LinkEstimator } from "../core/link_estimates.ts";
 import { RateRecorder } from "../core/node_rates.ts";
 import { placeRequest } from "../core/placement.ts";
 import { isCertified, parseCertification } from "../core/certification.ts";
 import { LinkMonitor } from "../transport/link_monitor.ts";
 import { LinkEmulator, measureRelayCeiling } from "./link_emulator.ts";
 import type { ReportSection } from "./report.ts";
+import type { HandoffTelemetry } from "../core/telemetry.ts";
+import type { PeerConnection } from "../transport/mod.ts";
 import { table } from "./stats.ts";
 import { lineChart } from "./svg.ts";
 import { cacheDir } from "../cli/paths.ts";
@@ -50,6 +52,10 @@ export interface LinkBenchRow extends LinkPoint {
   bandwidthSource: string | null;
   /** The handoff's own rate: bytes over its summed write time. */
   achievedBytesPerS: number | null;
+  /** The prefill the handoff actually took (compute noise shows here, not in the link). */
+  measuredPrefillMs: number | null;
+  /** The handoff's delivery-based bandwidth sample (bytes/s), fed to the next prediction. */
+  handoffSampleBytesPerS: number | null;
 }
 
 /** The issue's grid, reduced: every rate with the RTTs and losses below. */
@@ -73,6 +79,7 @@ export async function runLinkBench(o: { modelDir: string; quick: boolean }) {
   const perSentence = await _tokensPerSentence(model);
   const cluster = await startLocalCluster({ args: ["--model", model, "--ctx", "2048"] });
   const rows: LinkBenchRow[] = [];
+  let degrade: DegradeResult | null = null;
   const cert = await _certification();
   try {
     const base = {
@@ -116,10 +123,83 @@ export async function runLinkBench(o: { modelDir: string; quick: boolean }) {
         );
       }
     }
+    degrade = await _degrade(cluster, ceiling.bitsPerS, { ...base, prompt: promptFor(prompts[0]) });
   } finally {
     await cluster.stop();
   }
-  return { model: `${MODEL.family} ${MODEL.preset}`, ceiling, rows };
+  return { model: `${MODEL.family} ${MODEL.preset}`, ceiling, rows, degrade };
+}
+
+/** What the mid-run degradation showed. */
+export interface DegradeResult {
+  fromRttMs: number;
+  toRttMs: number;
+  pingIntervalMs: number;
+  /** Link change to the estimate flagging it (new requests refused from then on). */
+  detectMs: number | null;
+  /** The stated bound: `recentSamples` pings, each up to an interval plus the new RTT. */
+  boundMs: number;
+  /** The request started as the link degraded: it completed (never failed). */
+  inFlightPlacement: string | null;
+  inFlightError: string | null;
+  decisionAfter: string[];
+}
+
+// deno-lint-ignore no-explicit-any
+async function _degrade(cluster: any, ceilingBitsPerS: number, base: any): Promise<DegradeResult | null> {
+  const rate = 10e6, pingIntervalMs = 100, fromRttMs = 2, toRttMs = 40;
+  const decode = cluster.decode.peer;
+  let link: LinkEmulator;
+  try {
+    link = new LinkEmulator({
+      target: { hostname: decode.host, port: decode.port },
+      rateBitsPerS: rate,
+      oneWayDelayMs: fromRttMs / 2,
+      lossFraction: 0,
+      queueBytesMax: 64 * 1024,
+      ceilingBitsPerS,
+    });
+  } catch {
+    return null;
+  }
+  const via = { ...decode, host: link.endpoint.hostname, port: link.endpoint.port };
+  const links = new LinkEstimator();
+  const pair = { from: cluster.prefill.peer.nodeId, to: decode.nodeId };
+  const monitor = new LinkMonitor(pair.from, links, { pingIntervalMs });
+  const conn = await cluster.client.connect(via);
+  const stop = monitor.watch(conn);
+  try {
+    for (let k = 0; k < 200 && (links.estimate(pair, performance.now())?.rttSamples ?? 0) < 6; k++) {
+      await new Promise((r) => setTimeout(r, 25));
+    }
+    const t0 = performance.now();
+    link.reshape({ oneWayDelayMs: toRttMs / 2 });
+    const inFlight = runHandoff(cluster.client, { ...base, decode: via }).then(
+      (r) => ({ placement: r.placement, error: null }),
+      (e) => ({ placement: null, error: (e as Error).message }),
+    );
+    let detectMs: number | null = null;
+    for (let k = 0; k < 500 && detectMs === null; k++) {
+      if (links.estimate(pair, performance.now())?.degraded) detectMs = performance.now() - t0;
+      else await new Promise((r) => setTimeout(r, 10));
+    }
+    const r = await inFlight;
+    const e = links.estimate(pair, performance.now());
+    return {
+      fromRttMs,
+      toRttMs,
+      pingIntervalMs,
+      detectMs,
+      boundMs: links.options.recentSamples * (pingIntervalMs + toRttMs) + toRttMs,
+      inFlightPlacement: r.placement,
+      inFlightError: r.error,
+      decisionAfter: e?.degraded ? [e.degraded.code] : [],
+    };
+  } finally {
+    stop();
+    await conn.close();
+    link.close();
+  }
 }
 
 async function _runPoint(
@@ -143,6 +223,8 @@ async function _runPoint(
     relayDrops: null,
     bandwidthSource: null,
     achievedBytesPerS: null,
+    measuredPrefillMs: null,
+    handoffSampleBytesPerS: null,
   };
   const decode = x.cluster.decode.peer;
   let link: LinkEmulator;
@@ -166,15 +248,11 @@ async function _runPoint(
     const via = { ...decode, host: link.endpoint.hostname, port: link.endpoint.port };
     const links = new LinkEstimator();
     const monitor = new LinkMonitor(x.cluster.prefill.peer.nodeId, links, { pingsPerMeasure: 10 });
-    const conn = await x.cluster.client.connect(via);
+    const conns: PeerConnection[] = [];
+    const conn = await _conn(x, via, conns);
     // The probe lasts about half a second at the emulated rate (bounded both ways).
     const probeBytes = Math.round(Math.min(8 << 20, Math.max(1.5 * (1 << 20), (p.rateBitsPerS / 8) * 0.5)));
-    let estimate;
-    try {
-      estimate = await monitor.measure(conn, probeBytes);
-    } finally {
-      await conn.close();
-    }
+    const estimate = await monitor.measure(conn, probeBytes);
     // The measurement above ran from this process; it stands for the prefill worker's path.
     const measured = links.estimate({ from: x.cluster.prefill.peer.nodeId, to: decode.nodeId }, performance.now());
     row.measuredRttMs = measured?.rttMs ?? estimate?.rttMs ?? null;
@@ -183,11 +261,18 @@ async function _runPoint(
       const e = links.estimate({ from: x.cluster.prefill.peer.nodeId, to: decode.nodeId }, performance.now());
       const out: LinkBenchRow = { ...row, measuredBytesPerS: e?.bandwidthBytesPerS ?? null, bandwidthSource: e?.bandwidthSource ?? null };
       rows.push(out);
-      if (!(await _predictAndRun(out, x, links, via, link))) break;
-      if (run === 0 && out.stateBytes && out.achievedBytesPerS) {
-        monitor.recordTransfer(decode.nodeId, out.stateBytes, (out.stateBytes / out.achievedBytesPerS) * 1000);
+      const t = await _predictAndRun(out, x, links, via, link);
+      if (!t) break;
+      const sample = handoffTransferSample(t, row.measuredRttMs ?? 0);
+      if (sample) {
+        out.handoffSampleBytesPerS = (sample.bytes / sample.ms) * 1000;
+        // The handoff's own transfer replaces the probe as the newest bulk sample.
+        links.forget({ from: x.cluster.prefill.peer.nodeId, to: decode.nodeId });
+        for (let k = 0; k < 3; k++) await monitor.pingOnce(await _conn(x, via, conns));
+        monitor.recordTransfer(decode.nodeId, sample.bytes, sample.ms);
       }
     }
+    await conns[0]?.close();
   } finally {
     link.close();
   }
@@ -203,7 +288,7 @@ async function _predictAndRun(
   // deno-lint-ignore no-explicit-any
   via: any,
   link: LinkEmulator,
-): Promise<boolean> {
+): Promise<HandoffTelemetry | null> {
   const decode = x.cluster.decode.peer;
   {
     const promptTokens = row.promptTokens;
@@ -225,16 +310,23 @@ async function _predictAndRun(
     const r = await runHandoff(x.cluster.client, { ...x.base, decode: via });
     if (r.placement !== "disaggregated") {
       row.refused = `handoff fell back: ${r.fallbackReason}`;
-      return false;
+      return null;
     }
+    row.measuredPrefillMs = r.telemetry.prefillMs;
     row.measuredTtftMs = r.ttftMs;
     row.measuredTailMs = r.telemetry.uncoveredTailMs;
     row.stateBytes = r.telemetry.totalBytes;
     row.achievedBytesPerS = r.telemetry.achievedBytesPerS;
     const s = link.stats;
     row.relayDrops = s.forward.lost + s.forward.queueDrops + s.backward.lost + s.backward.queueDrops;
+    return r.telemetry;
   }
-  return true;
+}
+
+// deno-lint-ignore no-explicit-any
+async function _conn(x: any, via: any, conns: any[]) {
+  if (!conns[0]) conns[0] = await x.cluster.client.connect(via);
+  return conns[0];
 }
 
 async function _tokensPerSentence(model: string): Promise<number> {
@@ -264,14 +356,15 @@ export async function linkSection(o: { modelDir: string; quick: boolean }): Prom
     name: "link",
     rows: r,
     table: table(
-      ["link", "prompt", "rtt ms", "MB/s", "from", "achieved", "pred TTFT", "meas TTFT", "err", "pred tail", "meas tail", "err", "drops", "planner / refused"],
+      ["link", "prompt", "rtt ms", "MB/s", "from", "handoff MB/s", "prefill", "pred TTFT", "meas TTFT", "err", "pred tail", "meas tail", "err", "drops", "planner / refused"],
       r.rows.map((x) => [
         label(x),
         x.promptTokens,
         f(x.measuredRttMs, 2),
         x.measuredBytesPerS === null ? "-" : (x.measuredBytesPerS / 1e6).toFixed(2),
         x.bandwidthSource ?? "-",
-        x.achievedBytesPerS === null ? "-" : (x.achievedBytesPerS / 1e6).toFixed(2),
+        x.handoffSampleBytesPerS === null ? "-" : (x.handoffSampleBytesPerS / 1e6).toFixed(2),
+        f(x.measuredPrefillMs),
         f(x.predictedTtftMs),
         f(x.measuredTtftMs),
         _pct(x.predictedTtftMs, x.measuredTtftMs),
@@ -285,6 +378,13 @@ export async function linkSection(o: { modelDir: string; quick: boolean }): Prom
     notes: [
       `${r.model}; relay ceiling measured at ${(r.ceiling.bitsPerS / 1e6).toFixed(1)} Mbit/s in this process ` +
       `(${r.ceiling.packets} packets of ${r.ceiling.packetBytes} B); rates over 0.8 of it are refused.`,
+      r.degrade
+        ? `Degradation mid-run (RTT ${r.degrade.fromRttMs} -> ${r.degrade.toRttMs} ms, pings every ${r.degrade.pingIntervalMs} ms): flagged after ${
+          r.degrade.detectMs === null ? "never (not within 5 s)" : `${r.degrade.detectMs.toFixed(0)} ms`
+        } (stated bound ${r.degrade.boundMs} ms), from then on new requests get "link-degraded" and run colocated; the request in flight ${
+          r.degrade.inFlightError ? `FAILED: ${r.degrade.inFlightError}` : `completed (${r.degrade.inFlightPlacement})`
+        }.`
+        : "Degradation scenario not run (10 Mbit/s over the relay ceiling).",
       `${ran.length} of ${r.rows.length} points measured. Link figures are measured through the relay (pings + one probe), rates calibrated on the unshaped path; TTFT on the client's clock, tail = prefill end to CommitAck.`,
     ],
     charts: {

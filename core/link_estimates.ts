@@ -278,3 +278,34 @@ function _median(xs: number[]): number {
 function _mbps(bytesPerS: number): string {
   return `${((bytesPerS * 8) / 1e6).toFixed(0)} Mbit/s`;
 }
+
+/** The fields of a handoff record `handoffTransferSample` reads (core/telemetry.ts). */
+export interface HandoffTransferFacts {
+  totalBytes: number;
+  wireMs: number;
+  uncoveredTailMs: number | null;
+  commitMs: number | null;
+  stagedBeforePrefillEndFraction: number | null;
+  overlapFraction: number | null;
+}
+
+/**
+ * A bandwidth sample from a handoff's own transfer, or null when the record cannot give a
+ * clean one. The sender's summed write time (`wireMs`) ends when the transport accepts the
+ * bytes, not when they arrive: a stream's send window (~1.25 MB on Deno QUIC) can be ahead of
+ * the wire, so it only counts for transfers of `wireSampleBytesMin` or more. Otherwise, when
+ * nothing was staged before prefill ended (every byte crossed after it), the span from prefill
+ * end to CommitAck, less the decoder's validate/import/probe and half a round trip, is the
+ * delivery time of all the bytes.
+ */
+export function handoffTransferSample(
+  t: HandoffTransferFacts,
+  rttMs: number,
+  wireSampleBytesMin = 32 * 1024 * 1024,
+): { bytes: number; ms: number } | null {
+  if (t.totalBytes >= wireSampleBytesMin && t.wireMs > 0) return { bytes: t.totalBytes, ms: t.wireMs };
+  const allAfterPrefill = (t.stagedBeforePrefillEndFraction ?? 0) === 0 && (t.overlapFraction ?? 0) === 0;
+  if (!allAfterPrefill || t.uncoveredTailMs === null) return null;
+  const ms = t.uncoveredTailMs - (t.commitMs ?? 0) - rttMs / 2;
+  return ms > 0 ? { bytes: t.totalBytes, ms } : null;
+}

@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
 import { UsageError } from "./errors.ts";
-import { LinkEstimator } from "./link_estimates.ts";
+import { handoffTransferSample, LinkEstimator } from "./link_estimates.ts";
 import {
   averagePrefillTokensPerS,
   parseCalibration,
@@ -128,4 +128,18 @@ Deno.test("certification file: parse, lookup by family and build, replace on rew
     () => parseCertification({ version: 1, entries: [{ ...entry, family: "gpt" }] }),
     /family "gpt" is unknown/,
   );
+});
+
+Deno.test("handoffTransferSample() uses delivery time, not write-acceptance time, for small transfers", () => {
+  const t = {
+    totalBytes: 2 * MIB,
+    wireMs: 500, // writes accepted early: 4 MB/s, faster than the link
+    uncoveredTailMs: 2100,
+    commitMs: 80,
+    stagedBeforePrefillEndFraction: null,
+    overlapFraction: null,
+  };
+  assert.deepEqual(handoffTransferSample(t, 40), { bytes: 2 * MIB, ms: 2000 });
+  assert.equal(handoffTransferSample({ ...t, stagedBeforePrefillEndFraction: 0.5 }, 40), null);
+  assert.deepEqual(handoffTransferSample({ ...t, totalBytes: 64 * MIB }, 40), { bytes: 64 * MIB, ms: 500 });
 });
