@@ -13,7 +13,20 @@
  */
 import { ensureModelFile } from "../models/mod.ts";
 import { runHandoff } from "../serve/coordinator.ts";
-import { startLocalCluster } from "../serve/local_cluster.ts";
+import { type LocalCluster, startLocalCluster } from "../serve/local_cluster.ts";
+import type { HandoffRequest } from "../serve/coordinator.ts";
+import type { PeerAddress } from "../serve/messages.ts";
+import type { NodeRates } from "../core/node_rates.ts";
+
+/** What every grid point shares. */
+interface _Ctx {
+  ceilingBitsPerS: number;
+  cluster: LocalCluster;
+  base: HandoffRequest;
+  rates: { prefiller: NodeRates; decoder: NodeRates };
+  certified: boolean;
+  kvBytesPerToken: number;
+}
 import { RUNTIME_DEFAULTS } from "../serve/engine.ts";
 import { LlamaModel, loadLlama } from "../ffi/mod.ts";
 import { handoffTransferSample, LinkEstimator } from "../core/link_estimates.ts";
@@ -56,6 +69,9 @@ export interface LinkBenchRow extends LinkPoint {
   measuredPrefillMs: number | null;
   /** The handoff's delivery-based bandwidth sample (bytes/s), fed to the next prediction. */
   handoffSampleBytesPerS: number | null;
+  /** The decoder's continuation probe inside the tail: predicted (decode rate) and measured. */
+  predictedProbeMs: number | null;
+  measuredProbeMs: number | null;
 }
 
 /** The issue's grid, reduced: every rate with the RTTs and losses below. */
@@ -80,6 +96,7 @@ export async function runLinkBench(o: { modelDir: string; quick: boolean }) {
   const cluster = await startLocalCluster({ args: ["--model", model, "--ctx", "2048"] });
   const rows: LinkBenchRow[] = [];
   let degrade: DegradeResult | null = null;
+  let calibration: unknown = null;
   const cert = await _certification();
   try {
     const base = {
@@ -91,19 +108,28 @@ export async function runLinkBench(o: { modelDir: string; quick: boolean }) {
       probe: false,
       timeoutMs: 120_000,
     };
+    let bytesPerToken = 0;
     const prefillRates = new RateRecorder(cluster.prefill.peer.nodeId);
     const decodeRates = new RateRecorder(cluster.decode.peer.nodeId);
-    const promptFor = (n: number) => SENTENCE.repeat(Math.max(1, Math.floor((n - 8) / perSentence)));
+    const promptFor = (n: number) =>
+      SENTENCE.repeat(Math.max(1, Math.floor((n - 8) / perSentence)));
     // Calibration on the unshaped path: the warm-up run is discarded.
     for (const n of prompts) {
       for (let k = 0; k < 2; k++) {
         const d = await runHandoff(cluster.client, { ...base, prompt: promptFor(n) });
-        const c = await runHandoff(cluster.client, { ...base, prompt: promptFor(n), colocated: true });
+        const c = await runHandoff(cluster.client, {
+          ...base,
+          prompt: promptFor(n),
+          colocated: true,
+        });
         if (k === 0) continue;
         const t = d.telemetry;
         prefillRates.recordPrefill(t.promptTokens, t.prefillMs ?? NaN);
         decodeRates.recordPrefill(t.promptTokens, c.ttftMs);
-        if (c.telemetry.tpotMs) decodeRates.recordDecode(4, 4 * c.telemetry.tpotMs, t.promptTokens);
+        // The continuation probe is one decode step at this depth: the tail's own term.
+        if (t.probeMs) decodeRates.recordDecode(1, t.probeMs, t.promptTokens);
+        // State bytes per prompt token as the runtime exported them (KV, history, framing).
+        bytesPerToken = Math.max(bytesPerToken, t.totalBytes / t.promptTokens);
       }
     }
     const family = "dense";
@@ -118,16 +144,17 @@ export async function runLinkBench(o: { modelDir: string; quick: boolean }) {
             base: { ...base, prompt: promptFor(n) },
             rates: { prefiller: prefillRates.rates(), decoder: decodeRates.rates() },
             certified: isCertified(cert, family, llamaBuild),
-            kvBytesPerToken: 4096,
+            kvBytesPerToken: bytesPerToken,
           }),
         );
       }
     }
+    calibration = { prefiller: prefillRates.rates(), decoder: decodeRates.rates(), bytesPerToken };
     degrade = await _degrade(cluster, ceiling.bitsPerS, { ...base, prompt: promptFor(prompts[0]) });
   } finally {
     await cluster.stop();
   }
-  return { model: `${MODEL.family} ${MODEL.preset}`, ceiling, rows, degrade };
+  return { model: `${MODEL.family} ${MODEL.preset}`, ceiling, calibration, rows, degrade };
 }
 
 /** What the mid-run degradation showed. */
@@ -145,8 +172,11 @@ export interface DegradeResult {
   decisionAfter: string[];
 }
 
-// deno-lint-ignore no-explicit-any
-async function _degrade(cluster: any, ceilingBitsPerS: number, base: any): Promise<DegradeResult | null> {
+async function _degrade(
+  cluster: LocalCluster,
+  ceilingBitsPerS: number,
+  base: HandoffRequest,
+): Promise<DegradeResult | null> {
   const rate = 10e6, pingIntervalMs = 100, fromRttMs = 2, toRttMs = 40;
   const decode = cluster.decode.peer;
   let link: LinkEmulator;
@@ -169,7 +199,11 @@ async function _degrade(cluster: any, ceilingBitsPerS: number, base: any): Promi
   const conn = await cluster.client.connect(via);
   const stop = monitor.watch(conn);
   try {
-    for (let k = 0; k < 200 && (links.estimate(pair, performance.now())?.rttSamples ?? 0) < 6; k++) {
+    for (
+      let k = 0;
+      k < 200 && (links.estimate(pair, performance.now())?.rttSamples ?? 0) < 6;
+      k++
+    ) {
       await new Promise((r) => setTimeout(r, 25));
     }
     const t0 = performance.now();
@@ -205,8 +239,7 @@ async function _degrade(cluster: any, ceilingBitsPerS: number, base: any): Promi
 async function _runPoint(
   p: LinkPoint,
   promptTokens: number,
-  // deno-lint-ignore no-explicit-any
-  x: any,
+  x: _Ctx,
 ): Promise<LinkBenchRow[]> {
   const row: LinkBenchRow = {
     ...p,
@@ -225,6 +258,8 @@ async function _runPoint(
     achievedBytesPerS: null,
     measuredPrefillMs: null,
     handoffSampleBytesPerS: null,
+    predictedProbeMs: null,
+    measuredProbeMs: null,
   };
   const decode = x.cluster.decode.peer;
   let link: LinkEmulator;
@@ -251,15 +286,27 @@ async function _runPoint(
     const conns: PeerConnection[] = [];
     const conn = await _conn(x, via, conns);
     // The probe lasts about half a second at the emulated rate (bounded both ways).
-    const probeBytes = Math.round(Math.min(8 << 20, Math.max(1.5 * (1 << 20), (p.rateBitsPerS / 8) * 0.5)));
+    const probeBytes = Math.round(
+      Math.min(8 << 20, Math.max(1.5 * (1 << 20), (p.rateBitsPerS / 8) * 0.5)),
+    );
     const estimate = await monitor.measure(conn, probeBytes);
     // The measurement above ran from this process; it stands for the prefill worker's path.
-    const measured = links.estimate({ from: x.cluster.prefill.peer.nodeId, to: decode.nodeId }, performance.now());
+    const measured = links.estimate(
+      { from: x.cluster.prefill.peer.nodeId, to: decode.nodeId },
+      performance.now(),
+    );
     row.measuredRttMs = measured?.rttMs ?? estimate?.rttMs ?? null;
     // Two runs: predicted from the probe, then from the first handoff's own transfer.
     for (let run = 0; run < 2; run++) {
-      const e = links.estimate({ from: x.cluster.prefill.peer.nodeId, to: decode.nodeId }, performance.now());
-      const out: LinkBenchRow = { ...row, measuredBytesPerS: e?.bandwidthBytesPerS ?? null, bandwidthSource: e?.bandwidthSource ?? null };
+      const e = links.estimate(
+        { from: x.cluster.prefill.peer.nodeId, to: decode.nodeId },
+        performance.now(),
+      );
+      const out: LinkBenchRow = {
+        ...row,
+        measuredBytesPerS: e?.bandwidthBytesPerS ?? null,
+        bandwidthSource: e?.bandwidthSource ?? null,
+      };
       rows.push(out);
       const t = await _predictAndRun(out, x, links, via, link);
       if (!t) break;
@@ -282,11 +329,9 @@ async function _runPoint(
 /** Predicts with the estimate as it stands, then runs one handoff through `via`. */
 async function _predictAndRun(
   row: LinkBenchRow,
-  // deno-lint-ignore no-explicit-any
-  x: any,
+  x: _Ctx,
   links: LinkEstimator,
-  // deno-lint-ignore no-explicit-any
-  via: any,
+  via: PeerAddress,
   link: LinkEmulator,
 ): Promise<HandoffTelemetry | null> {
   const decode = x.cluster.decode.peer;
@@ -295,7 +340,12 @@ async function _predictAndRun(
     const d = placeRequest({
       promptTokens,
       prefiller: { nodeId: x.cluster.prefill.peer.nodeId, rates: x.rates.prefiller, hasRole: true },
-      decoder: { nodeId: decode.nodeId, rates: x.rates.decoder, hasRole: true, freeBytes: 8 * 2 ** 30 },
+      decoder: {
+        nodeId: decode.nodeId,
+        rates: x.rates.decoder,
+        hasRole: true,
+        freeBytes: 8 * 2 ** 30,
+      },
       schemaShared: true,
       identityMatch: true,
       family: "dense",
@@ -304,27 +354,30 @@ async function _predictAndRun(
       chunkTokens: RUNTIME_DEFAULTS.chunkTokens,
     }, { links, nowMs: performance.now(), certification: null });
     row.decision = `${d.placement}${x.certified ? "" : " (family not certified)"}: ` +
-      d.reasons.filter((r) => r.code !== "chosen" && r.code !== "not-certified").map((r) => r.code).join(",");
+      d.reasons.filter((r) => r.code !== "chosen" && r.code !== "not-certified").map((r) => r.code)
+        .join(",");
     row.predictedTtftMs = d.prediction?.ttftDisaggregatedMs ?? null;
     row.predictedTailMs = d.prediction?.commitTailMs ?? null;
+    row.predictedProbeMs = d.estimates?.probeMs ?? null;
     const r = await runHandoff(x.cluster.client, { ...x.base, decode: via });
     if (r.placement !== "disaggregated") {
       row.refused = `handoff fell back: ${r.fallbackReason}`;
       return null;
     }
     row.measuredPrefillMs = r.telemetry.prefillMs;
+    row.measuredProbeMs = r.telemetry.probeMs;
     row.measuredTtftMs = r.ttftMs;
     row.measuredTailMs = r.telemetry.uncoveredTailMs;
     row.stateBytes = r.telemetry.totalBytes;
     row.achievedBytesPerS = r.telemetry.achievedBytesPerS;
     const s = link.stats;
-    row.relayDrops = s.forward.lost + s.forward.queueDrops + s.backward.lost + s.backward.queueDrops;
+    row.relayDrops = s.forward.lost + s.forward.queueDrops + s.backward.lost +
+      s.backward.queueDrops;
     return r.telemetry;
   }
 }
 
-// deno-lint-ignore no-explicit-any
-async function _conn(x: any, via: any, conns: any[]) {
+async function _conn(x: _Ctx, via: PeerAddress, conns: PeerConnection[]): Promise<PeerConnection> {
   if (!conns[0]) conns[0] = await x.cluster.client.connect(via);
   return conns[0];
 }
@@ -344,19 +397,39 @@ async function _certification() {
 }
 
 const _pct = (pred: number | null, meas: number | null) =>
-  pred === null || meas === null || meas === 0 ? "" : `${(((pred - meas) / meas) * 100).toFixed(0)}%`;
+  pred === null || meas === null || meas === 0
+    ? ""
+    : `${(((pred - meas) / meas) * 100).toFixed(0)}%`;
 
 /** The bench section: table, notes and charts. */
 export async function linkSection(o: { modelDir: string; quick: boolean }): Promise<ReportSection> {
   const r = await runLinkBench(o);
   const f = (v: number | null, d = 0) => (v === null ? "-" : v.toFixed(d));
   const ran = r.rows.filter((x) => x.refused === null);
-  const label = (x: LinkBenchRow) => `${x.rateBitsPerS / 1e6}M/${x.rttMs}ms/${x.lossFraction * 100}%`;
+  const label = (x: LinkBenchRow) =>
+    `${x.rateBitsPerS / 1e6}M/${x.rttMs}ms/${x.lossFraction * 100}%`;
   return {
     name: "link",
     rows: r,
     table: table(
-      ["link", "prompt", "rtt ms", "MB/s", "from", "handoff MB/s", "prefill", "pred TTFT", "meas TTFT", "err", "pred tail", "meas tail", "err", "drops", "planner / refused"],
+      [
+        "link",
+        "prompt",
+        "rtt ms",
+        "MB/s",
+        "from",
+        "handoff MB/s",
+        "prefill",
+        "pred TTFT",
+        "meas TTFT",
+        "err",
+        "pred tail",
+        "meas tail",
+        "err",
+        "probe p/m",
+      "drops",
+        "planner / refused",
+      ],
       r.rows.map((x) => [
         label(x),
         x.promptTokens,
@@ -371,28 +444,47 @@ export async function linkSection(o: { modelDir: string; quick: boolean }): Prom
         f(x.predictedTailMs),
         f(x.measuredTailMs),
         _pct(x.predictedTailMs, x.measuredTailMs),
+        `${f(x.predictedProbeMs)}/${f(x.measuredProbeMs)}`,
         x.relayDrops ?? "-",
         x.refused ?? x.decision ?? "",
       ]),
     ),
     notes: [
-      `${r.model}; relay ceiling measured at ${(r.ceiling.bitsPerS / 1e6).toFixed(1)} Mbit/s in this process ` +
+      `${r.model}; relay ceiling measured at ${
+        (r.ceiling.bitsPerS / 1e6).toFixed(1)
+      } Mbit/s in this process ` +
       `(${r.ceiling.packets} packets of ${r.ceiling.packetBytes} B); rates over 0.8 of it are refused.`,
       r.degrade
         ? `Degradation mid-run (RTT ${r.degrade.fromRttMs} -> ${r.degrade.toRttMs} ms, pings every ${r.degrade.pingIntervalMs} ms): flagged after ${
-          r.degrade.detectMs === null ? "never (not within 5 s)" : `${r.degrade.detectMs.toFixed(0)} ms`
+          r.degrade.detectMs === null
+            ? "never (not within 5 s)"
+            : `${r.degrade.detectMs.toFixed(0)} ms`
         } (stated bound ${r.degrade.boundMs} ms), from then on new requests get "link-degraded" and run colocated; the request in flight ${
-          r.degrade.inFlightError ? `FAILED: ${r.degrade.inFlightError}` : `completed (${r.degrade.inFlightPlacement})`
+          r.degrade.inFlightError
+            ? `FAILED: ${r.degrade.inFlightError}`
+            : `completed (${r.degrade.inFlightPlacement})`
         }.`
         : "Degradation scenario not run (10 Mbit/s over the relay ceiling).",
       `${ran.length} of ${r.rows.length} points measured. Link figures are measured through the relay (pings + one probe), rates calibrated on the unshaped path; TTFT on the client's clock, tail = prefill end to CommitAck.`,
     ],
     charts: {
       "link-tail.svg": lineChart([
-        { name: "predicted tail", points: ran.map((x, k) => ({ x: k + 1, y: x.predictedTailMs ?? 0 })) },
-        { name: "measured tail", points: ran.map((x, k) => ({ x: k + 1, y: x.measuredTailMs ?? 0 })) },
-        { name: "predicted TTFT", points: ran.map((x, k) => ({ x: k + 1, y: x.predictedTtftMs ?? 0 })) },
-        { name: "measured TTFT", points: ran.map((x, k) => ({ x: k + 1, y: x.measuredTtftMs ?? 0 })) },
+        {
+          name: "predicted tail",
+          points: ran.map((x, k) => ({ x: k + 1, y: x.predictedTailMs ?? 0 })),
+        },
+        {
+          name: "measured tail",
+          points: ran.map((x, k) => ({ x: k + 1, y: x.measuredTailMs ?? 0 })),
+        },
+        {
+          name: "predicted TTFT",
+          points: ran.map((x, k) => ({ x: k + 1, y: x.predictedTtftMs ?? 0 })),
+        },
+        {
+          name: "measured TTFT",
+          points: ran.map((x, k) => ({ x: k + 1, y: x.measuredTtftMs ?? 0 })),
+        },
       ], {
         title: `Predicted vs measured per emulated point (${ran.map(label).join(", ")})`,
         xLabel: "measured point #",

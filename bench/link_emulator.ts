@@ -182,7 +182,11 @@ export class LinkEmulator implements Disposable {
     const addr = this.#listener.addr as Deno.NetAddr;
     this.endpoint = { hostname: addr.hostname, port: addr.port };
     const seed = o.seed ?? 1;
-    this.#forward = new _Pipe(this.shape, _random(seed), (p, up) => this.#send(up, p, this.#target));
+    this.#forward = new _Pipe(
+      this.shape,
+      _random(seed),
+      (p, up) => this.#send(up, p, this.#target),
+    );
     this.#backward = new _Pipe(
       this.shape,
       _random(seed ^ 0x9e3779b9),
@@ -219,7 +223,9 @@ export class LinkEmulator implements Disposable {
     const next = { ...this.shape, ...change };
     _checkShape(next);
     if (this.#ceiling !== undefined && next.rateBitsPerS > this.#ceiling) {
-      throw new RangeError(`Link rate ${_mbit(next.rateBitsPerS)} is over what this relay sustains`);
+      throw new RangeError(
+        `Link rate ${_mbit(next.rateBitsPerS)} is over what this relay sustains`,
+      );
     }
     Object.assign(this.shape, next);
   }
@@ -272,10 +278,16 @@ export class LinkEmulator implements Disposable {
 function _checkShape(s: LinkShape): void {
   const bad = (name: string, v: number, what: string) =>
     new RangeError(`Invalid link ${name} ${v}: ${what}`);
-  if (!(s.rateBitsPerS > 0 && Number.isFinite(s.rateBitsPerS))) throw bad("rateBitsPerS", s.rateBitsPerS, "must be positive");
+  if (!(s.rateBitsPerS > 0 && Number.isFinite(s.rateBitsPerS))) {
+    throw bad("rateBitsPerS", s.rateBitsPerS, "must be positive");
+  }
   if (!(s.oneWayDelayMs >= 0)) throw bad("oneWayDelayMs", s.oneWayDelayMs, "must be 0 or more");
-  if (!(s.lossFraction >= 0 && s.lossFraction <= 1)) throw bad("lossFraction", s.lossFraction, "must be from 0 to 1");
-  if (!(s.queueBytesMax >= 1500)) throw bad("queueBytesMax", s.queueBytesMax, "must hold at least one 1500-byte packet");
+  if (!(s.lossFraction >= 0 && s.lossFraction <= 1)) {
+    throw bad("lossFraction", s.lossFraction, "must be from 0 to 1");
+  }
+  if (!(s.queueBytesMax >= 1500)) {
+    throw bad("queueBytesMax", s.queueBytesMax, "must hold at least one 1500-byte packet");
+  }
 }
 
 function _mbit(bits: number): string {
@@ -296,7 +308,10 @@ export interface RelayCeiling {
  * sink in this process; the rate the sink saw is the ceiling. Sender, relay and sink share
  * this process, so the figure is conservative.
  */
-export async function measureRelayCeiling(packets = 20_000, packetBytes = 1200): Promise<RelayCeiling> {
+export async function measureRelayCeiling(
+  packets = 20_000,
+  packetBytes = 1200,
+): Promise<RelayCeiling> {
   const sink = Deno.listenDatagram({ transport: "udp", hostname: "127.0.0.1", port: 0 });
   const target = sink.addr as Deno.NetAddr;
   const relay = new LinkEmulator({

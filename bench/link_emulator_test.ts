@@ -43,9 +43,13 @@ Deno.test("LinkEmulator drops everything at loss 1 and counts it", async () => {
   const { echo, client, target } = echoRig();
   const link = new LinkEmulator({ ...SHAPE, target, lossFraction: 1 });
   try {
-    for (let k = 0; k < 20; k++) await client.send(new Uint8Array(100), { transport: "udp", ...link.endpoint });
+    for (let k = 0; k < 20; k++) {
+      await client.send(new Uint8Array(100), { transport: "udp", ...link.endpoint });
+    }
     // The relay handles each packet as it arrives; wait until it has seen all 20.
-    for (let k = 0; k < 400 && link.stats.forward.lost < 20; k++) await new Promise((r) => setTimeout(r, 5));
+    for (let k = 0; k < 400 && link.stats.forward.lost < 20; k++) {
+      await new Promise((r) => setTimeout(r, 5));
+    }
     assert.equal(link.stats.forward.lost, 20);
     assert.equal(link.stats.forward.packets, 0);
   } finally {
@@ -61,8 +65,14 @@ Deno.test("LinkEmulator bounds its queue: a burst beyond queueBytesMax is tail-d
   // sends take, so all but the queue's 4 KB must wait and most are dropped.
   const link = new LinkEmulator({ ...SHAPE, target, rateBitsPerS: 1e6, queueBytesMax: 4000 });
   try {
-    for (let k = 0; k < 50; k++) await client.send(new Uint8Array(1000), { transport: "udp", ...link.endpoint });
-    for (let k = 0; k < 400 && link.stats.forward.packets + link.stats.forward.queueDrops < 50; k++) {
+    for (let k = 0; k < 50; k++) {
+      await client.send(new Uint8Array(1000), { transport: "udp", ...link.endpoint });
+    }
+    for (
+      let k = 0;
+      k < 400 && link.stats.forward.packets + link.stats.forward.queueDrops < 50;
+      k++
+    ) {
       await new Promise((r) => setTimeout(r, 5));
     }
     const s = link.stats.forward;

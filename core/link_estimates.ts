@@ -303,8 +303,11 @@ export function handoffTransferSample(
   rttMs: number,
   wireSampleBytesMin = 32 * 1024 * 1024,
 ): { bytes: number; ms: number } | null {
-  if (t.totalBytes >= wireSampleBytesMin && t.wireMs > 0) return { bytes: t.totalBytes, ms: t.wireMs };
-  const allAfterPrefill = (t.stagedBeforePrefillEndFraction ?? 0) === 0 && (t.overlapFraction ?? 0) === 0;
+  if (t.totalBytes >= wireSampleBytesMin && t.wireMs > 0) {
+    return { bytes: t.totalBytes, ms: t.wireMs };
+  }
+  const allAfterPrefill = (t.stagedBeforePrefillEndFraction ?? 0) === 0 &&
+    (t.overlapFraction ?? 0) === 0;
   if (!allAfterPrefill || t.uncoveredTailMs === null) return null;
   const ms = t.uncoveredTailMs - (t.commitMs ?? 0) - rttMs / 2;
   return ms > 0 ? { bytes: t.totalBytes, ms } : null;

@@ -141,5 +141,8 @@ Deno.test("handoffTransferSample() uses delivery time, not write-acceptance time
   };
   assert.deepEqual(handoffTransferSample(t, 40), { bytes: 2 * MIB, ms: 2000 });
   assert.equal(handoffTransferSample({ ...t, stagedBeforePrefillEndFraction: 0.5 }, 40), null);
-  assert.deepEqual(handoffTransferSample({ ...t, totalBytes: 64 * MIB }, 40), { bytes: 64 * MIB, ms: 500 });
+  assert.deepEqual(handoffTransferSample({ ...t, totalBytes: 64 * MIB }, 40), {
+    bytes: 64 * MIB,
+    ms: 500,
+  });
 });

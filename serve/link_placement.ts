@@ -12,7 +12,12 @@ import type { LinkEstimator } from "../core/link_estimates.ts";
 import type { NodeRates } from "../core/node_rates.ts";
 import { type PlacementDecision, placeRequest } from "../core/placement.ts";
 import type { PlanOptions, StateSize } from "../core/planner.ts";
-import { type Capabilities, canonicalJson, eligibleForHandoff, roleCovers } from "../transport/mod.ts";
+import {
+  canonicalJson,
+  type Capabilities,
+  eligibleForHandoff,
+  roleCovers,
+} from "../transport/mod.ts";
 
 /** A peer as placement sees it: its node id and what it announced. */
 export interface PlacementPeer {

@@ -3,7 +3,7 @@ import { emptyCertification, withCertification } from "../core/certification.ts"
 import { LinkEstimator } from "../core/link_estimates.ts";
 import type { NodeRates } from "../core/node_rates.ts";
 import type { Capabilities } from "../transport/mod.ts";
-import { placeOverPeers, type PeerPlacementInput } from "./link_placement.ts";
+import { type PeerPlacementInput, placeOverPeers } from "./link_placement.ts";
 
 const MIB = 1024 * 1024;
 const IDENTITY = { family: "hybrid", llamaBuild: "v1+abc", model: "m" };
@@ -67,7 +67,10 @@ Deno.test("placeOverPeers() refuses a peer that announced no capabilities", () =
 
 Deno.test("placeOverPeers() refuses peers whose identities differ", () => {
   const d = placeOverPeers(input({
-    prefill: { peerNodeId: "p", peerCapabilities: caps("prefill", { ...IDENTITY, model: "other" }) },
+    prefill: {
+      peerNodeId: "p",
+      peerCapabilities: caps("prefill", { ...IDENTITY, model: "other" }),
+    },
   }));
   assert.equal(d.placement, "colocated");
   assert.deepEqual(codes(d), ["identity-mismatch", "chosen"]);

@@ -35,7 +35,11 @@ export class LinkMonitor {
   readonly options: LinkMonitorOptions;
   readonly #localNodeId: string;
 
-  constructor(localNodeId: string, estimator = new LinkEstimator(), options: Partial<LinkMonitorOptions> = {}) {
+  constructor(
+    localNodeId: string,
+    estimator = new LinkEstimator(),
+    options: Partial<LinkMonitorOptions> = {},
+  ) {
     this.#localNodeId = localNodeId;
     this.estimator = estimator;
     this.options = { ...DEFAULT_LINK_MONITOR_OPTIONS, ...options };
@@ -59,7 +63,10 @@ export class LinkMonitor {
    * A burst of pings, then a probe if no bulk sample is recent: afterwards the estimate is
    * fresh. Resolves with it (null only if every ping was lost and the probe failed).
    */
-  async measure(peer: PeerConnection, probeBytes = this.options.probeBytes): Promise<LinkEstimate | null> {
+  async measure(
+    peer: PeerConnection,
+    probeBytes = this.options.probeBytes,
+  ): Promise<LinkEstimate | null> {
     for (let k = 0; k < this.options.pingsPerMeasure; k++) await this.pingOnce(peer);
     const pair = this.pairTo(peer);
     const age = this.estimator.bandwidthAgeMs(pair, performance.now());
@@ -97,7 +104,13 @@ export class LinkMonitor {
 
   /** A handoff's own transfer to `to`: its bytes over its wire time (telemetry). */
   recordTransfer(to: string, bytes: number, wireMs: number): boolean {
-    return this.estimator.recordTransfer({ from: this.#localNodeId, to }, bytes, wireMs, performance.now(), "handoff");
+    return this.estimator.recordTransfer(
+      { from: this.#localNodeId, to },
+      bytes,
+      wireMs,
+      performance.now(),
+      "handoff",
+    );
   }
 
   /** The estimate for `pair` now (what `placeRequest()` reads). */

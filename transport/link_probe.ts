@@ -76,7 +76,10 @@ export class PingAnswerBudget {
 
   /** Whether this ping may be answered now. */
   take(nowMs: number): boolean {
-    this.#tokens = Math.min(this.#perS, this.#tokens + ((nowMs - this.#lastMs) / 1000) * this.#perS);
+    this.#tokens = Math.min(
+      this.#perS,
+      this.#tokens + ((nowMs - this.#lastMs) / 1000) * this.#perS,
+    );
     this.#lastMs = nowMs;
     if (this.#tokens >= 1) {
       this.#tokens -= 1;
@@ -109,33 +112,41 @@ export async function sendProbe(
     )
   );
   try {
-    return await Promise.race([timeout, (async () => {
-      // Read the answer while sending: a refusal arrives before the data is all out.
-      const answering = reader.read().catch(() => null);
-      try {
-        await writer.write({ type: LINK_PROBE_OPEN, bytes, version: LINK_PROBE_VERSION });
-        for (let sent = 0; sent < bytes; sent += chunk.length) {
-          const n = Math.min(chunk.length, bytes - sent);
-          const last = sent + n >= bytes;
-          await writer.write({ type: "LinkProbeData" }, chunk.subarray(0, n), { final: last });
+    return await Promise.race([
+      timeout,
+      (async () => {
+        // Read the answer while sending: a refusal arrives before the data is all out.
+        const answering = reader.read().catch(() => null);
+        try {
+          await writer.write({ type: LINK_PROBE_OPEN, bytes, version: LINK_PROBE_VERSION });
+          for (let sent = 0; sent < bytes; sent += chunk.length) {
+            const n = Math.min(chunk.length, bytes - sent);
+            const last = sent + n >= bytes;
+            await writer.write({ type: "LinkProbeData" }, chunk.subarray(0, n), { final: last });
+          }
+        } catch (error) {
+          const early = await answering;
+          if (early?.header.type !== "StreamRefused") throw error;
         }
-      } catch (error) {
-        const early = await answering;
-        if (early?.header.type !== "StreamRefused") throw error;
-      }
-      const answer = await answering;
-      const h = answer?.header;
-      if (h?.type !== LINK_PROBE_DONE || typeof h.bytes !== "number" || typeof h.receiveMs !== "number") {
-        throw new PeerError(`Link probe refused by the peer: ${String(h?.reason ?? h?.type ?? "stream ended")}`);
-      }
-      const receiveMs = Math.max(h.receiveMs, 1e-3);
-      return {
-        bytes: h.bytes,
-        receiveMs,
-        bandwidthBytesPerS: (h.bytes / receiveMs) * 1000,
-        elapsedMs: performance.now() - t0,
-      };
-    })()]);
+        const answer = await answering;
+        const h = answer?.header;
+        if (
+          h?.type !== LINK_PROBE_DONE || typeof h.bytes !== "number" ||
+          typeof h.receiveMs !== "number"
+        ) {
+          throw new PeerError(
+            `Link probe refused by the peer: ${String(h?.reason ?? h?.type ?? "stream ended")}`,
+          );
+        }
+        const receiveMs = Math.max(h.receiveMs, 1e-3);
+        return {
+          bytes: h.bytes,
+          receiveMs,
+          bandwidthBytesPerS: (h.bytes / receiveMs) * 1000,
+          elapsedMs: performance.now() - t0,
+        };
+      })(),
+    ]);
   } finally {
     clearTimeout(timer);
     reader.cancel();
@@ -155,7 +166,9 @@ export async function answerProbe(
   o: LinkProbeOptions,
 ): Promise<void> {
   const refuse = async (reason: string): Promise<void> => {
-    await writer.write({ type: "StreamRefused", reason }, undefined, { final: true }).catch(() => {});
+    await writer.write({ type: "StreamRefused", reason }, undefined, { final: true }).catch(
+      () => {},
+    );
   };
   try {
     const want = open.bytes;
@@ -174,7 +187,9 @@ export async function answerProbe(
       if (f.final) break;
     }
     const receiveMs = performance.now() - startMs!;
-    await writer.write({ type: LINK_PROBE_DONE, bytes: counted, receiveMs }, undefined, { final: true });
+    await writer.write({ type: LINK_PROBE_DONE, bytes: counted, receiveMs }, undefined, {
+      final: true,
+    });
   } catch {
     // A broken probe stream is the sender's problem; the connection carries on.
   } finally {
@@ -198,7 +213,10 @@ export class PingTracker {
   #lastSentMs = -Infinity;
   #ended = false;
 
-  constructor(send: (header: { type: string; seq: number }) => Promise<unknown>, o: LinkProbeOptions) {
+  constructor(
+    send: (header: { type: string; seq: number }) => Promise<unknown>,
+    o: LinkProbeOptions,
+  ) {
     this.#send = send;
     this.#o = o;
     this.#budget = new PingAnswerBudget(o.pingAnswersPerSMax, performance.now());

@@ -67,7 +67,10 @@ Deno.test("probeBandwidth() is bounded on both ends: oversize is refused before 
   const { client, link } = await pair({ probeBytesMax: 1024 * 1024 });
   try {
     await assert.rejects(() => client.probeBandwidth(1 << 30), PeerError);
-    await assert.rejects(() => client.probeBandwidth(2 * 1024 * 1024), /refused by the peer: probe size over probeBytesMax/);
+    await assert.rejects(
+      () => client.probeBandwidth(2 * 1024 * 1024),
+      /refused by the peer: probe size over probeBytesMax/,
+    );
     // The connection carries on.
     assert.ok((await client.ping()) !== null);
   } finally {
