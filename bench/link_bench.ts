@@ -427,7 +427,7 @@ export async function linkSection(o: { modelDir: string; quick: boolean }): Prom
         "meas tail",
         "err",
         "probe p/m",
-      "drops",
+        "drops",
         "planner / refused",
       ],
       r.rows.map((x) => [

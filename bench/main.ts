@@ -15,6 +15,7 @@ import { formatTransportBench, runTransportBench } from "./transport_bench.ts";
 import { runHandoffBench } from "./handoff_bench.ts";
 import { labTailSection } from "./lab_tail_bench.ts";
 import { linkSection } from "./link_bench.ts";
+import { calibrateMain } from "./calibrate.ts";
 import { lineChart } from "./svg.ts";
 
 type Section = (o: { quick: boolean; modelDir: string }) => Promise<ReportSection>;
@@ -169,6 +170,8 @@ function parseFlags() {
 }
 
 async function main(): Promise<void> {
+  // Placement (issue 11): `bench calibrate ...` writes the planner's calibration file.
+  if (Deno.args[0] === "calibrate") return await calibrateMain(Deno.args.slice(1));
   const values = parseFlags();
   if (values.help) return console.log(USAGE);
   const names = values.only ? values.only.split(",") : Object.keys(SECTIONS);
