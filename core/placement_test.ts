@@ -163,3 +163,14 @@ Deno.test("placeRequest() refuses a decoder without room and a node without rate
   assert.equal(noRates.placement, "colocated");
   assert.deepEqual(codes(noRates), ["no-node-rates", "chosen"]);
 });
+
+Deno.test("a handoff record carries the prediction beside the measured tail", async () => {
+  const { formatTelemetry } = await import("./telemetry.ts");
+  const { deriveTelemetry } = await import("./telemetry.ts");
+  const d = placeRequest(request(), ctx());
+  const t = {
+    ...deriveTelemetry({ prefiller: [], decoder: [] }),
+    prediction: { placement: d.placement, ...d.prediction! },
+  };
+  assert.match(formatTelemetry(t), /predicted tail \d/);
+});

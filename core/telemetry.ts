@@ -127,6 +127,16 @@ export interface HandoffTelemetry {
   ttftMs: number | null;
   /** Mean gap between generated tokens on the decoder. */
   tpotMs: number | null;
+  /**
+   * The placement decision's prediction for this request (core/placement.ts), recorded beside
+   * the measurement; absent when the placement was not planned.
+   */
+  prediction?: {
+    placement: string;
+    ttftDisaggregatedMs: number;
+    ttftColocatedMs: number;
+    commitTailMs: number;
+  } | null;
 }
 
 /**
@@ -268,6 +278,7 @@ export function formatTelemetry(
   parts.push(`${_mib(t.totalBytes)} [${kinds.join(", ")}]`);
   parts.push(`prefill ${_ms(t.prefillMs)}`);
   parts.push(`tail ${_ms(t.uncoveredTailMs)}`);
+  if (t.prediction) parts.push(`predicted tail ${_ms(t.prediction.commitTailMs)}`);
   parts.push(
     `overlap ${t.overlapFraction === null ? "n/a" : `${Math.round(t.overlapFraction * 100)}%`}`,
   );
