@@ -16,14 +16,14 @@ import { runHandoff } from "../serve/coordinator.ts";
 import { type LocalCluster, startLocalCluster } from "../serve/local_cluster.ts";
 import type { HandoffRequest } from "../serve/coordinator.ts";
 import type { PeerAddress } from "../serve/messages.ts";
-import type { NodeRates } from "../core/node_rates.ts";
 
 /** What every grid point shares. */
 interface _Ctx {
   ceilingBitsPerS: number;
   cluster: LocalCluster;
   base: HandoffRequest;
-  rates: { prefiller: NodeRates; decoder: NodeRates };
+  /** Each node's own measurements so far (calibration, then every handoff it served). */
+  recorders: { prefiller: RateRecorder; decoder: RateRecorder };
   certified: boolean;
   kvBytesPerToken: number;
 }
@@ -115,7 +115,7 @@ export async function runLinkBench(o: { modelDir: string; quick: boolean }) {
       SENTENCE.repeat(Math.max(1, Math.floor((n - 8) / perSentence)));
     // Calibration on the unshaped path: the warm-up run is discarded.
     for (const n of prompts) {
-      for (let k = 0; k < 2; k++) {
+      for (let k = 0; k < 3; k++) {
         const d = await runHandoff(cluster.client, { ...base, prompt: promptFor(n) });
         const c = await runHandoff(cluster.client, {
           ...base,
@@ -142,7 +142,7 @@ export async function runLinkBench(o: { modelDir: string; quick: boolean }) {
             ceilingBitsPerS: ceiling.bitsPerS,
             cluster,
             base: { ...base, prompt: promptFor(n) },
-            rates: { prefiller: prefillRates.rates(), decoder: decodeRates.rates() },
+            recorders: { prefiller: prefillRates, decoder: decodeRates },
             certified: isCertified(cert, family, llamaBuild),
             kvBytesPerToken: bytesPerToken,
           }),
@@ -339,10 +339,14 @@ async function _predictAndRun(
     const promptTokens = row.promptTokens;
     const d = placeRequest({
       promptTokens,
-      prefiller: { nodeId: x.cluster.prefill.peer.nodeId, rates: x.rates.prefiller, hasRole: true },
+      prefiller: {
+        nodeId: x.cluster.prefill.peer.nodeId,
+        rates: x.recorders.prefiller.rates(),
+        hasRole: true,
+      },
       decoder: {
         nodeId: decode.nodeId,
-        rates: x.rates.decoder,
+        rates: x.recorders.decoder.rates(),
         hasRole: true,
         freeBytes: 8 * 2 ** 30,
       },
@@ -365,6 +369,10 @@ async function _predictAndRun(
       return null;
     }
     row.measuredPrefillMs = r.telemetry.prefillMs;
+    // The nodes report what they measured on every request they serve (rates, never constants).
+    const t = r.telemetry;
+    if (t.prefillMs) x.recorders.prefiller.recordPrefill(t.promptTokens, t.prefillMs);
+    if (t.probeMs) x.recorders.decoder.recordDecode(1, t.probeMs, t.promptTokens);
     row.measuredProbeMs = r.telemetry.probeMs;
     row.measuredTtftMs = r.ttftMs;
     row.measuredTailMs = r.telemetry.uncoveredTailMs;
