@@ -35,11 +35,8 @@ import { placeRequest } from "../core/placement.ts";
 import { isCertified, parseCertification } from "../core/certification.ts";
 import { LinkMonitor } from "../transport/link_monitor.ts";
 import { LinkEmulator, measureRelayCeiling } from "./link_emulator.ts";
-import type { ReportSection } from "./report.ts";
 import type { HandoffTelemetry } from "../core/telemetry.ts";
 import type { PeerConnection } from "../transport/mod.ts";
-import { table } from "./stats.ts";
-import { lineChart } from "./svg.ts";
 import { cacheDir } from "../cli/paths.ts";
 
 export interface LinkPoint {
@@ -402,102 +399,4 @@ async function _certification() {
   } catch {
     return null;
   }
-}
-
-const _pct = (pred: number | null, meas: number | null) =>
-  pred === null || meas === null || meas === 0
-    ? ""
-    : `${(((pred - meas) / meas) * 100).toFixed(0)}%`;
-
-/** The bench section: table, notes and charts. */
-export async function linkSection(o: { modelDir: string; quick: boolean }): Promise<ReportSection> {
-  const r = await runLinkBench(o);
-  const f = (v: number | null, d = 0) => (v === null ? "-" : v.toFixed(d));
-  const ran = r.rows.filter((x) => x.refused === null);
-  const label = (x: LinkBenchRow) =>
-    `${x.rateBitsPerS / 1e6}M/${x.rttMs}ms/${x.lossFraction * 100}%`;
-  return {
-    name: "link",
-    rows: r,
-    table: table(
-      [
-        "link",
-        "prompt",
-        "rtt ms",
-        "MB/s",
-        "from",
-        "handoff MB/s",
-        "prefill",
-        "pred TTFT",
-        "meas TTFT",
-        "err",
-        "pred tail",
-        "meas tail",
-        "err",
-        "probe p/m",
-        "drops",
-        "planner / refused",
-      ],
-      r.rows.map((x) => [
-        label(x),
-        x.promptTokens,
-        f(x.measuredRttMs, 2),
-        x.measuredBytesPerS === null ? "-" : (x.measuredBytesPerS / 1e6).toFixed(2),
-        x.bandwidthSource ?? "-",
-        x.handoffSampleBytesPerS === null ? "-" : (x.handoffSampleBytesPerS / 1e6).toFixed(2),
-        f(x.measuredPrefillMs),
-        f(x.predictedTtftMs),
-        f(x.measuredTtftMs),
-        _pct(x.predictedTtftMs, x.measuredTtftMs),
-        f(x.predictedTailMs),
-        f(x.measuredTailMs),
-        _pct(x.predictedTailMs, x.measuredTailMs),
-        `${f(x.predictedProbeMs)}/${f(x.measuredProbeMs)}`,
-        x.relayDrops ?? "-",
-        x.refused ?? x.decision ?? "",
-      ]),
-    ),
-    notes: [
-      `${r.model}; relay ceiling measured at ${
-        (r.ceiling.bitsPerS / 1e6).toFixed(1)
-      } Mbit/s in this process ` +
-      `(${r.ceiling.packets} packets of ${r.ceiling.packetBytes} B); rates over 0.8 of it are refused.`,
-      r.degrade
-        ? `Degradation mid-run (RTT ${r.degrade.fromRttMs} -> ${r.degrade.toRttMs} ms, pings every ${r.degrade.pingIntervalMs} ms): flagged after ${
-          r.degrade.detectMs === null
-            ? "never (not within 5 s)"
-            : `${r.degrade.detectMs.toFixed(0)} ms`
-        } (stated bound ${r.degrade.boundMs} ms), from then on new requests get "link-degraded" and run colocated; the request in flight ${
-          r.degrade.inFlightError
-            ? `FAILED: ${r.degrade.inFlightError}`
-            : `completed (${r.degrade.inFlightPlacement})`
-        }.`
-        : "Degradation scenario not run (10 Mbit/s over the relay ceiling).",
-      `${ran.length} of ${r.rows.length} points measured. Link figures are measured through the relay (pings + one probe), rates calibrated on the unshaped path; TTFT on the client's clock, tail = prefill end to CommitAck.`,
-    ],
-    charts: {
-      "link-tail.svg": lineChart([
-        {
-          name: "predicted tail",
-          points: ran.map((x, k) => ({ x: k + 1, y: x.predictedTailMs ?? 0 })),
-        },
-        {
-          name: "measured tail",
-          points: ran.map((x, k) => ({ x: k + 1, y: x.measuredTailMs ?? 0 })),
-        },
-        {
-          name: "predicted TTFT",
-          points: ran.map((x, k) => ({ x: k + 1, y: x.predictedTtftMs ?? 0 })),
-        },
-        {
-          name: "measured TTFT",
-          points: ran.map((x, k) => ({ x: k + 1, y: x.measuredTtftMs ?? 0 })),
-        },
-      ], {
-        title: `Predicted vs measured per emulated point (${ran.map(label).join(", ")})`,
-        xLabel: "measured point #",
-        yLabel: "ms",
-      }),
-    },
-  };
 }

@@ -14,7 +14,7 @@ import { stateBenchSection } from "./state_bench.ts";
 import { formatTransportBench, runTransportBench } from "./transport_bench.ts";
 import { runHandoffBench } from "./handoff_bench.ts";
 import { labTailSection } from "./lab_tail_bench.ts";
-import { linkSection } from "./link_bench.ts";
+import { linkSection } from "./link_report.ts";
 import { calibrateMain } from "./calibrate.ts";
 import { lineChart } from "./svg.ts";
 
