@@ -303,19 +303,22 @@ export interface RelayCeiling {
 }
 
 /**
- * Measures the relay's ceiling: `packets` datagrams of `packetBytes` sent as fast as the
- * sender can through an unshaped relay (a rate far above any emulated one, no delay) to a
- * sink in this process; the rate the sink saw is the ceiling. Sender, relay and sink share
- * this process, so the figure is conservative.
+ * Measures the relay's ceiling: `packets` datagrams of `packetBytes` through an unshaped relay
+ * (a rate far above any emulated one, no delay) to a sink in this process, with at most
+ * `windowPackets` in flight, so that what is measured is what the relay sustains rather than
+ * how fast a blast overflows its socket buffer. Datagrams lost on the way are waited for at
+ * most `stallMs`, then counted out. Sender, relay and sink share this process, so the figure
+ * is conservative.
  */
 export async function measureRelayCeiling(
   packets = 20_000,
   packetBytes = 1200,
+  windowPackets = 32,
+  stallMs = 200,
 ): Promise<RelayCeiling> {
   const sink = Deno.listenDatagram({ transport: "udp", hostname: "127.0.0.1", port: 0 });
-  const target = sink.addr as Deno.NetAddr;
   const relay = new LinkEmulator({
-    target,
+    target: sink.addr as Deno.NetAddr,
     rateBitsPerS: 1e12,
     oneWayDelayMs: 0,
     lossFraction: 0,
@@ -323,37 +326,51 @@ export async function measureRelayCeiling(
   });
   const sender = Deno.listenDatagram({ transport: "udp", hostname: "127.0.0.1", port: 0 });
   const to: Deno.NetAddr = { transport: "udp", ...relay.endpoint };
-  let received = 0, bytes = 0;
-  let firstMs = 0, lastMs = 0;
-  let sending = true;
+  let received = 0, bytes = 0, sent = 0, lastMs = 0;
+  let wake = null as (() => void) | null;
   const receiving = (async () => {
     for (;;) {
       let got: [Uint8Array, Deno.Addr];
       try {
         got = await sink.receive();
       } catch {
-        return; // closed after the sender finished and the stragglers had their chance
+        return;
       }
-      if (received === 0) firstMs = performance.now();
       lastMs = performance.now();
       received++;
       bytes += got[0].length;
-      if (received >= packets) return;
+      wake?.();
     }
   })();
   const payload = new Uint8Array(packetBytes);
   const t0 = performance.now();
-  for (let k = 0; k < packets; k++) await sender.send(payload, to);
-  sending = false;
-  // What has not arrived a second after the last send was dropped (UDP buffers).
-  for (let before = -1; before !== received && received < packets && !sending;) {
-    before = received;
-    await new Promise((r) => setTimeout(r, 250));
+  while (sent < packets) {
+    if (sent - received < windowPackets) {
+      await sender.send(payload, to);
+      sent++;
+      continue;
+    }
+    // Window full: wait for an arrival, or count the window's stragglers out after stallMs.
+    const arrived = await new Promise<boolean>((resolve) => {
+      const timer = setTimeout(() => resolve(false), stallMs);
+      wake = () => {
+        clearTimeout(timer);
+        resolve(true);
+      };
+    });
+    wake = null;
+    if (!arrived) received = sent; // lost: stop waiting for them (their bytes are not counted)
   }
+  await new Promise((r) => setTimeout(r, stallMs));
   sink.close();
   await receiving;
   relay.close();
   sender.close();
-  const ms = Math.max(lastMs - Math.min(firstMs, t0), 1e-3);
-  return { bitsPerS: (bytes * 8 * 1000) / ms, packets: received, packetBytes, ms };
+  const ms = Math.max(lastMs - t0, 1e-3);
+  return {
+    bitsPerS: (bytes * 8 * 1000) / ms,
+    packets: Math.round(bytes / packetBytes),
+    packetBytes,
+    ms,
+  };
 }
