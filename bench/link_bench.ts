@@ -35,6 +35,7 @@ import { placeRequest } from "../core/placement.ts";
 import { isCertified, parseCertification } from "../core/certification.ts";
 import { LinkMonitor } from "../transport/link_monitor.ts";
 import { LinkEmulator, measureRelayCeiling } from "./link_emulator.ts";
+import { runCcComparison } from "./cc_bench.ts";
 import type { HandoffTelemetry } from "../core/telemetry.ts";
 import type { PeerConnection } from "../transport/mod.ts";
 import { cacheDir } from "../cli/paths.ts";
@@ -151,7 +152,16 @@ export async function runLinkBench(o: { modelDir: string; quick: boolean }) {
   } finally {
     await cluster.stop();
   }
-  return { model: `${MODEL.family} ${MODEL.preset}`, ceiling, calibration, rows, degrade };
+  // Congestion control under loss, on the fastest rate the relay sustains here.
+  const ccRate = [20e6, 10e6].find((r) => r <= ceiling.bitsPerS * 0.8) ?? null;
+  const cc = ccRate === null ? [] : await runCcComparison({
+    rateBitsPerS: ccRate,
+    rttMs: 10,
+    losses: [0, 0.001, 0.01],
+    bytes: 4 << 20,
+    ceilingBitsPerS: ceiling.bitsPerS,
+  });
+  return { model: `${MODEL.family} ${MODEL.preset}`, ceiling, calibration, rows, degrade, cc };
 }
 
 /** What the mid-run degradation showed. */

@@ -100,6 +100,17 @@ export async function linkSection(o: { modelDir: string; quick: boolean }): Prom
           errs.length ? (errs[errs.length >> 1] * 100).toFixed(0) : "-"
         }%. Prefill and the probe step are compute, and on this shared 2-core machine their times vary several-fold between identical runs, so TTFT and the whole tail inherit that noise.`;
       })(),
+      r.cc.length
+        ? `One raw QUIC stream of 4 MiB at ${r.cc[0].rateBitsPerS / 1e6} Mbit/s, RTT ${
+          r.cc[0].rttMs
+        } ms, share of line rate by loss: ${
+          r.cc.map((c) =>
+            `${c.congestionControl === "default" ? "Cubic" : "BBR"} ${c.lossFraction * 100}% ${
+              c.ofLineRate.toFixed(2)
+            }`
+          ).join(", ")
+        } (the transport default is unchanged).`
+        : "Congestion-control comparison not run (relay ceiling too low).",
       `${ran.length} of ${r.rows.length} points measured. Link figures are measured through the relay (pings + one probe), rates calibrated on the unshaped path; TTFT on the client's clock, tail = prefill end to CommitAck.`,
     ],
     charts: {
