@@ -1,5 +1,5 @@
 /**
- * `deno task bench [--only model,state,transport,handoff,lab,speculation,batch] [--quick] [--out DIR]`
+ * `deno task bench [--only model,state,transport,handoff,lab,speculation,batch,link] [--quick] [--out DIR]`
  *
  * Runs the benchmark sections, prints their tables and writes a report folder with SVG charts
  * (default `reports/bench-<timestamp>`). Benchmarks are never asserted in the test suite.
@@ -15,6 +15,8 @@ import { formatTransportBench, runTransportBench } from "./transport_bench.ts";
 import { runHandoffBench } from "./handoff_bench.ts";
 import { labTailSection } from "./lab_tail_bench.ts";
 import { speculationSection } from "./speculation_bench.ts";
+import { linkSection } from "./link_report.ts";
+import { calibrateMain } from "./calibrate.ts";
 import { lineChart } from "./svg.ts";
 import { runBatchBench } from "./batch_bench.ts";
 
@@ -23,6 +25,7 @@ type Section = (o: { quick: boolean; modelDir: string }) => Promise<ReportSectio
 const SECTIONS: Record<string, Section> = {
   lab: (o) => labTailSection(o),
   speculation: (o) => speculationSection(o),
+  link: (o) => linkSection(o),
   transport: async ({ quick }) => {
     const r = await runTransportBench({ transferMiB: quick ? 32 : 128, repeats: quick ? 2 : 3 });
     return {
@@ -230,6 +233,8 @@ function parseFlags() {
 }
 
 async function main(): Promise<void> {
+  // Placement (issue 11): `bench calibrate ...` writes the planner's calibration file.
+  if (Deno.args[0] === "calibrate") return await calibrateMain(Deno.args.slice(1));
   const values = parseFlags();
   if (values.help) return console.log(USAGE);
   const names = values.only ? values.only.split(",") : Object.keys(SECTIONS);

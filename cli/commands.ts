@@ -11,6 +11,7 @@ import { register as registerHandoff } from "./handoff.ts";
 import { register as registerDemo } from "./demo.ts";
 import { register as registerStats } from "./stats.ts";
 import { register as registerCoordinate } from "./coordinate.ts";
+import { register as registerPlan } from "./plan.ts";
 import { measureStateBytes } from "./_runtime_probe.ts";
 
 export type RegisterCommand = (program: Command) => void;
@@ -27,4 +28,5 @@ export const COMMANDS: RegisterCommand[] = [
   registerDemo,
   registerStats,
   registerCoordinate,
+  registerPlan,
 ];

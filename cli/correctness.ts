@@ -38,6 +38,7 @@ import {
 import { listArg, oneOf } from "./_list_args.ts";
 import { gpuLayersArg, intArg } from "./_options.ts";
 import { cacheDir } from "./paths.ts";
+import { defaultCertificationPath, writeCertification } from "./_certify.ts"; // placement (issue 11)
 
 interface HandoffFlags {
   families: Family[];
@@ -52,6 +53,8 @@ interface HandoffFlags {
   modelDir?: string;
   json: boolean;
   decodeModes?: DecodeMode[];
+  /** Placement (issue 11): certification file to update, or true for the default one. */
+  certify?: string | true;
 }
 
 export function register(program: Command): void {
@@ -96,6 +99,7 @@ export function register(program: Command): void {
         "colocated and target-only, and MTP drafts bitwise equal (speculation: per-session contexts)",
       listArg(oneOf(DECODE_MODES)),
     )
+    .option("--certify [file]", "record exact families in the certification file the planner reads")
     .action((flags: HandoffFlags) =>
       flags.decodeModes ? runDecodeModes(flags, flags.decodeModes) : runStateHandoff(flags)
     );
@@ -148,6 +152,15 @@ async function runStateHandoff(flags: HandoffFlags): Promise<void> {
   const wallMs = performance.now() - t0;
   if (flags.json) console.log(JSON.stringify({ steps: flags.steps, wallMs, results }, null, 2));
   else printReport(results, flags, wallMs);
+  if (flags.certify) { // placement (issue 11)
+    const path = flags.certify === true ? defaultCertificationPath() : flags.certify;
+    const c = await writeCertification(path, results);
+    console.error(
+      `certification ${path}: certified ${c.certified.join(", ") || "none"}; revoked ${
+        c.revoked.join(", ") || "none"
+      }`,
+    );
+  }
   const failed = results.filter((r) => !r.ok).length;
   if (failed > 0) {
     throw new StateValidationError(

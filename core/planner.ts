@@ -36,6 +36,10 @@ export interface LinkMeasurement {
   bandwidthBytesPerS: number;
   rttMs: number;
   ageMs: number;
+  /** Lost pings over pings sent (null or absent: not measured). */
+  lossFraction?: number | null;
+  /** Why the estimator considers the link degraded (a drop, a rise); absent: it does not. */
+  degraded?: string | null;
 }
 
 /** Capability, identity and certification facts the coordinator gathered. */
@@ -67,6 +71,13 @@ export interface PlanInput {
   flags: PlanFlags;
   /** Optional layer-split alternative: its prefill rate and the per-token hop it adds. */
   layerSplit?: { prefillTokensPerS: number; hopMsPerToken: number; outputTokens: number };
+  /**
+   * Decoder time to recompute the MTP draft state instead of receiving it; the tail takes
+   * the cheaper of the two (absent: the MTP state is always sent).
+   */
+  mtpReprimeMs?: number;
+  /** Decoder's continuation probe (one decode step) before CommitAck, in ms (absent: 0). */
+  probeMs?: number;
 }
 
 /** Thresholds, each with its unit last. */
@@ -75,6 +86,8 @@ export interface PlanOptions {
   linkAgeMsMax: number;
   bandwidthBytesPerSMin: number;
   rttMsMax: number;
+  /** Ping loss above this refuses the link (loss collapses QUIC throughput). */
+  lossFractionMax: number;
   /** Disaggregation must win by at least this much. */
   benefitMsMin: number;
   /** Decoder memory kept free beyond the state. */
@@ -89,6 +102,7 @@ export const DEFAULT_PLAN_OPTIONS: Readonly<PlanOptions> = {
   linkAgeMsMax: 30_000,
   bandwidthBytesPerSMin: 125_000_000, // 1 Gb/s
   rttMsMax: 10,
+  lossFractionMax: 0.0005,
   benefitMsMin: 20,
   memoryHeadroomBytes: 256 * 1024 * 1024,
   importBytesPerS: 2_000_000_000,
@@ -108,9 +122,12 @@ export interface PlanReason {
     | "link-stale"
     | "link-too-slow"
     | "rtt-too-high"
+    | "link-lossy"
+    | "link-degraded"
     | "decoder-memory"
     | "state-too-large"
     | "slower-than-recompute"
+    | "no-node-rates"
     | "chosen";
   message: string;
 }
@@ -133,6 +150,14 @@ export interface PlanEstimates {
   benefitMs: number;
   /** Estimated share of the non-last KV bytes sent before prefill ends (null: one chunk). */
   overlapFraction: number | null;
+  /** Whether the MTP state travels, is recomputed on the decoder, or does not exist. */
+  mtpMode?: "transfer" | "reprime" | "none";
+  /** The decoder's continuation probe inside the tail (0 when not given). */
+  probeMs?: number;
+  /** Prefill end to CommitAck as the prefiller sees it: `handoffTailMs + probeMs`. */
+  commitTailMs?: number;
+  /** Prefiller queue wait (contention) counted against the benefit. */
+  prefillerQueueMs?: number;
 }
 
 export interface Plan {
@@ -210,6 +235,8 @@ function _checkInput(i: PlanInput): void {
   const nonNegative: [string, number][] = [
     ["prefillerCachedTokens", i.prefillerCachedTokens ?? 0],
     ["prefillerQueueMs", i.prefillerQueueMs ?? 0],
+    ["mtpReprimeMs", i.mtpReprimeMs ?? 0],
+    ["probeMs", i.probeMs ?? 0],
     ["decoderFreeBytes", i.decoderFreeBytes],
     ["kvBytesPerToken", i.state.kvBytesPerToken],
     ["recurrentBytes", i.state.recurrentBytes],
@@ -269,6 +296,15 @@ function _eligibility(i: PlanInput, o: PlanOptions): PlanReason[] {
     if (!(link.rttMs <= o.rttMsMax)) {
       add("rtt-too-high", `RTT ${_ms(link.rttMs)} is over rttMsMax ${o.rttMsMax}`);
     }
+    if ((link.lossFraction ?? 0) > o.lossFractionMax) {
+      add(
+        "link-lossy",
+        `link loses ${
+          ((link.lossFraction ?? 0) * 100).toFixed(2)
+        }% of pings, over lossFractionMax ${(o.lossFractionMax * 100).toFixed(2)}%`,
+      );
+    }
+    if (link.degraded) add("link-degraded", `link degraded: ${link.degraded}`);
   }
   const bytes = stateBytesFor(i.state, i.promptTokens);
   if (bytes > o.stateBytesMax) {
@@ -315,11 +351,17 @@ export function estimate(
   const o: PlanOptions = { ...DEFAULT_PLAN_OPTIONS, ...options };
   const bwPerMs = link.bandwidthBytesPerS / 1000;
   const stream = _streamKv(i, bwPerMs, link.rttMs);
-  const snapshotBytes = snapshotBytesFor(i.state, i.promptTokens);
+  const mtpBytes = _mtpBytes(i.state, i.promptTokens);
+  const mtpSendMs = mtpBytes / bwPerMs + (mtpBytes / o.importBytesPerS) * 1000;
+  const reprime = mtpBytes > 0 && i.mtpReprimeMs !== undefined && i.mtpReprimeMs < mtpSendMs;
+  const mtpMode = mtpBytes === 0 ? "none" : reprime ? "reprime" : "transfer";
+  const snapshotBytes = snapshotBytesFor(i.state, i.promptTokens) - (reprime ? mtpBytes : 0);
   const kvBytes = i.promptTokens * i.state.kvBytesPerToken;
   const snapshotTransferMs = snapshotBytes / bwPerMs;
-  const importMs = ((stream.lastPageBytes + snapshotBytes) / o.importBytesPerS) * 1000;
+  const importMs = ((stream.lastPageBytes + snapshotBytes) / o.importBytesPerS) * 1000 +
+    (reprime ? i.mtpReprimeMs! : 0);
   const handoffTailMs = stream.uncoveredMs + snapshotTransferMs + importMs + link.rttMs;
+  const probeMs = i.probeMs ?? 0;
   const disaggregatedMs = (i.prefillerQueueMs ?? 0) + stream.prefillMs + handoffTailMs;
   const colocatedMs = _colocatedMs(i);
   const ls = i.layerSplit;
@@ -330,7 +372,7 @@ export function estimate(
     prefillerPrefillMs: stream.prefillMs,
     uncoveredKvMs: stream.uncoveredMs,
     snapshotTransferMs,
-    mtpTransferMs: _mtpBytes(i.state, i.promptTokens) / bwPerMs,
+    mtpTransferMs: reprime ? 0 : mtpBytes / bwPerMs,
     importMs,
     commitRoundTripMs: link.rttMs,
     handoffTailMs,
@@ -341,6 +383,10 @@ export function estimate(
       : null,
     benefitMs: colocatedMs - disaggregatedMs,
     overlapFraction: stream.overlapFraction,
+    mtpMode,
+    probeMs,
+    commitTailMs: handoffTailMs + probeMs,
+    prefillerQueueMs: i.prefillerQueueMs ?? 0,
   };
 }
 

@@ -134,6 +134,16 @@ export interface HandoffTelemetry {
   fallbacks?: FallbackRecord[];
   /** The decoder's speculative decoding: mode, rollback, fallback, acceptance per source. */
   speculation?: SpeculationSummary;
+  /**
+   * The placement decision's prediction for this request (core/placement.ts), recorded beside
+   * the measurement; absent when the placement was not planned.
+   */
+  prediction?: {
+    placement: string;
+    ttftDisaggregatedMs: number;
+    ttftColocatedMs: number;
+    commitTailMs: number;
+  } | null;
 }
 
 /**
@@ -308,6 +318,7 @@ export function formatTelemetry(
   parts.push(`${_mib(t.totalBytes)} [${kinds.join(", ")}]`);
   parts.push(`prefill ${_ms(t.prefillMs)}`);
   parts.push(`tail ${_ms(t.uncoveredTailMs)}`);
+  if (t.prediction) parts.push(`predicted tail ${_ms(t.prediction.commitTailMs)}`);
   parts.push(
     `overlap ${t.overlapFraction === null ? "n/a" : `${Math.round(t.overlapFraction * 100)}%`}`,
   );

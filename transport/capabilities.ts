@@ -36,6 +36,8 @@ export interface Capabilities {
    * caller, compared for exact equality, never printed.
    */
   numericalIdentity?: string | Record<string, unknown>;
+  /** Version of the link ping/probe exchange the node answers (link_probe.ts). */
+  linkProbeVersion?: number;
 }
 
 /** Parsed capabilities plus notes about fields that were dropped. */
@@ -98,6 +100,10 @@ export function parseCapabilities(value: unknown): ParsedCapabilities {
   if (codecs) capabilities.kvCodecs = codecs;
   const dtypes = _list(raw.kvDtypes, "kvDtypes", _isShortString, problems);
   if (dtypes) capabilities.kvDtypes = dtypes;
+  if (raw.linkProbeVersion !== undefined) {
+    if (_isVersion(raw.linkProbeVersion)) capabilities.linkProbeVersion = raw.linkProbeVersion;
+    else problems.push('"linkProbeVersion" is not a non-negative integer');
+  }
   const identity = raw.numericalIdentity;
   if (identity !== undefined) {
     const ok =

@@ -8,6 +8,7 @@
 import { LimitExceededError, PeerError, ProtocolError, SkippyError } from "../core/errors.ts";
 import { authenticateAsClient, authenticateAsServer, refusalWasSent } from "./auth.ts";
 import { parseCapabilities } from "./capabilities.ts";
+import { LINK_PROBE_VERSION } from "./link_probe.ts";
 import { CloseCode, type RawConnection } from "./channel.ts";
 import { describeEnd, sleep } from "./_connection_end.ts";
 import { FrameReader, FrameWriter } from "./framed_stream.ts";
@@ -133,7 +134,9 @@ async function _handshake(
     })
     : await authenticateAsServer({ reader: stepped, writer }, ctx);
   progress?.authenticated();
-  await writer.write({ type: "CapabilitiesOffer", capabilities: options.capabilities ?? {} });
+  // Every node of this build answers link pings and probes (peer.ts), whatever it serves.
+  const mine = { ...options.capabilities, linkProbeVersion: LINK_PROBE_VERSION };
+  await writer.write({ type: "CapabilitiesOffer", capabilities: mine });
   const offer = await stepped.read();
   if (offer?.header.type !== "CapabilitiesOffer") {
     throw new ProtocolError(

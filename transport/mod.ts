@@ -19,4 +19,6 @@ export * from "./quic.ts";
 export * from "./fault_plan.ts";
 export * from "./loopback.ts";
 export * from "./handshake_gate.ts";
+export * from "./link_probe.ts";
+export * from "./link_monitor.ts";
 export { seededRandom } from "./_prng.ts";

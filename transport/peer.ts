@@ -36,6 +36,18 @@ import {
   IncomingHandoffStream,
 } from "./handoff_stream.ts";
 import type { NodeIdentity } from "./node_identity.ts";
+import {
+  answerProbe,
+  DEFAULT_LINK_PROBE_OPTIONS,
+  LINK_PING,
+  LINK_PONG,
+  LINK_PROBE_OPEN,
+  LINK_PROBE_VERSION,
+  type LinkProbeOptions,
+  PingTracker,
+  type ProbeResult,
+  sendProbe,
+} from "./link_probe.ts";
 import type { TrustList } from "./trust.ts";
 
 export const DEFAULT_HANDSHAKE_TIMEOUT_MS = 5_000;
@@ -62,6 +74,8 @@ export const CONTROL_STREAM_TYPES = Object.freeze([
   "AuthRefused",
   "CapabilitiesOffer",
   "ConnectionClosing",
+  LINK_PING,
+  LINK_PONG,
 ]);
 
 /** Who this node is, whom it trusts, what it announces, and the bounds it enforces. */
@@ -84,6 +98,8 @@ export interface PeerOptions {
   /** Incoming handoff streams waiting for `acceptHandoffStream()`; more are refused. */
   incomingHandoffStreamsMax?: number;
   handoff?: HandoffStreamOptions & { manualRelease?: boolean };
+  /** Bounds of link pings and bandwidth probes (link_probe.ts). */
+  linkProbe?: Partial<LinkProbeOptions>;
 }
 
 /** A message on the control stream. */
@@ -114,6 +130,9 @@ export class PeerConnection {
   readonly #incoming: BoundedQueue<IncomingHandoffStream>;
   #end: ConnectionEnd | null = null;
   #closing: Promise<void> | null = null;
+  readonly #linkProbe: LinkProbeOptions;
+  readonly #pings: PingTracker;
+  #probing = false;
 
   /** Use `establishPeer()`. */
   constructor(
@@ -136,8 +155,11 @@ export class PeerConnection {
     this.peerCapabilityProblems = capabilities.problems;
     this.#messages = new BoundedQueue(options.controlQueueMessagesMax ?? 64);
     this.#incoming = new BoundedQueue(options.incomingHandoffStreamsMax ?? 16);
+    this.#linkProbe = { ...DEFAULT_LINK_PROBE_OPTIONS, ...options.linkProbe };
+    this.#pings = new PingTracker((h) => this.#writer.write(h), this.#linkProbe);
     this.closed = raw.closed.then((end) => {
       this.#end = end;
+      this.#pings.end();
       return end;
     });
     this.#pumpControl();
@@ -184,6 +206,40 @@ export class PeerConnection {
       if (message === null) return;
       yield message;
     }
+  }
+
+  /** Whether the peer answers link pings and probes (it advertised `linkProbeVersion`). */
+  get supportsLinkProbe(): boolean {
+    return this.peerCapabilities.linkProbeVersion === LINK_PROBE_VERSION;
+  }
+
+  /**
+   * One control-stream round trip in ms; null when the ping was lost (no answer within
+   * `pingTimeoutMs`). One ping is in flight at a time and pings are spaced by
+   * `pingIntervalMsMin`. Throws PeerError for a peer that does not support it.
+   */
+  ping(): Promise<number | null> {
+    if (!this.supportsLinkProbe) {
+      return Promise.reject(
+        new PeerError(`Peer ${this.peerNodeId} does not answer link pings (older build)`),
+      );
+    }
+    return this.#pings.ping();
+  }
+
+  /** Sends a bandwidth probe of `bytes` (bounded by `probeBytesMax`) on a stream of its own. */
+  async probeBandwidth(bytes: number): Promise<ProbeResult> {
+    if (!this.supportsLinkProbe) {
+      throw new PeerError(`Peer ${this.peerNodeId} does not answer link probes (older build)`);
+    }
+    let channel: ByteChannel;
+    try {
+      channel = await this.#raw.openChannel();
+    } catch (error) {
+      throw this.#handoffError(error);
+    }
+    const { reader, writer } = this.#handoffIo(channel);
+    return await sendProbe(reader, writer, bytes, this.#linkProbe);
   }
 
   /** Opens a handoff stream whose opening frame carries `meta` (e.g. the handoff id). */
@@ -247,6 +303,9 @@ export class PeerConnection {
           this.#onPeerClosing();
           break;
         }
+        if (frame.header.type === LINK_PING) this.#pings.onPing(frame.header);
+        if (frame.header.type === LINK_PONG) this.#pings.onPong(frame.header);
+        if (frame.header.type === LINK_PING || frame.header.type === LINK_PONG) continue;
         if (
           typeof frame.header.type !== "string" || CONTROL_STREAM_TYPES.includes(frame.header.type)
         ) {
@@ -350,6 +409,12 @@ export class PeerConnection {
       why = error instanceof SkippyError ? "malformed opening frame" : "stream lost";
     } finally {
       clearTimeout(timer);
+    }
+    if (first?.header.type === LINK_PROBE_OPEN && !first.final && !this.#probing) {
+      this.#probing = true;
+      await answerProbe(first.header, reader, writer, this.#linkProbe);
+      this.#probing = false;
+      return;
     }
     const meta = first?.header.meta;
     if (

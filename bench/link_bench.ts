@@ -1,0 +1,412 @@
+/**
+ * The cost model against emulated links (`deno task bench --only link`): two workers on
+ * loopback, the decode worker behind the UDP link emulator (link_emulator.ts), and per grid
+ * point (rate, RTT, loss) the planner's prediction next to a measured handoff.
+ *
+ * Per point: the link is measured the way a live node measures it (pings on the control
+ * stream and one bounded probe, through the same relay, by this process on behalf of the
+ * prefill worker), the node rates come from a calibration on the unshaped path (one
+ * disaggregated and one colocated run per prompt), `placeRequest()` predicts TTFT and the tail
+ * (prefill end to CommitAck), then one handoff runs through the relay. Points over the relay's
+ * measured ceiling are refused by the emulator and listed as such: the cost model covers them.
+ * The planner's decision is shown; the handoff is run whatever it says, to be compared.
+ */
+import { ensureModelFile } from "../models/mod.ts";
+import { runHandoff } from "../serve/coordinator.ts";
+import { type LocalCluster, startLocalCluster } from "../serve/local_cluster.ts";
+import type { HandoffRequest } from "../serve/coordinator.ts";
+import type { PeerAddress } from "../serve/messages.ts";
+
+/** What every grid point shares. */
+interface _Ctx {
+  ceilingBitsPerS: number;
+  cluster: LocalCluster;
+  base: HandoffRequest;
+  /** Each node's own measurements so far (calibration, then every handoff it served). */
+  recorders: { prefiller: RateRecorder; decoder: RateRecorder };
+  certified: boolean;
+  kvBytesPerToken: number;
+}
+import { RUNTIME_DEFAULTS } from "../serve/engine.ts";
+import { LlamaModel, loadLlama } from "../ffi/mod.ts";
+import { handoffTransferSample, LinkEstimator } from "../core/link_estimates.ts";
+import { RateRecorder } from "../core/node_rates.ts";
+import { placeRequest } from "../core/placement.ts";
+import { isCertified, parseCertification } from "../core/certification.ts";
+import { LinkMonitor } from "../transport/link_monitor.ts";
+import { LinkEmulator, measureRelayCeiling } from "./link_emulator.ts";
+import { runCcComparison } from "./cc_bench.ts";
+import type { HandoffTelemetry } from "../core/telemetry.ts";
+import type { PeerConnection } from "../transport/mod.ts";
+import { cacheDir } from "../cli/paths.ts";
+
+export interface LinkPoint {
+  rateBitsPerS: number;
+  rttMs: number;
+  lossFraction: number;
+}
+
+export interface LinkBenchRow extends LinkPoint {
+  promptTokens: number;
+  /** Null when measured; otherwise why the point was not run. */
+  refused: string | null;
+  measuredRttMs: number | null;
+  measuredBytesPerS: number | null;
+  decision: string | null;
+  predictedTtftMs: number | null;
+  measuredTtftMs: number | null;
+  predictedTailMs: number | null;
+  measuredTailMs: number | null;
+  stateBytes: number | null;
+  relayDrops: number | null;
+  /** Where the bandwidth the prediction used came from: the probe, or the previous handoff. */
+  bandwidthSource: string | null;
+  /** The handoff's own rate: bytes over its summed write time. */
+  achievedBytesPerS: number | null;
+  /** The prefill the handoff actually took (compute noise shows here, not in the link). */
+  measuredPrefillMs: number | null;
+  /** The handoff's delivery-based bandwidth sample (bytes/s), fed to the next prediction. */
+  handoffSampleBytesPerS: number | null;
+  /** The decoder's continuation probe inside the tail: predicted (decode rate) and measured. */
+  predictedProbeMs: number | null;
+  measuredProbeMs: number | null;
+}
+
+/** The issue's grid, reduced: every rate with the RTTs and losses below. */
+export const LINK_RATES = [10e6, 20e6, 100e6, 400e6, 1e9];
+export const LINK_RTTS_MS = [0.2, 2, 10];
+export const LINK_LOSSES = [0, 0.001];
+
+const SENTENCE = "the quick brown fox jumps over the lazy dog and ";
+const MODEL = { family: "dense", preset: "super-mini", seed: 1 } as const;
+
+export async function runLinkBench(o: { modelDir: string; quick: boolean }) {
+  const model = await ensureModelFile(o.modelDir, MODEL);
+  const prompts = o.quick ? [512] : [512, 1024];
+  const points: LinkPoint[] = [];
+  for (const rateBitsPerS of LINK_RATES) {
+    for (const rttMs of o.quick ? [2, 10] : LINK_RTTS_MS) {
+      for (const lossFraction of LINK_LOSSES) points.push({ rateBitsPerS, rttMs, lossFraction });
+    }
+  }
+  const ceiling = await measureRelayCeiling(5000);
+  const perSentence = await _tokensPerSentence(model);
+  const cluster = await startLocalCluster({ args: ["--model", model, "--ctx", "2048"] });
+  const rows: LinkBenchRow[] = [];
+  let degrade: DegradeResult | null = null;
+  let calibration: unknown = null;
+  const cert = await _certification();
+  try {
+    const base = {
+      prefill: cluster.prefill.peer,
+      decode: cluster.decode.peer,
+      generateTokens: 4,
+      sampling: { temperature: 0, topK: 40, topP: 0.95, seed: 1 },
+      tenantId: "bench",
+      probe: false,
+      timeoutMs: 120_000,
+    };
+    let bytesPerToken = 0;
+    const prefillRates = new RateRecorder(cluster.prefill.peer.nodeId);
+    const decodeRates = new RateRecorder(cluster.decode.peer.nodeId);
+    const promptFor = (n: number) =>
+      SENTENCE.repeat(Math.max(1, Math.floor((n - 8) / perSentence)));
+    // Calibration on the unshaped path: the warm-up run is discarded.
+    for (const n of prompts) {
+      for (let k = 0; k < 3; k++) {
+        const d = await runHandoff(cluster.client, { ...base, prompt: promptFor(n) });
+        const c = await runHandoff(cluster.client, {
+          ...base,
+          prompt: promptFor(n),
+          colocated: true,
+        });
+        if (k === 0) continue;
+        const t = d.telemetry;
+        prefillRates.recordPrefill(t.promptTokens, t.prefillMs ?? NaN);
+        decodeRates.recordPrefill(t.promptTokens, c.ttftMs);
+        // The continuation probe is one decode step at this depth: the tail's own term.
+        if (t.probeMs) decodeRates.recordDecode(1, t.probeMs, t.promptTokens);
+        // State bytes per prompt token as the runtime exported them (KV, history, framing).
+        bytesPerToken = Math.max(bytesPerToken, t.totalBytes / t.promptTokens);
+      }
+    }
+    const family = "dense";
+    const lib = loadLlama();
+    const llamaBuild = `${lib.release}+${lib.buildId}`;
+    for (const point of points) {
+      for (const n of prompts) {
+        rows.push(
+          ...await _runPoint(point, n, {
+            ceilingBitsPerS: ceiling.bitsPerS,
+            cluster,
+            base: { ...base, prompt: promptFor(n) },
+            recorders: { prefiller: prefillRates, decoder: decodeRates },
+            certified: isCertified(cert, family, llamaBuild),
+            kvBytesPerToken: bytesPerToken,
+          }),
+        );
+      }
+    }
+    calibration = { prefiller: prefillRates.rates(), decoder: decodeRates.rates(), bytesPerToken };
+    degrade = await _degrade(cluster, ceiling.bitsPerS, { ...base, prompt: promptFor(prompts[0]) });
+  } finally {
+    await cluster.stop();
+  }
+  // Congestion control under loss, on the fastest rate the relay sustains here.
+  const ccRate = [20e6, 10e6].find((r) => r <= ceiling.bitsPerS * 0.8) ?? null;
+  const cc = ccRate === null ? [] : await runCcComparison({
+    rateBitsPerS: ccRate,
+    rttMs: 10,
+    losses: [0, 0.001, 0.01],
+    bytes: 4 << 20,
+    ceilingBitsPerS: ceiling.bitsPerS,
+  });
+  return { model: `${MODEL.family} ${MODEL.preset}`, ceiling, calibration, rows, degrade, cc };
+}
+
+/** What the mid-run degradation showed. */
+export interface DegradeResult {
+  fromRttMs: number;
+  toRttMs: number;
+  pingIntervalMs: number;
+  /** Link change to the estimate flagging it (new requests refused from then on). */
+  detectMs: number | null;
+  /** The stated bound: `recentSamples` pings, each up to an interval plus the new RTT. */
+  boundMs: number;
+  /** The request started as the link degraded: it completed (never failed). */
+  inFlightPlacement: string | null;
+  inFlightError: string | null;
+  decisionAfter: string[];
+}
+
+async function _degrade(
+  cluster: LocalCluster,
+  ceilingBitsPerS: number,
+  base: HandoffRequest,
+): Promise<DegradeResult | null> {
+  const rate = 10e6, pingIntervalMs = 100, fromRttMs = 2, toRttMs = 40;
+  const decode = cluster.decode.peer;
+  let link: LinkEmulator;
+  try {
+    link = new LinkEmulator({
+      target: { hostname: decode.host, port: decode.port },
+      rateBitsPerS: rate,
+      oneWayDelayMs: fromRttMs / 2,
+      lossFraction: 0,
+      queueBytesMax: 64 * 1024,
+      ceilingBitsPerS,
+    });
+  } catch {
+    return null;
+  }
+  const via = { ...decode, host: link.endpoint.hostname, port: link.endpoint.port };
+  const links = new LinkEstimator();
+  const pair = { from: cluster.prefill.peer.nodeId, to: decode.nodeId };
+  const monitor = new LinkMonitor(pair.from, links, { pingIntervalMs });
+  const conn = await cluster.client.connect(via);
+  const stop = monitor.watch(conn);
+  try {
+    for (
+      let k = 0;
+      k < 200 && (links.estimate(pair, performance.now())?.rttSamples ?? 0) < 6;
+      k++
+    ) {
+      await new Promise((r) => setTimeout(r, 25));
+    }
+    const t0 = performance.now();
+    link.reshape({ oneWayDelayMs: toRttMs / 2 });
+    const inFlight = runHandoff(cluster.client, { ...base, decode: via }).then(
+      (r) => ({ placement: r.placement, error: null }),
+      (e) => ({ placement: null, error: (e as Error).message }),
+    );
+    let detectMs: number | null = null;
+    for (let k = 0; k < 500 && detectMs === null; k++) {
+      if (links.estimate(pair, performance.now())?.degraded) detectMs = performance.now() - t0;
+      else await new Promise((r) => setTimeout(r, 10));
+    }
+    const r = await inFlight;
+    const e = links.estimate(pair, performance.now());
+    return {
+      fromRttMs,
+      toRttMs,
+      pingIntervalMs,
+      detectMs,
+      boundMs: links.options.recentSamples * (pingIntervalMs + toRttMs) + toRttMs,
+      inFlightPlacement: r.placement,
+      inFlightError: r.error,
+      decisionAfter: e?.degraded ? [e.degraded.code] : [],
+    };
+  } finally {
+    stop();
+    await conn.close();
+    link.close();
+  }
+}
+
+async function _runPoint(
+  p: LinkPoint,
+  promptTokens: number,
+  x: _Ctx,
+): Promise<LinkBenchRow[]> {
+  const row: LinkBenchRow = {
+    ...p,
+    promptTokens,
+    refused: null,
+    measuredRttMs: null,
+    measuredBytesPerS: null,
+    decision: null,
+    predictedTtftMs: null,
+    measuredTtftMs: null,
+    predictedTailMs: null,
+    measuredTailMs: null,
+    stateBytes: null,
+    relayDrops: null,
+    bandwidthSource: null,
+    achievedBytesPerS: null,
+    measuredPrefillMs: null,
+    handoffSampleBytesPerS: null,
+    predictedProbeMs: null,
+    measuredProbeMs: null,
+  };
+  const decode = x.cluster.decode.peer;
+  let link: LinkEmulator;
+  try {
+    link = new LinkEmulator({
+      target: { hostname: decode.host, port: decode.port },
+      rateBitsPerS: p.rateBitsPerS,
+      oneWayDelayMs: p.rttMs / 2,
+      lossFraction: p.lossFraction,
+      // 50 ms of queue at the link rate (at least a few packets).
+      queueBytesMax: Math.max(32 * 1024, (p.rateBitsPerS / 8) * 0.05),
+      ceilingBitsPerS: x.ceilingBitsPerS,
+      seed: 7,
+    });
+  } catch (error) {
+    row.refused = (error as Error).message.split(":")[0];
+    return [row];
+  }
+  const rows: LinkBenchRow[] = [];
+  try {
+    const via = { ...decode, host: link.endpoint.hostname, port: link.endpoint.port };
+    const links = new LinkEstimator();
+    const monitor = new LinkMonitor(x.cluster.prefill.peer.nodeId, links, { pingsPerMeasure: 10 });
+    const conns: PeerConnection[] = [];
+    const conn = await _conn(x, via, conns);
+    // The probe lasts about half a second at the emulated rate (bounded both ways).
+    const probeBytes = Math.round(
+      Math.min(8 << 20, Math.max(1.5 * (1 << 20), (p.rateBitsPerS / 8) * 0.5)),
+    );
+    const estimate = await monitor.measure(conn, probeBytes);
+    // The measurement above ran from this process; it stands for the prefill worker's path.
+    const measured = links.estimate(
+      { from: x.cluster.prefill.peer.nodeId, to: decode.nodeId },
+      performance.now(),
+    );
+    row.measuredRttMs = measured?.rttMs ?? estimate?.rttMs ?? null;
+    // Two runs: predicted from the probe, then from the first handoff's own transfer.
+    for (let run = 0; run < 2; run++) {
+      const e = links.estimate(
+        { from: x.cluster.prefill.peer.nodeId, to: decode.nodeId },
+        performance.now(),
+      );
+      const out: LinkBenchRow = {
+        ...row,
+        measuredBytesPerS: e?.bandwidthBytesPerS ?? null,
+        bandwidthSource: e?.bandwidthSource ?? null,
+      };
+      rows.push(out);
+      const t = await _predictAndRun(out, x, links, via, link);
+      if (!t) break;
+      const sample = handoffTransferSample(t, row.measuredRttMs ?? 0);
+      if (sample) {
+        out.handoffSampleBytesPerS = (sample.bytes / sample.ms) * 1000;
+        // The handoff's own transfer replaces the probe as the newest bulk sample.
+        links.forget({ from: x.cluster.prefill.peer.nodeId, to: decode.nodeId });
+        for (let k = 0; k < 3; k++) await monitor.pingOnce(await _conn(x, via, conns));
+        monitor.recordTransfer(decode.nodeId, sample.bytes, sample.ms);
+      }
+    }
+    await conns[0]?.close();
+  } finally {
+    link.close();
+  }
+  return rows;
+}
+
+/** Predicts with the estimate as it stands, then runs one handoff through `via`. */
+async function _predictAndRun(
+  row: LinkBenchRow,
+  x: _Ctx,
+  links: LinkEstimator,
+  via: PeerAddress,
+  link: LinkEmulator,
+): Promise<HandoffTelemetry | null> {
+  const decode = x.cluster.decode.peer;
+  {
+    const promptTokens = row.promptTokens;
+    const d = placeRequest({
+      promptTokens,
+      prefiller: {
+        nodeId: x.cluster.prefill.peer.nodeId,
+        rates: x.recorders.prefiller.rates(),
+        hasRole: true,
+      },
+      decoder: {
+        nodeId: decode.nodeId,
+        rates: x.recorders.decoder.rates(),
+        hasRole: true,
+        freeBytes: 8 * 2 ** 30,
+      },
+      schemaShared: true,
+      identityMatch: true,
+      family: "dense",
+      llamaBuild: "bench",
+      state: { kvBytesPerToken: x.kvBytesPerToken, recurrentBytes: 0 },
+      chunkTokens: RUNTIME_DEFAULTS.chunkTokens,
+    }, { links, nowMs: performance.now(), certification: null });
+    row.decision = `${d.placement}${x.certified ? "" : " (family not certified)"}: ` +
+      d.reasons.filter((r) => r.code !== "chosen" && r.code !== "not-certified").map((r) => r.code)
+        .join(",");
+    row.predictedTtftMs = d.prediction?.ttftDisaggregatedMs ?? null;
+    row.predictedTailMs = d.prediction?.commitTailMs ?? null;
+    row.predictedProbeMs = d.estimates?.probeMs ?? null;
+    const r = await runHandoff(x.cluster.client, { ...x.base, decode: via });
+    if (r.placement !== "disaggregated") {
+      row.refused = `handoff fell back: ${r.fallbackReason}`;
+      return null;
+    }
+    row.measuredPrefillMs = r.telemetry.prefillMs;
+    // The nodes report what they measured on every request they serve (rates, never constants).
+    const t = r.telemetry;
+    if (t.prefillMs) x.recorders.prefiller.recordPrefill(t.promptTokens, t.prefillMs);
+    if (t.probeMs) x.recorders.decoder.recordDecode(1, t.probeMs, t.promptTokens);
+    row.measuredProbeMs = r.telemetry.probeMs;
+    row.measuredTtftMs = r.ttftMs;
+    row.measuredTailMs = r.telemetry.uncoveredTailMs;
+    row.stateBytes = r.telemetry.totalBytes;
+    row.achievedBytesPerS = r.telemetry.achievedBytesPerS;
+    const s = link.stats;
+    row.relayDrops = s.forward.lost + s.forward.queueDrops + s.backward.lost +
+      s.backward.queueDrops;
+    return r.telemetry;
+  }
+}
+
+async function _conn(x: _Ctx, via: PeerAddress, conns: PeerConnection[]): Promise<PeerConnection> {
+  if (!conns[0]) conns[0] = await x.cluster.client.connect(via);
+  return conns[0];
+}
+
+async function _tokensPerSentence(model: string): Promise<number> {
+  using m = await LlamaModel.load(loadLlama(), model);
+  return m.vocab.tokenize(SENTENCE.repeat(100), false).length / 100;
+}
+
+async function _certification() {
+  try {
+    const p = `${cacheDir()}/certification.json`;
+    return parseCertification(JSON.parse(await Deno.readTextFile(p)), p);
+  } catch {
+    return null;
+  }
+}

@@ -1,0 +1,314 @@
+/**
+ * Per peer-pair link estimates: RTT samples (control-stream pings), bandwidth samples (the
+ * handoffs' own bulk transfers, or a short probe), lost pings, each in a bounded recent window
+ * with its age, and degradation detection (a bandwidth drop or an RTT rise against the
+ * window's own earlier samples).
+ *
+ * Pure: every call takes the caller's clock reading `atMs` (a local monotonic clock; these
+ * readings never leave the process). The planner reads `estimate()`; a degraded or stale
+ * estimate stops new disaggregated requests, and sessions already running are never touched.
+ *
+ * @module
+ */
+import { UsageError } from "./errors.ts";
+
+/** A directed pair of nodes: the prefiller sends to the decoder. */
+export interface PeerPair {
+  from: string;
+  to: string;
+}
+
+/** Where a bandwidth sample came from. */
+export type BandwidthSource = "handoff" | "probe" | "manual";
+
+/** Bounds and thresholds of the estimator, each with its unit last. */
+export interface LinkEstimatorOptions {
+  /** Samples of each kind kept per pair (oldest dropped first). */
+  samplesMax: number;
+  /** Samples older than this are ignored by `estimate()`. */
+  windowMsMax: number;
+  /** Bulk transfers smaller than this say more about latency than rate: not a sample. */
+  bandwidthSampleBytesMin: number;
+  /** The newest bandwidth sample under this share of the earlier median is a drop. */
+  bandwidthDropRatio: number;
+  /** The median of the newest `recentSamples` RTTs over this multiple of the earlier minimum... */
+  rttRiseRatio: number;
+  /** ...and over it by at least this much is a rise (sub-millisecond jitter is not). */
+  rttRiseMsMin: number;
+  /** Samples that make up "recent" for the rise and drop checks. */
+  recentSamples: number;
+  /** Pair count kept (least recently updated pair dropped first). */
+  pairsMax: number;
+}
+
+export const DEFAULT_LINK_ESTIMATOR_OPTIONS: Readonly<LinkEstimatorOptions> = Object.freeze({
+  samplesMax: 64,
+  windowMsMax: 60_000,
+  bandwidthSampleBytesMin: 1024 * 1024,
+  bandwidthDropRatio: 0.5,
+  rttRiseRatio: 2,
+  rttRiseMsMin: 1,
+  recentSamples: 3,
+  pairsMax: 1024,
+});
+
+/** Why an estimate counts as degraded. */
+export interface LinkDegradation {
+  code: "bandwidth-drop" | "rtt-rise";
+  message: string;
+}
+
+/** What the planner reads for one pair. */
+export interface LinkEstimate {
+  pair: PeerPair;
+  /** Median of the recent bandwidth samples (after a drop: the newest ones). */
+  bandwidthBytesPerS: number | null;
+  /** Median of the recent RTT samples (after a rise: the newest ones). */
+  rttMs: number | null;
+  /** Lost pings over pings sent, in the window (null: no ping sent). */
+  lossFraction: number | null;
+  /** Age of the older of the newest bandwidth and newest RTT sample. */
+  ageMs: number;
+  bandwidthSamples: number;
+  rttSamples: number;
+  /** Where the newest bandwidth sample came from. */
+  bandwidthSource: BandwidthSource | null;
+  degraded: LinkDegradation | null;
+}
+
+interface Sample {
+  atMs: number;
+  value: number;
+}
+
+interface PairState {
+  pair: PeerPair;
+  bandwidth: Sample[];
+  bandwidthSource: BandwidthSource | null;
+  rtt: Sample[];
+  /** One entry per ping: 1 lost, 0 answered. */
+  pings: Sample[];
+  touchedMs: number;
+}
+
+/**
+ * Keeps the recent link samples of every peer pair.
+ *
+ * @example
+ * ```ts
+ * const links = new LinkEstimator();
+ * links.recordRtt({ from: "p", to: "d" }, 0.4, now);
+ * links.recordTransfer({ from: "p", to: "d" }, 64 << 20, 120, now, "handoff");
+ * links.estimate({ from: "p", to: "d" }, now)?.bandwidthBytesPerS; // ~559 MB/s
+ * ```
+ */
+export class LinkEstimator {
+  readonly options: LinkEstimatorOptions;
+  readonly #pairs = new Map<string, PairState>();
+
+  constructor(options: Partial<LinkEstimatorOptions> = {}) {
+    this.options = { ...DEFAULT_LINK_ESTIMATOR_OPTIONS, ...options };
+    const o = this.options;
+    for (const [name, v] of Object.entries(o)) {
+      if (!(Number.isFinite(v) && v > 0)) {
+        throw new UsageError(`Invalid link estimator option ${name} ${v}: must be positive`);
+      }
+    }
+    if (o.bandwidthDropRatio >= 1 || o.rttRiseRatio <= 1) {
+      throw new UsageError(
+        "Invalid link estimator options: bandwidthDropRatio must be under 1, rttRiseRatio over 1",
+      );
+    }
+  }
+
+  /** One ping round trip in ms. */
+  recordRtt(pair: PeerPair, rttMs: number, atMs: number): void {
+    _check("rttMs", rttMs, true);
+    const s = this.#state(pair, atMs);
+    _push(s.rtt, { atMs, value: rttMs }, this.options.samplesMax);
+    _push(s.pings, { atMs, value: 0 }, this.options.samplesMax);
+  }
+
+  /** A ping that got no answer within its timeout. */
+  recordPingLost(pair: PeerPair, atMs: number): void {
+    _push(this.#state(pair, atMs).pings, { atMs, value: 1 }, this.options.samplesMax);
+  }
+
+  /**
+   * One bulk transfer: `bytes` over `wireMs` of sending. Returns false (and records nothing)
+   * when it was too small to say anything about the rate.
+   */
+  recordTransfer(
+    pair: PeerPair,
+    bytes: number,
+    wireMs: number,
+    atMs: number,
+    source: BandwidthSource,
+  ): boolean {
+    _check("bytes", bytes, true);
+    _check("wireMs", wireMs, false);
+    if (bytes < this.options.bandwidthSampleBytesMin || wireMs <= 0) return false;
+    const s = this.#state(pair, atMs);
+    _push(s.bandwidth, { atMs, value: (bytes / wireMs) * 1000 }, this.options.samplesMax);
+    s.bandwidthSource = source;
+    return true;
+  }
+
+  /** Age of the newest bandwidth sample of `pair` (null: none in the window). */
+  bandwidthAgeMs(pair: PeerPair, atMs: number): number | null {
+    const s = this.#pairs.get(_key(pair));
+    const fresh = s ? _fresh(s.bandwidth, atMs, this.options.windowMsMax) : [];
+    return fresh.length ? atMs - fresh[fresh.length - 1].atMs : null;
+  }
+
+  /** The estimate for `pair` now; null when it has no sample in the window at all. */
+  estimate(pair: PeerPair, atMs: number): LinkEstimate | null {
+    const s = this.#pairs.get(_key(pair));
+    if (!s) return null;
+    const o = this.options;
+    const bw = _fresh(s.bandwidth, atMs, o.windowMsMax);
+    const rtt = _fresh(s.rtt, atMs, o.windowMsMax);
+    const pings = _fresh(s.pings, atMs, o.windowMsMax);
+    if (bw.length === 0 && rtt.length === 0 && pings.length === 0) return null;
+    const degraded = this.#bandwidthDrop(bw) ?? this.#rttRise(rtt);
+    const recentBw = degraded?.code === "bandwidth-drop" ? bw.slice(-1) : bw;
+    const recentRtt = degraded?.code === "rtt-rise" ? rtt.slice(-o.recentSamples) : rtt;
+    const newest = (xs: Sample[]) => (xs.length ? xs[xs.length - 1].atMs : -Infinity);
+    const oldestNewest = Math.min(newest(bw), newest(rtt));
+    return {
+      pair: { ...s.pair },
+      bandwidthBytesPerS: bw.length ? _median(recentBw.map((x) => x.value)) : null,
+      rttMs: rtt.length ? _median(recentRtt.map((x) => x.value)) : null,
+      lossFraction: pings.length ? pings.reduce((n, p) => n + p.value, 0) / pings.length : null,
+      ageMs: Number.isFinite(oldestNewest) ? atMs - oldestNewest : Infinity,
+      bandwidthSamples: bw.length,
+      rttSamples: rtt.length,
+      bandwidthSource: bw.length ? s.bandwidthSource : null,
+      degraded,
+    };
+  }
+
+  /** Forgets a pair (a peer left). */
+  forget(pair: PeerPair): void {
+    this.#pairs.delete(_key(pair));
+  }
+
+  #bandwidthDrop(bw: Sample[]): LinkDegradation | null {
+    if (bw.length < 2) return null;
+    const before = _median(bw.slice(0, -1).map((x) => x.value));
+    const last = bw[bw.length - 1].value;
+    if (last >= this.options.bandwidthDropRatio * before) return null;
+    return {
+      code: "bandwidth-drop",
+      message: `newest transfer ran at ${_mbps(last)}, under ${this.options.bandwidthDropRatio} ` +
+        `of the earlier median ${_mbps(before)}`,
+    };
+  }
+
+  #rttRise(rtt: Sample[]): LinkDegradation | null {
+    const k = this.options.recentSamples;
+    if (rtt.length <= k) return null;
+    const baseline = Math.min(...rtt.slice(0, -k).map((x) => x.value));
+    const recent = _median(rtt.slice(-k).map((x) => x.value));
+    const o = this.options;
+    if (recent <= baseline * o.rttRiseRatio || recent - baseline < o.rttRiseMsMin) return null;
+    return {
+      code: "rtt-rise",
+      message: `recent RTT ${recent.toFixed(2)} ms is over ${o.rttRiseRatio}x the earlier ` +
+        `minimum ${baseline.toFixed(2)} ms`,
+    };
+  }
+
+  #state(pair: PeerPair, atMs: number): PairState {
+    _check("atMs", atMs, true);
+    const key = _key(pair);
+    let s = this.#pairs.get(key);
+    if (!s) {
+      if (this.#pairs.size >= this.options.pairsMax) {
+        let oldest: string | null = null;
+        let oldestMs = Infinity;
+        for (const [k, v] of this.#pairs) {
+          if (v.touchedMs < oldestMs) [oldest, oldestMs] = [k, v.touchedMs];
+        }
+        if (oldest !== null) this.#pairs.delete(oldest);
+      }
+      s = {
+        pair: { ...pair },
+        bandwidth: [],
+        bandwidthSource: null,
+        rtt: [],
+        pings: [],
+        touchedMs: atMs,
+      };
+      this.#pairs.set(key, s);
+    }
+    s.touchedMs = atMs;
+    return s;
+  }
+}
+
+function _key(p: PeerPair): string {
+  if (!p.from || !p.to) throw new UsageError("A peer pair needs both node ids");
+  return `${p.from}\u0000${p.to}`;
+}
+
+function _check(name: string, v: number, zeroOk: boolean): void {
+  if (!(Number.isFinite(v) && (zeroOk ? v >= 0 : v > 0))) {
+    throw new UsageError(
+      `Invalid link sample ${name} ${v}: must be ${zeroOk ? "0 or more" : "positive"}`,
+    );
+  }
+}
+
+function _push(xs: Sample[], x: Sample, max: number): void {
+  xs.push(x);
+  if (xs.length > max) xs.splice(0, xs.length - max);
+}
+
+function _fresh(xs: Sample[], atMs: number, windowMs: number): Sample[] {
+  return xs.filter((x) => atMs - x.atMs <= windowMs);
+}
+
+function _median(xs: number[]): number {
+  const s = [...xs].sort((a, b) => a - b);
+  const m = s.length >> 1;
+  return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2;
+}
+
+function _mbps(bytesPerS: number): string {
+  return `${((bytesPerS * 8) / 1e6).toFixed(0)} Mbit/s`;
+}
+
+/** The fields of a handoff record `handoffTransferSample` reads (core/telemetry.ts). */
+export interface HandoffTransferFacts {
+  totalBytes: number;
+  wireMs: number;
+  uncoveredTailMs: number | null;
+  commitMs: number | null;
+  stagedBeforePrefillEndFraction: number | null;
+  overlapFraction: number | null;
+}
+
+/**
+ * A bandwidth sample from a handoff's own transfer, or null when the record cannot give a
+ * clean one. The sender's summed write time (`wireMs`) ends when the transport accepts the
+ * bytes, not when they arrive: a stream's send window (~1.25 MB on Deno QUIC) can be ahead of
+ * the wire, so it only counts for transfers of `wireSampleBytesMin` or more. Otherwise, when
+ * nothing was staged before prefill ended (every byte crossed after it), the span from prefill
+ * end to CommitAck, less the decoder's validate/import/probe and half a round trip, is the
+ * delivery time of all the bytes.
+ */
+export function handoffTransferSample(
+  t: HandoffTransferFacts,
+  rttMs: number,
+  wireSampleBytesMin = 32 * 1024 * 1024,
+): { bytes: number; ms: number } | null {
+  if (t.totalBytes >= wireSampleBytesMin && t.wireMs > 0) {
+    return { bytes: t.totalBytes, ms: t.wireMs };
+  }
+  const allAfterPrefill = (t.stagedBeforePrefillEndFraction ?? 0) === 0 &&
+    (t.overlapFraction ?? 0) === 0;
+  if (!allAfterPrefill || t.uncoveredTailMs === null) return null;
+  const ms = t.uncoveredTailMs - (t.commitMs ?? 0) - rttMs / 2;
+  return ms > 0 ? { bytes: t.totalBytes, ms } : null;
+}

@@ -1,0 +1,148 @@
+import assert from "node:assert/strict";
+import { UsageError } from "./errors.ts";
+import { handoffTransferSample, LinkEstimator } from "./link_estimates.ts";
+import {
+  averagePrefillTokensPerS,
+  parseCalibration,
+  prefillMsFor,
+  RateRecorder,
+} from "./node_rates.ts";
+import {
+  emptyCertification,
+  isCertified,
+  parseCertification,
+  withCertification,
+} from "./certification.ts";
+
+const MIB = 1024 * 1024;
+const P = { from: "a", to: "b" };
+
+Deno.test("LinkEstimator keeps medians, age and ping loss per directed pair", () => {
+  const l = new LinkEstimator();
+  l.recordRtt(P, 1, 0);
+  l.recordRtt(P, 3, 10);
+  l.recordRtt(P, 2, 20);
+  l.recordPingLost(P, 30);
+  assert.equal(l.recordTransfer(P, 100 * MIB, 1000, 40, "handoff"), true);
+  assert.equal(l.recordTransfer(P, 1000, 1, 40, "handoff"), false, "too small to be a sample");
+  const e = l.estimate(P, 100)!;
+  assert.equal(e.rttMs, 2);
+  assert.equal(e.bandwidthBytesPerS, 100 * MIB);
+  assert.equal(e.lossFraction, 0.25);
+  assert.equal(e.ageMs, 80); // the newest RTT (t=20) is older than the transfer (t=40)
+  assert.equal(e.degraded, null);
+  assert.equal(l.estimate({ from: "b", to: "a" }, 100), null, "pairs are directed");
+});
+
+Deno.test("LinkEstimator drops samples outside the window and bounds the count", () => {
+  const l = new LinkEstimator({ windowMsMax: 1000, samplesMax: 4 });
+  for (let k = 0; k < 10; k++) l.recordRtt(P, k, k);
+  assert.equal(l.estimate(P, 10)!.rttSamples, 4);
+  assert.equal(l.estimate(P, 5000), null);
+});
+
+Deno.test("LinkEstimator flags a bandwidth drop and reports the newest rate", () => {
+  const l = new LinkEstimator();
+  for (let k = 0; k < 3; k++) l.recordTransfer(P, 100 * MIB, 1000, k, "handoff");
+  assert.equal(l.estimate(P, 5)!.degraded, null);
+  l.recordTransfer(P, 100 * MIB, 4000, 10, "handoff");
+  const e = l.estimate(P, 20)!;
+  assert.equal(e.degraded?.code, "bandwidth-drop");
+  assert.equal(e.bandwidthBytesPerS, 25 * MIB);
+});
+
+Deno.test("LinkEstimator flags an RTT rise but not sub-millisecond jitter", () => {
+  const l = new LinkEstimator();
+  for (let k = 0; k < 5; k++) l.recordRtt(P, 0.2, k);
+  for (let k = 0; k < 3; k++) l.recordRtt(P, 0.6, 10 + k); // 3x but +0.4 ms only
+  assert.equal(l.estimate(P, 20)!.degraded, null);
+  for (let k = 0; k < 3; k++) l.recordRtt(P, 10, 30 + k);
+  const e = l.estimate(P, 40)!;
+  assert.equal(e.degraded?.code, "rtt-rise");
+  assert.equal(e.rttMs, 10);
+});
+
+Deno.test("LinkEstimator rejects bad samples and options", () => {
+  const l = new LinkEstimator();
+  assert.throws(() => l.recordRtt(P, -1, 0), UsageError);
+  assert.throws(() => l.recordRtt({ from: "", to: "b" }, 1, 0), UsageError);
+  assert.throws(() => new LinkEstimator({ bandwidthDropRatio: 2 }), UsageError);
+});
+
+Deno.test("prefillMsFor() integrates time per token between depth points", () => {
+  const pts = [{ contextTokens: 0, tokensPerS: 1000 }, { contextTokens: 1000, tokensPerS: 500 }];
+  assert.equal(prefillMsFor(pts, 0, 1000), 1500); // 1 ms/token rising to 2 ms/token
+  assert.equal(prefillMsFor(pts, 1000, 2000), 2000); // held at the last point
+  assert.ok(Math.abs(averagePrefillTokensPerS(pts, 1000) - 666.67) < 0.01);
+});
+
+Deno.test("RateRecorder buckets measurements by depth and reports medians", () => {
+  const r = new RateRecorder("n", 3);
+  r.recordPrefill(1000, 1000);
+  r.recordPrefill(1000, 2000);
+  r.recordPrefill(1000, 500);
+  r.recordDecode(10, 100, 4000);
+  const rates = r.rates();
+  assert.deepEqual(rates.prefill, [{ contextTokens: 512, tokensPerS: 1000 }]);
+  assert.deepEqual(rates.decode, [{ contextTokens: 4096, tokensPerS: 100 }]);
+});
+
+Deno.test("parseCalibration() reads nodes and names the first bad field", () => {
+  const ok = parseCalibration({
+    version: 1,
+    nodes: [{
+      nodeId: "m3",
+      prefill: [{ contextTokens: 0, tokensPerS: 900 }],
+      decode: [{ contextTokens: 0, tokensPerS: 30 }],
+    }],
+  });
+  assert.equal(ok[0].source, "calibration");
+  assert.throws(() => parseCalibration({ version: 2, nodes: [] }), /version 2 is not 1/);
+  assert.throws(
+    () =>
+      parseCalibration({
+        version: 1,
+        nodes: [{ nodeId: "x", prefill: [{ contextTokens: 0, tokensPerS: 0 }], decode: [] }],
+      }),
+    /nodes\[0\]: prefill rate point/,
+  );
+});
+
+Deno.test("certification file: parse, lookup by family and build, replace on rewrite", () => {
+  const entry = {
+    family: "hybrid" as const,
+    llamaBuild: "b1+x",
+    gate: "state-handoff" as const,
+    cases: 2,
+    promptTokens: [1024],
+    certifiedAt: "t",
+  };
+  const cert = parseCertification(
+    JSON.parse(JSON.stringify(withCertification(emptyCertification(), entry))),
+  );
+  assert.equal(isCertified(cert, "hybrid", "b1+x"), true);
+  assert.equal(isCertified(cert, "hybrid", "b2+x"), false);
+  assert.equal(isCertified(cert, "dense", "b1+x"), false);
+  assert.equal(withCertification(cert, { ...entry, cases: 5 }).entries.length, 1);
+  assert.throws(
+    () => parseCertification({ version: 1, entries: [{ ...entry, family: "gpt" }] }),
+    /family "gpt" is unknown/,
+  );
+});
+
+Deno.test("handoffTransferSample() uses delivery time, not write-acceptance time, for small transfers", () => {
+  const t = {
+    totalBytes: 2 * MIB,
+    wireMs: 500, // writes accepted early: 4 MB/s, faster than the link
+    uncoveredTailMs: 2100,
+    commitMs: 80,
+    stagedBeforePrefillEndFraction: null,
+    overlapFraction: null,
+  };
+  assert.deepEqual(handoffTransferSample(t, 40), { bytes: 2 * MIB, ms: 2000 });
+  assert.equal(handoffTransferSample({ ...t, stagedBeforePrefillEndFraction: 0.5 }, 40), null);
+  assert.deepEqual(handoffTransferSample({ ...t, totalBytes: 64 * MIB }, 40), {
+    bytes: 64 * MIB,
+    ms: 500,
+  });
+});

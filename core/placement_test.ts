@@ -1,0 +1,176 @@
+import assert from "node:assert/strict";
+import { emptyCertification, withCertification } from "./certification.ts";
+import { LinkEstimator } from "./link_estimates.ts";
+import type { NodeRates } from "./node_rates.ts";
+import { type PlacementRequest, placeRequest } from "./placement.ts";
+
+const MIB = 1024 * 1024;
+const BUILD = "b1234+abc";
+const CERT = withCertification(emptyCertification(), {
+  family: "hybrid",
+  llamaBuild: BUILD,
+  gate: "state-handoff",
+  cases: 4,
+  promptTokens: [1024, 8192],
+  certifiedAt: "2026-12-01T00:00:00Z",
+});
+
+function rates(nodeId: string, prefillTps: number): NodeRates {
+  return {
+    nodeId,
+    source: "measured",
+    prefill: [{ contextTokens: 0, tokensPerS: prefillTps }, {
+      contextTokens: 32768,
+      tokensPerS: prefillTps * 0.8,
+    }],
+    decode: [{ contextTokens: 0, tokensPerS: 40 }],
+  };
+}
+
+function request(o: Partial<PlacementRequest> = {}): PlacementRequest {
+  return {
+    promptTokens: 32_768,
+    prefiller: { nodeId: "p", rates: rates("p", 4000), hasRole: true },
+    decoder: { nodeId: "d", rates: rates("d", 1000), hasRole: true, freeBytes: 64 * 1024 * MIB },
+    schemaShared: true,
+    identityMatch: true,
+    family: "hybrid",
+    llamaBuild: BUILD,
+    state: { kvBytesPerToken: 8192, recurrentBytes: 172_687_360 },
+    chunkTokens: 2048,
+    ...o,
+  };
+}
+
+/** A 40 Gbit/s, 0.3 ms link measured at t=1000 (pings and one bulk transfer). */
+function fastLinks(): LinkEstimator {
+  const links = new LinkEstimator();
+  const pair = { from: "p", to: "d" };
+  for (let k = 0; k < 5; k++) links.recordRtt(pair, 0.3, 1000 + k);
+  links.recordTransfer(pair, 500 * MIB, (500 * MIB) / 5e6, 1000, "handoff");
+  return links;
+}
+
+function codes(d: { reasons: { code: string }[] }): string[] {
+  return d.reasons.map((r) => r.code);
+}
+
+const ctx = (links = fastLinks(), certification = CERT) => ({ links, nowMs: 2000, certification });
+
+Deno.test("placeRequest() disaggregates a long prompt over a fresh fast link and predicts TTFT and tail", () => {
+  const d = placeRequest(request(), ctx());
+  assert.equal(d.placement, "disaggregated", JSON.stringify(d.reasons));
+  assert.deepEqual(codes(d), ["chosen"]);
+  const p = d.prediction!;
+  assert.ok(p.ttftDisaggregatedMs < p.ttftColocatedMs);
+  // The tail includes the probe step (one decode step at 40 tokens/s).
+  assert.ok(p.commitTailMs >= 25 && p.commitTailMs < 200, `${p.commitTailMs}`);
+  assert.equal(d.rateSources.prefiller, "measured");
+});
+
+Deno.test("placeRequest() refuses a peer without capabilities (no prefill role, no schema)", () => {
+  const d = placeRequest(
+    request({
+      prefiller: { nodeId: "p", rates: rates("p", 4000), hasRole: false },
+      schemaShared: false,
+    }),
+    ctx(),
+  );
+  assert.equal(d.placement, "colocated");
+  assert.equal(codes(d).filter((c) => c === "capability-missing").length, 2);
+});
+
+Deno.test("placeRequest() refuses an identity mismatch", () => {
+  const d = placeRequest(request({ identityMatch: false }), ctx());
+  assert.equal(d.placement, "colocated");
+  assert.ok(codes(d).includes("identity-mismatch"));
+});
+
+Deno.test("placeRequest() refuses an uncertified family, another build, and a missing file", () => {
+  for (
+    const [r, cert] of [
+      [request({ family: "dense" }), CERT],
+      [request({ llamaBuild: "b9999+def" }), CERT],
+      [request(), null],
+    ] as const
+  ) {
+    const d = placeRequest(r, ctx(fastLinks(), cert as typeof CERT));
+    assert.equal(d.placement, "colocated");
+    assert.ok(codes(d).includes("not-certified"), JSON.stringify(codes(d)));
+  }
+});
+
+Deno.test("placeRequest() refuses a stale measurement and one never taken", () => {
+  const stale = placeRequest(request(), { ...ctx(), nowMs: 1000 + 45_000 });
+  assert.equal(stale.placement, "colocated");
+  assert.ok(codes(stale).includes("link-stale"), JSON.stringify(codes(stale)));
+  const none = placeRequest(request(), ctx(new LinkEstimator()));
+  assert.ok(codes(none).includes("no-link-measurement"));
+  assert.equal(none.placement, "colocated");
+});
+
+Deno.test("placeRequest() refuses a short prompt", () => {
+  const d = placeRequest(request({ promptTokens: 512 }), ctx());
+  assert.equal(d.placement, "colocated");
+  assert.ok(codes(d).includes("prompt-too-short"));
+});
+
+Deno.test("placeRequest() refuses a slow link (100 Mbit/s) on rate and on economics", () => {
+  const links = new LinkEstimator();
+  const pair = { from: "p", to: "d" };
+  links.recordRtt(pair, 0.3, 1000);
+  links.recordTransfer(pair, 64 * MIB, (64 * MIB) / 12_500, 1000, "probe");
+  // The decoder recomputes 32K tokens in ~18 s; the state alone needs ~35 s at 12.5 MB/s.
+  const r = request({
+    decoder: { nodeId: "d", rates: rates("d", 2000), hasRole: true, freeBytes: 1e12 },
+  });
+  const d = placeRequest(r, ctx(links));
+  assert.equal(d.placement, "colocated");
+  assert.ok(codes(d).includes("link-too-slow"));
+  assert.ok(codes(d).includes("slower-than-recompute"));
+});
+
+Deno.test("placeRequest() refuses a lossy link (lost pings)", () => {
+  const links = fastLinks();
+  const pair = { from: "p", to: "d" };
+  for (let k = 0; k < 44; k++) links.recordRtt(pair, 0.3, 1500 + k);
+  links.recordPingLost(pair, 1600);
+  const d = placeRequest(request(), ctx(links));
+  assert.equal(d.placement, "colocated");
+  assert.match(d.reasons.find((r) => r.code === "link-lossy")!.message, /2\.00% of pings/);
+});
+
+Deno.test("placeRequest() refuses a degraded link for new requests", () => {
+  const links = fastLinks();
+  links.recordTransfer({ from: "p", to: "d" }, 500 * MIB, (500 * MIB) / 1e6, 1500, "handoff");
+  const d = placeRequest(request(), ctx(links));
+  assert.equal(d.placement, "colocated");
+  assert.ok(codes(d).includes("link-degraded"));
+});
+
+Deno.test("placeRequest() refuses a decoder without room and a node without rates", () => {
+  const full = placeRequest(
+    request({
+      decoder: { nodeId: "d", rates: rates("d", 1000), hasRole: true, freeBytes: 100 * MIB },
+    }),
+    ctx(),
+  );
+  assert.ok(codes(full).includes("decoder-memory"));
+  const noRates = placeRequest(
+    request({ decoder: { nodeId: "d", rates: null, hasRole: true, freeBytes: 1e12 } }),
+    ctx(),
+  );
+  assert.equal(noRates.placement, "colocated");
+  assert.deepEqual(codes(noRates), ["no-node-rates", "chosen"]);
+});
+
+Deno.test("a handoff record carries the prediction beside the measured tail", async () => {
+  const { formatTelemetry } = await import("./telemetry.ts");
+  const { deriveTelemetry } = await import("./telemetry.ts");
+  const d = placeRequest(request(), ctx());
+  const t = {
+    ...deriveTelemetry({ prefiller: [], decoder: [] }),
+    prediction: { placement: d.placement, ...d.prediction! },
+  };
+  assert.match(formatTelemetry(t), /predicted tail \d/);
+});

@@ -1,0 +1,140 @@
+/**
+ * A plan explained term by term: the handoff tail's parts, the benefit's parts, every
+ * eligibility verdict and the decision. Used by `plan` on the command line and by the bench.
+ * The terms add up exactly to the estimates `plan()` decided with.
+ *
+ * @module
+ */
+import type { Plan, PlanEstimates, PlanInput } from "./planner.ts";
+
+/** One printed term: a label, its value in ms (or null for a note) and how it was obtained. */
+export interface PlanTerm {
+  group: "input" | "tail" | "benefit" | "verdict";
+  label: string;
+  ms: number | null;
+  note: string;
+}
+
+/**
+ * The terms of `p` for `input`.
+ *
+ * @example
+ * ```ts
+ * for (const t of explainPlan(input, plan(input))) console.log(t.label, t.ms, t.note);
+ * ```
+ */
+export function explainPlan(input: PlanInput, p: Plan): PlanTerm[] {
+  const out: PlanTerm[] = [];
+  const add = (group: PlanTerm["group"], label: string, ms: number | null, note = "") =>
+    out.push({ group, label, ms, note });
+  const l = input.link;
+  add(
+    "input",
+    "link",
+    null,
+    l
+      ? `${_gbit(l.bandwidthBytesPerS)}, RTT ${l.rttMs} ms, loss ${_pct(l.lossFraction ?? 0)}, ` +
+        `measured ${_ms(l.ageMs)} ago`
+      : "no measurement",
+  );
+  add("input", "prompt", null, `${input.promptTokens} tokens, chunks of ${input.chunkTokens}`);
+  const e = p.estimates;
+  if (e) {
+    add(
+      "input",
+      "state",
+      null,
+      `KV ${e.kvBytes} B (${input.state.kvBytesPerToken} B/token), final snapshot ` +
+        `${e.snapshotBytes} B, total ${e.stateBytes} B`,
+    );
+    _tail(e, add);
+    _benefit(input, e, add);
+  }
+  for (const r of p.reasons) add("verdict", r.code, null, r.message);
+  return out;
+}
+
+type Add = (group: PlanTerm["group"], label: string, ms: number | null, note?: string) => void;
+
+function _tail(e: PlanEstimates, add: Add): void {
+  add(
+    "tail",
+    "uncovered KV transfer",
+    e.uncoveredKvMs,
+    "KV pages still on the wire at prefill end",
+  );
+  add(
+    "tail",
+    "final snapshot transfer",
+    e.snapshotTransferMs - (e.mtpMode === "transfer" ? e.mtpTransferMs : 0),
+    "recurrent (conv + SSM), SWA and token history after the last page",
+  );
+  if (e.mtpMode === "transfer") add("tail", "MTP state transfer", e.mtpTransferMs, "sent");
+  if (e.mtpMode === "reprime") {
+    add("tail", "MTP reprime", null, "recomputed on the decoder (in import)");
+  }
+  add("tail", "import", e.importMs, "last page + snapshot into the decoder's context");
+  add("tail", "commit round trip", e.commitRoundTripMs, "CommitAck, one RTT");
+  add("tail", "= handoff tail", e.handoffTailMs, "");
+  if (e.probeMs) add("tail", "+ continuation probe", e.probeMs, "one decode step before CommitAck");
+}
+
+function _benefit(i: PlanInput, e: PlanEstimates, add: Add): void {
+  const bwPerMs = i.link!.bandwidthBytesPerS / 1000;
+  const serialKvMs = e.kvBytes / bwPerMs;
+  add(
+    "benefit",
+    "decoder prefill avoided",
+    e.colocatedMs,
+    `${i.promptTokens} tokens on the decoder`,
+  );
+  add("benefit", "- prefiller prefill", -e.prefillerPrefillMs, "");
+  add(
+    "benefit",
+    "- prefiller contention",
+    -(e.prefillerQueueMs ?? 0),
+    "queue wait on the prefiller",
+  );
+  add("benefit", "- KV transfer (serial)", -serialKvMs, "all pages, as if sent after prefill");
+  add(
+    "benefit",
+    "+ overlap benefit",
+    serialKvMs - e.uncoveredKvMs,
+    e.overlapFraction === null
+      ? "one chunk: nothing to overlap"
+      : `${_pct(e.overlapFraction)} of pages hidden`,
+  );
+  add(
+    "benefit",
+    "- rest of the tail",
+    -(e.handoffTailMs - e.uncoveredKvMs),
+    "snapshot, import, commit round trip",
+  );
+  add(
+    "benefit",
+    "= benefit",
+    e.benefitMs,
+    e.benefitMs > 0 ? "disaggregation is faster" : "recompute is faster",
+  );
+}
+
+/** Lines for a terminal. */
+export function formatPlanTerms(terms: readonly PlanTerm[]): string[] {
+  return terms.map((t) => {
+    const v = t.ms === null ? "" : _ms(t.ms);
+    return `${t.group.padEnd(8)} ${t.label.padEnd(26)} ${v.padStart(10)}  ${t.note}`.trimEnd();
+  });
+}
+
+function _ms(ms: number): string {
+  return Math.abs(ms) >= 1000 ? `${(ms / 1000).toFixed(2)} s` : `${ms.toFixed(1)} ms`;
+}
+
+function _gbit(bytesPerS: number): string {
+  const bits = bytesPerS * 8;
+  return bits >= 1e9 ? `${(bits / 1e9).toFixed(2)} Gbit/s` : `${(bits / 1e6).toFixed(0)} Mbit/s`;
+}
+
+function _pct(x: number): string {
+  return `${(x * 100).toFixed(x < 0.01 && x > 0 ? 2 : 0)}%`;
+}

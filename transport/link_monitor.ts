@@ -1,0 +1,120 @@
+/**
+ * LinkMonitor: keeps a `LinkEstimator` (core/link_estimates.ts) fed for the peers of this
+ * node: pings on each connection's control stream (periodic with `watch()`, or a burst with
+ * `measure()`), a short bandwidth probe when no recent bulk sample exists, and the handoffs'
+ * own transfers (`recordTransfer()` with a handoff's bytes and wire time). A coordinator asks
+ * `estimate({ from, to })` for a pair and hands the result to `placeRequest()`.
+ *
+ * Pairs are directed, from this node's id to the peer's: a node measures the links it sends
+ * on. The clock is `performance.now()` of this process (durations only; never sent).
+ */
+import { type LinkEstimate, LinkEstimator, type PeerPair } from "../core/link_estimates.ts";
+import type { PeerConnection } from "./peer.ts";
+
+/** Bounds of the monitor, each with its unit last. */
+export interface LinkMonitorOptions {
+  /** `watch()` pings each peer this often. */
+  pingIntervalMs: number;
+  /** `measure()` sends this many pings. */
+  pingsPerMeasure: number;
+  /** A bulk sample younger than this needs no probe. */
+  bandwidthAgeMsMax: number;
+  /** Bytes of one probe (bounded again by the connection's `probeBytesMax`). */
+  probeBytes: number;
+}
+
+export const DEFAULT_LINK_MONITOR_OPTIONS: Readonly<LinkMonitorOptions> = Object.freeze({
+  pingIntervalMs: 1_000,
+  pingsPerMeasure: 5,
+  bandwidthAgeMsMax: 20_000,
+  probeBytes: 8 * 1024 * 1024,
+});
+
+export class LinkMonitor {
+  readonly estimator: LinkEstimator;
+  readonly options: LinkMonitorOptions;
+  readonly #localNodeId: string;
+
+  constructor(
+    localNodeId: string,
+    estimator = new LinkEstimator(),
+    options: Partial<LinkMonitorOptions> = {},
+  ) {
+    this.#localNodeId = localNodeId;
+    this.estimator = estimator;
+    this.options = { ...DEFAULT_LINK_MONITOR_OPTIONS, ...options };
+  }
+
+  /** The pair this node sends on to `peer`. */
+  pairTo(peer: PeerConnection): PeerPair {
+    return { from: this.#localNodeId, to: peer.peerNodeId };
+  }
+
+  /** Pings `peer` once and records the RTT or the loss. */
+  async pingOnce(peer: PeerConnection): Promise<number | null> {
+    const rtt = await peer.ping();
+    const pair = this.pairTo(peer);
+    if (rtt === null) this.estimator.recordPingLost(pair, performance.now());
+    else this.estimator.recordRtt(pair, rtt, performance.now());
+    return rtt;
+  }
+
+  /**
+   * A burst of pings, then a probe if no bulk sample is recent: afterwards the estimate is
+   * fresh. Resolves with it (null only if every ping was lost and the probe failed).
+   */
+  async measure(
+    peer: PeerConnection,
+    probeBytes = this.options.probeBytes,
+  ): Promise<LinkEstimate | null> {
+    for (let k = 0; k < this.options.pingsPerMeasure; k++) await this.pingOnce(peer);
+    const pair = this.pairTo(peer);
+    const age = this.estimator.bandwidthAgeMs(pair, performance.now());
+    if (age === null || age > this.options.bandwidthAgeMsMax) {
+      const r = await peer.probeBandwidth(probeBytes);
+      this.estimator.recordTransfer(pair, r.bytes, r.receiveMs, performance.now(), "probe");
+    }
+    return this.estimate(pair);
+  }
+
+  /** Pings `peer` every `pingIntervalMs` until the returned stop function runs or it closes. */
+  watch(peer: PeerConnection): () => void {
+    let stopped = false;
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const tick = async () => {
+      if (stopped) return;
+      try {
+        await this.pingOnce(peer);
+      } catch {
+        stopped = true; // the connection ended: nothing more to measure on it
+        return;
+      }
+      if (!stopped) timer = setTimeout(tick, this.options.pingIntervalMs);
+    };
+    peer.closed.then(() => {
+      stopped = true;
+      clearTimeout(timer);
+    });
+    tick();
+    return () => {
+      stopped = true;
+      clearTimeout(timer);
+    };
+  }
+
+  /** A handoff's own transfer to `to`: its bytes over its wire time (telemetry). */
+  recordTransfer(to: string, bytes: number, wireMs: number): boolean {
+    return this.estimator.recordTransfer(
+      { from: this.#localNodeId, to },
+      bytes,
+      wireMs,
+      performance.now(),
+      "handoff",
+    );
+  }
+
+  /** The estimate for `pair` now (what `placeRequest()` reads). */
+  estimate(pair: PeerPair): LinkEstimate | null {
+    return this.estimator.estimate(pair, performance.now());
+  }
+}

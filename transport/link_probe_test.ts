@@ -1,0 +1,79 @@
+import assert from "node:assert/strict";
+import { PeerError } from "../core/errors.ts";
+import { makeTestNodes } from "./_conformance.ts";
+import { DEFAULT_LINK_PROBE_OPTIONS, PingAnswerBudget, PingTracker } from "./link_probe.ts";
+import { fakeLoopbackPeers } from "./loopback.ts";
+
+async function pair(serverProbe = {}) {
+  const nodes = await makeTestNodes();
+  return await fakeLoopbackPeers(nodes.client, { ...nodes.server, linkProbe: serverProbe });
+}
+
+Deno.test("ping() measures a control-stream round trip that the application never sees", async () => {
+  const { client, server, link } = await pair();
+  try {
+    assert.equal(client.supportsLinkProbe, true);
+    const rtts = [await client.ping(), await server.ping(), await client.ping()];
+    for (const r of rtts) assert.ok(r !== null && r >= 0, `rtt ${r}`);
+    await client.send({ type: "AppMessage", n: 1 });
+    const got = await server.receive();
+    assert.equal(got?.header.type, "AppMessage", "pings and pongs stay inside the transport");
+    // One in flight: concurrent callers share the same ping.
+    const [a, b] = [client.ping(), client.ping()];
+    assert.equal(await a, await b);
+    await assert.rejects(() => client.send({ type: "LinkPing", seq: 1 }), /reserved/);
+  } finally {
+    link.drop();
+  }
+});
+
+Deno.test("PingTracker: an unanswered ping counts as lost after pingTimeoutMs", async () => {
+  const sent: number[] = [];
+  const t = new PingTracker(
+    (h) => Promise.resolve(sent.push(h.seq)),
+    { ...DEFAULT_LINK_PROBE_OPTIONS, pingTimeoutMs: 20, pingIntervalMsMin: 1 },
+  );
+  assert.equal(await t.ping(), null);
+  const second = t.ping();
+  await new Promise((r) => setTimeout(r, 5));
+  t.onPong({ seq: 999 }); // stale: ignored
+  t.onPong({ seq: sent[sent.length - 1] });
+  const rtt = await second;
+  assert.ok(rtt !== null && rtt >= 0);
+  assert.deepEqual(sent, [1, 2]);
+});
+
+Deno.test("PingAnswerBudget answers at most its rate and counts the rest", () => {
+  const b = new PingAnswerBudget(3, 0);
+  const answered = [0, 0, 0, 0, 0].filter(() => b.take(0)).length;
+  assert.equal(answered, 3);
+  assert.equal(b.dropped, 2);
+  assert.equal(b.take(1000), true, "refilled after a second");
+});
+
+Deno.test("probeBandwidth() counts the bytes after the first frame and reports a rate", async () => {
+  const { client, link } = await pair();
+  try {
+    const r = await client.probeBandwidth(4 * 1024 * 1024);
+    assert.equal(r.bytes, 4 * 1024 * 1024 - DEFAULT_LINK_PROBE_OPTIONS.probeChunkBytes);
+    assert.ok(r.bandwidthBytesPerS > 0 && r.receiveMs > 0);
+    assert.ok(r.elapsedMs >= r.receiveMs);
+  } finally {
+    link.drop();
+  }
+});
+
+Deno.test("probeBandwidth() is bounded on both ends: oversize is refused before and by the peer", async () => {
+  const { client, link } = await pair({ probeBytesMax: 1024 * 1024 });
+  try {
+    await assert.rejects(() => client.probeBandwidth(1 << 30), PeerError);
+    await assert.rejects(
+      () => client.probeBandwidth(2 * 1024 * 1024),
+      /refused by the peer: probe size over probeBytesMax/,
+    );
+    // The connection carries on.
+    assert.ok((await client.ping()) !== null);
+  } finally {
+    link.drop();
+  }
+});
