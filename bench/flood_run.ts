@@ -1,0 +1,179 @@
+/**
+ * Handoffs under an unauthenticated handshake flood, attacker in its own process (as on a real
+ * network): two workers as child processes on loopback, a baseline of handoffs, then the same
+ * handoffs while a separate flooder process opens `--connections` QUIC connections to both
+ * workers that complete TLS, send 10 bytes and stall. Reports: tokens equal the baseline, the
+ * added end-to-end latency (medians), both workers still alive and holding nothing.
+ *
+ * `deno run -A --unstable-net bench/flood_run.ts [--connections 200] [--handoffs 3]`
+ * (127.0.0.1 only: it floods nothing but the workers it started.)
+ */
+import { parseArgs } from "node:util";
+import { runHandoff } from "../serve/coordinator.ts";
+import { type LocalWorker, startLocalCluster } from "../serve/local_cluster.ts";
+import { queryStats } from "../serve/stats.ts";
+import { ALPN_PROTOCOL } from "../transport/quic.ts";
+import { ensureModelFile } from "../models/mod.ts";
+import { cacheDir } from "../cli/paths.ts";
+
+const FLOOD_CONCURRENCY = 40;
+const USAGE = "usage: flood_run.ts [--connections N (default 200)] [--handoffs N (default 3)]";
+
+/** Flooder mode (a child process): `--flood host:port:sha256hex,...`. */
+async function flood(targets: string[], connections: number): Promise<void> {
+  const endpoint = new Deno.QuicEndpoint({ hostname: "127.0.0.1", port: 0 });
+  const conns: Deno.QuicConn[] = [];
+  let opened = 0;
+  let started = 0;
+  const one = async () => {
+    while (started < connections) {
+      const [host, port, sha] = targets[started++ % targets.length].split(":");
+      try {
+        const conn = await Deno.connectQuic({
+          hostname: host,
+          port: Number(port),
+          alpnProtocols: [ALPN_PROTOCOL],
+          endpoint,
+          serverCertificateHashes: [{
+            algorithm: "sha-256",
+            value: Uint8Array.from(sha.match(/../g)!.map((h) => parseInt(h, 16))).buffer,
+          }],
+        } as Deno.ConnectQuicOptions<false>);
+        conns.push(conn);
+        const stream = await conn.createBidirectionalStream();
+        await stream.writable.getWriter().write(
+          new Uint8Array([0x53, 0x44, 1, 0, 0, 0, 0, 9, 0, 0]), // then nothing
+        );
+        opened++;
+      } catch {
+        // Refused or cut by the worker: that is the point.
+      }
+    }
+  };
+  await Promise.all(Array.from({ length: FLOOD_CONCURRENCY }, one));
+  console.log(JSON.stringify({ opened, attempted: started }));
+  await Promise.all(conns.map((c) => c.closed.catch(() => {})));
+  endpoint.close();
+}
+
+function median(values: number[]): number {
+  const s = [...values].sort((a, b) => a - b);
+  return s[Math.floor(s.length / 2)];
+}
+
+function alive(worker: LocalWorker): Promise<boolean> {
+  return Promise.race([
+    worker.process.status.then(() => false),
+    new Promise<boolean>((resolve) => setTimeout(() => resolve(true), 50)),
+  ]);
+}
+
+async function main(): Promise<void> {
+  const { values } = parseArgs({
+    args: Deno.args,
+    options: {
+      connections: { type: "string", default: "200" },
+      handoffs: { type: "string", default: "3" },
+      flood: { type: "string" },
+      help: { type: "boolean", short: "h" },
+    },
+  });
+  if (values.help) return console.log(USAGE);
+  const connections = Number(values.connections);
+  const handoffs = Number(values.handoffs);
+  if (!(connections > 0) || !(handoffs > 0)) throw new Error(`bad flag value; ${USAGE}`);
+  if (values.flood) return await flood(values.flood.split(","), connections);
+
+  const model = await ensureModelFile(`${cacheDir()}/models`, {
+    family: "hybrid",
+    preset: "tiny",
+    seed: 1,
+  });
+  const cluster = await startLocalCluster({ args: ["--model", model] });
+  try {
+    const sha = (nodeId: string) => {
+      const pin = cluster.client.trust.lookup(nodeId)?.certificateSha256;
+      if (!pin) throw new Error(`no certificate pin for ${nodeId}`);
+      return typeof pin === "string"
+        ? pin
+        : Array.from(pin, (b: number) => b.toString(16).padStart(2, "0")).join("");
+    };
+    const targets = [cluster.prefill.peer, cluster.decode.peer].map((p) =>
+      `127.0.0.1:${p.port}:${sha(p.nodeId)}`
+    );
+    const prompt = "The quick brown fox jumps over the lazy dog. ".repeat(40);
+    const handoff = async () => {
+      const t0 = performance.now();
+      const r = await runHandoff(cluster.client, {
+        prefill: cluster.prefill.peer,
+        decode: cluster.decode.peer,
+        prompt,
+        generateTokens: 32,
+        sampling: { temperature: 0, topK: 40, topP: 0.95, seed: 1 },
+        tenantId: "flood",
+        probe: false,
+        timeoutMs: 60_000,
+      });
+      return { ms: performance.now() - t0, tokens: r.tokens.join(","), placement: r.placement };
+    };
+    type Run = Awaited<ReturnType<typeof handoff>>;
+    const warm = await handoff(); // connects and authenticates the coordinator's links
+    const baseline: Run[] = [];
+    for (let i = 0; i < handoffs; i++) baseline.push(await handoff());
+    const flooder = new Deno.Command(Deno.execPath(), {
+      args: [
+        "run",
+        "-A",
+        "--unstable-net",
+        new URL(import.meta.url).pathname,
+        "--flood",
+        targets.join(","),
+        "--connections",
+        String(connections),
+      ],
+      stdout: "piped",
+      stderr: "piped",
+    }).spawn();
+    await new Promise((resolve) => setTimeout(resolve, 300)); // the flood is under way
+    const flooded: Run[] = [];
+    for (let i = 0; i < handoffs; i++) flooded.push(await handoff());
+    const out = await flooder.output();
+    const floodLine = new TextDecoder().decode(out.stdout).trim().split("\n").at(-1);
+    const floodPanicked = /panicked/.test(new TextDecoder().decode(out.stderr));
+    const equal = [...baseline, ...flooded].every((r) =>
+      r.tokens === warm.tokens && r.placement === "disaggregated"
+    );
+    const workersAlive = [await alive(cluster.prefill), await alive(cluster.decode)];
+    const held = [];
+    for (const w of [cluster.prefill, cluster.decode]) {
+      const link = await cluster.client.connect(w.peer);
+      const s = await queryStats(link, 5_000);
+      held.push({
+        retainedBytes: s.retainedBytes,
+        stagedBytes: s.stagedBytes,
+        busy: s.contextsBusy,
+      });
+      await link.close();
+    }
+    console.log(JSON.stringify(
+      {
+        connections,
+        flood: floodLine ? JSON.parse(floodLine) : null,
+        flooderPanicked: floodPanicked,
+        handoffs,
+        baselineMedianMs: Math.round(median(baseline.map((r) => r.ms))),
+        underFloodMedianMs: Math.round(median(flooded.map((r) => r.ms))),
+        addedMs: Math.round(median(flooded.map((r) => r.ms)) - median(baseline.map((r) => r.ms))),
+        tokensEqualAndDisaggregated: equal,
+        workersAlive,
+        held,
+      },
+      null,
+      1,
+    ));
+  } finally {
+    await cluster.stop();
+  }
+}
+
+if (import.meta.main) await main();
