@@ -186,6 +186,9 @@ export class StateExporter {
     // Restored tokens: their pages go first, from the context, like computed ones.
     const restored = prefix?.restoredTokens ?? 0;
     if (restored > 0 && paged) await this.#pages("kv-page", ctx, 0, restored, sink, true);
+    if (restored > 0 && this.draft) {
+      await this.#pages("mtp-kv", this.draft.ctx, 0, restored, sink, true);
+    }
     // Stop at each checkpoint (a chunk ends there) so the sequence can be snapshotted there.
     let from = restored;
     for (const b of prefix?.checkpoints ?? []) {

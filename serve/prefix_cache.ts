@@ -13,8 +13,9 @@
  * token needs the last position's logits). Dense models take the same checkpoints (no
  * trimming of a deeper one).
  *
- * Families: `dense` and `hybrid` are cached. `hybrid-moe-mtp` is not: the MTP draft context's
- * KV and hidden row would have to be checkpointed too (not done yet). `iswa` is not: its
+ * Families: `dense`, `hybrid` and `hybrid-moe-mtp` are cached; with an MTP draft a checkpoint
+ * also holds the draft context's sequence state and its pending hidden row at the same
+ * position, and both are restored (the draft's pages are exported too). `iswa` is not: its
  * sliding-window ring is not tested under restore. `recurrent` is not: its handoff has no
  * pages, so telemetry could not report the split. Each refusal is named (`PrefixPlan.off`).
  *
@@ -24,6 +25,7 @@
 import { PrefixIndex } from "../core/prefix_index.ts";
 import type { ModelFamily } from "../core/schema.ts";
 import type { Engine } from "./engine.ts";
+import type { MtpDraft } from "../ffi/mtp.ts";
 
 export interface PrefixCacheOptions {
   /** Bytes all checkpoints may hold together; 0 turns the cache off. */
@@ -45,10 +47,18 @@ export const DEFAULT_PREFIX_CACHE: Readonly<PrefixCacheOptions> = {
 };
 
 /** Families whose whole-sequence snapshot is a tested, exact checkpoint. */
-const CACHED_FAMILIES: ReadonlySet<ModelFamily> = new Set(["dense", "hybrid"]);
+const CACHED_FAMILIES: ReadonlySet<ModelFamily> = new Set(["dense", "hybrid", "hybrid-moe-mtp"]);
+
+function erase(s: Snapshot): void {
+  s.state.fill(0);
+  s.draft?.state.fill(0);
+  s.draft?.pending.fill(0);
+}
 
 interface Snapshot {
   state: Uint8Array<ArrayBuffer>;
+  /** The MTP draft context's sequence state and pending hidden row at the same position. */
+  draft: { state: Uint8Array<ArrayBuffer>; pending: Float32Array } | null;
   /** Requests restoring from it now: eviction erases it once they are done. */
   pins: number;
   erase: boolean;
@@ -74,7 +84,7 @@ export class PrefixCache {
       { blockTokens: options.prefixBlockTokens, prefixCacheBytesMax: options.prefixCacheBytesMax },
       (entry) => {
         entry.value.erase = true;
-        if (entry.value.pins === 0) entry.value.state.fill(0);
+        if (entry.value.pins === 0) erase(entry.value);
       },
     );
   }
@@ -93,7 +103,7 @@ export class PrefixCache {
     tenantId: string,
     prompt: Int32Array,
     engine: Engine,
-    draft: unknown,
+    draft: MtpDraft | null,
   ): Promise<PrefixPlan> {
     const none = (off: string | null): PrefixPlan => ({
       restoredTokens: 0,
@@ -102,7 +112,7 @@ export class PrefixCache {
       off,
     });
     if (!this.#index.enabled) return none("prefix cache off (prefixCacheBytesMax 0)");
-    if (!CACHED_FAMILIES.has(this.family) || draft !== null) {
+    if (!CACHED_FAMILIES.has(this.family)) {
       return none(`prefix cache not used for the ${this.family} family (see serve/prefix_cache.ts)`);
     }
     let restored = 0;
@@ -116,13 +126,25 @@ export class PrefixCache {
         if (engine.ctx.seqPosMax(0) !== hit.cachedTokens - 1) {
           throw new Error(`restored sequence ends at ${engine.ctx.seqPosMax(0) + 1}`);
         }
+        if (draft) {
+          if (!snap.draft) throw new Error("the checkpoint has no MTP draft state");
+          await draft.ctx.stateSeqSet(snap.draft.state, 0);
+          if (draft.ctx.seqPosMax(0) !== hit.cachedTokens - 1) {
+            throw new Error(`restored draft sequence ends at ${draft.ctx.seqPosMax(0) + 1}`);
+          }
+          draft.adoptPending(snap.draft.pending.slice(), hit.cachedTokens - 1);
+        }
         engine.adoptPosition(hit.cachedTokens);
         restored = hit.cachedTokens;
       } catch (error) {
         await engine.wipe();
+        if (draft) {
+          draft.ctx.clearMemory();
+          draft.resetPending();
+        }
         off = `prefix restore refused (${(error as Error).message}); computed cold`;
       } finally {
-        if (--snap.pins === 0 && snap.erase) snap.state.fill(0);
+        if (--snap.pins === 0 && snap.erase) erase(snap);
       }
     }
     const block = this.options.prefixBlockTokens;
@@ -141,13 +163,17 @@ export class PrefixCache {
       onCheckpoint: async (pos) => {
         if (engine.position !== pos) return; // not where the plan said: take nothing
         const state = await engine.ctx.stateSeqGet(0);
-        const kept = await this.#index.insert({
-          tenantId,
-          tokens: prompt.subarray(0, pos),
-          bytes: state.byteLength,
-          value: { state, pins: 0, erase: false },
-        });
-        if (!kept) state.fill(0); // larger than the whole budget: never stored
+        const value: Snapshot = {
+          state,
+          draft: draft && { state: await draft.ctx.stateSeqGet(0), pending: draft.pending.slice() },
+          pins: 0,
+          erase: false,
+        };
+        const bytes = state.byteLength + (value.draft?.state.byteLength ?? 0) +
+          (value.draft?.pending.byteLength ?? 0);
+        const tokens = prompt.subarray(0, pos);
+        const kept = await this.#index.insert({ tenantId, tokens, bytes, value });
+        if (!kept) erase(value); // larger than the whole budget: never stored
       },
       off,
     };

@@ -1,6 +1,6 @@
 /**
  * The prefill worker's exact-prefix cache end to end (issue #12), on real workers in this
- * process over real QUIC with the tiny `hybrid` and `dense` models. A request sharing about 75%
+ * process over real QUIC with the tiny `hybrid`, `dense` and `hybrid-moe-mtp` models (the last with its MTP draft). A request sharing about 75%
  * of an earlier prompt of the same tenant restores the deepest checkpoint at or before the
  * shared length and computes only the rest (the telemetry's cached/computed split), and its
  * tokens and every step's logits digests (probe mode) equal a cold run of the same prompt,
@@ -24,7 +24,7 @@ import { type HandoffRequest, runHandoff } from "./coordinator.ts";
 const BLOCK = 32;
 const WORDS = "the quick brown fox jumps over the lazy dog and ";
 
-for (const family of ["hybrid", "dense"]) {
+for (const family of ["hybrid", "dense", "hybrid-moe-mtp"]) {
   Deno.test({
     name: `prefix cache (${family}): a 75% shared prefix computes only the rest, bitwise equal`,
     sanitizeOps: false,
@@ -50,7 +50,7 @@ for (const family of ["hybrid", "dense"]) {
         // Shared part ~75% of each prompt; the tails differ from their first word.
         const shared = WORDS.repeat(9);
         const a = shared + "red green blue yellow ".repeat(3);
-        const b = shared + "one two three four five ".repeat(3);
+        const b = shared + "one two three four five ".repeat(6);
         const ta = tokenize(a);
         const tb = tokenize(b);
         let common = 0;

@@ -9,7 +9,8 @@
 import assert from "node:assert/strict";
 import { testModel, testTokens } from "../testing/models.ts";
 import { Engine, RUNTIME_DEFAULTS } from "./engine.ts";
-import { LlamaModel, loadLlama } from "../ffi/mod.ts";
+import { LlamaModel, loadLlama, MtpDraft } from "../ffi/mod.ts";
+import { PrefixCache } from "./prefix_cache.ts";
 
 /** `llama_state_seq_flags`: the recurrent (partial) part only. */
 const PARTIAL_ONLY = 1;
@@ -54,4 +55,46 @@ Deno.test("prefix restore (hybrid): the checkpoint's recurrent state is its posi
   } finally {
     model.free();
   }
+});
+
+Deno.test("prefix restore (hybrid-moe-mtp): a hit restores the draft's KV and hidden row exactly", async () => {
+  const config = {
+    ...RUNTIME_DEFAULTS,
+    modelPath: await testModel("hybrid-moe-mtp"),
+    nCtx: 1024,
+    chunkTokens: 64,
+    mtp: true,
+  };
+  const cache = new PrefixCache(
+    { prefixCacheBytesMax: 64 * 1024 * 1024, prefixBlockTokens: 32, prefixCheckpointsMax: 2 },
+    "hybrid-moe-mtp",
+  );
+  const prompt = testTokens(150);
+  /** Prefills as the exporter does: the draft catches up after each chunk; stops at checkpoints. */
+  const run = async (engine: Engine, draft: MtpDraft) => {
+    const plan = await cache.prepare("t", prompt, engine, draft);
+    const onChunk = ({ p0, p1 }: { p0: number; p1: number }) =>
+      draft.catchUp(prompt.subarray(p0, p1), p0);
+    let from = plan.restoredTokens;
+    for (const b of plan.checkpoints) {
+      await engine.prefill(prompt.subarray(from, b), onChunk);
+      await plan.onCheckpoint(b);
+      from = b;
+    }
+    const logits = bytes(await engine.prefill(prompt.subarray(from), onChunk));
+    const draftState = await draft.ctx.stateSeqGet(0);
+    return { restored: plan.restoredTokens, logits, draftState, pending: draft.pending.slice() };
+  };
+  using coldEngine = await Engine.open(config);
+  using coldDraft = await MtpDraft.open(coldEngine.ctx);
+  const cold = await run(coldEngine, coldDraft);
+  assert.equal(cold.restored, 0);
+  using warmEngine = await Engine.open(config, coldEngine.model);
+  using warmDraft = await MtpDraft.open(warmEngine.ctx);
+  const warm = await run(warmEngine, warmDraft);
+  assert.equal(warm.restored, 128);
+  assert.deepEqual(warm.logits, cold.logits);
+  assert.deepEqual(warm.draftState, cold.draftState);
+  assert.deepEqual(warm.pending, cold.pending);
+  cache.clear();
 });
