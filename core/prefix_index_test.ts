@@ -73,6 +73,9 @@ Deno.test("prefix index: off at 0 bytes, bad options refused", async () => {
   const off = new PrefixIndex<string>({ blockTokens: B, prefixCacheBytesMax: 0 });
   assert.equal(await off.insert(entry("a", seq(4))), false);
   assert.equal(await off.lookup("a", seq(8)), null);
-  assert.throws(() => new PrefixIndex({ blockTokens: 0, prefixCacheBytesMax: 1 }), /prefixBlockTokens/);
+  assert.throws(
+    () => new PrefixIndex({ blockTokens: 0, prefixCacheBytesMax: 1 }),
+    /prefixBlockTokens/,
+  );
   assert.throws(() => new PrefixIndex({ blockTokens: 4, prefixCacheBytesMax: -1 }), /BytesMax/);
 });

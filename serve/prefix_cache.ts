@@ -113,7 +113,9 @@ export class PrefixCache {
     });
     if (!this.#index.enabled) return none("prefix cache off (prefixCacheBytesMax 0)");
     if (!CACHED_FAMILIES.has(this.family)) {
-      return none(`prefix cache not used for the ${this.family} family (see serve/prefix_cache.ts)`);
+      return none(
+        `prefix cache not used for the ${this.family} family (see serve/prefix_cache.ts)`,
+      );
     }
     let restored = 0;
     let off: string | null = null;
