@@ -14,6 +14,7 @@ export function idFor(endpoint: Endpoint, requestId: string): string {
 function usage(out: RunOutput) {
   return {
     prompt_tokens: out.promptTokens,
+    prompt_tokens_details: { cached_tokens: out.cachedTokens },
     completion_tokens: out.completionTokens,
     total_tokens: out.promptTokens + out.completionTokens,
   };

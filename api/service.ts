@@ -57,6 +57,8 @@ export interface RunOutput {
   text: string;
   finishReason: "stop" | "length";
   promptTokens: number;
+  /** Prompt tokens restored from the prefill worker's prefix cache (0: none computed there). */
+  cachedTokens: number;
   completionTokens: number;
   placement: "disaggregated" | "colocated";
   plannedPlacement: PlacementDecision;
@@ -273,6 +275,7 @@ export class ApiService {
       text,
       finishReason,
       promptTokens: record.promptTokens,
+      cachedTokens: result?.placement === "disaggregated" ? result.telemetry.cachedTokens : 0,
       completionTokens: generated,
       placement,
       plannedPlacement: planned,

@@ -8,6 +8,7 @@ import { DEFAULT_HANDOFF_TIMING } from "../core/handoff.ts";
 import { type Role, ROLES } from "../transport/mod.ts";
 import { Worker } from "../serve/worker.ts";
 import { DEFAULT_PREFILL_QUEUE } from "../serve/prefill_queue.ts";
+import { DEFAULT_PREFIX_CACHE } from "../serve/prefix_cache.ts";
 import { addRuntimeOptions, intArg, runtimeConfigFrom, type RuntimeFlags } from "./_options.ts";
 import {
   addSpeculationOptions,
@@ -32,6 +33,9 @@ interface ServeFlags extends RuntimeFlags, SpeculationFlags {
   layerCapture: "on" | "off";
   prefillQueueDepthMax: number;
   prefillQueueWaitMs: number;
+  prefixCacheBytesMax: number;
+  prefixBlockTokens: number;
+  prefixCheckpointsMax: number;
   batching?: "on" | "off";
   stepTokensMax: number;
   queueDepthMax: number;
@@ -139,6 +143,25 @@ export function register(program: Command): void {
       "prefill: longest a request waits for a context before it is answered busy (colocated)",
       intArg(1, 3_600_000),
       DEFAULT_PREFILL_QUEUE.prefillQueueWaitMs,
+    )
+    .option(
+      "--prefix-cache-bytes-max <bytes>",
+      "prefill: bytes of exact-prefix checkpoints kept per worker, LRU (0: off, the default; " +
+        "one hybrid checkpoint costs its tokens' KV plus a whole recurrent snapshot)",
+      intArg(0, Number.MAX_SAFE_INTEGER),
+      DEFAULT_PREFIX_CACHE.prefixCacheBytesMax,
+    )
+    .option(
+      "--prefix-block-tokens <n>",
+      "prefill: prefix cache block: checkpoints and hits sit at multiples of this many tokens",
+      intArg(1, 65_536),
+      DEFAULT_PREFIX_CACHE.prefixBlockTokens,
+    )
+    .option(
+      "--prefix-checkpoints-max <n>",
+      "prefill: checkpoints taken per request (the last block boundaries before the prompt end)",
+      intArg(1, 64),
+      DEFAULT_PREFIX_CACHE.prefixCheckpointsMax,
     );
   addSpeculationOptions(addRuntimeOptions(cmd)).action((flags: ServeFlags) => runServe(flags));
 }
@@ -174,6 +197,11 @@ async function runServe(flags: ServeFlags): Promise<void> {
     prefillQueue: {
       prefillQueueDepthMax: flags.prefillQueueDepthMax,
       prefillQueueWaitMs: flags.prefillQueueWaitMs,
+    },
+    prefixCache: {
+      prefixCacheBytesMax: flags.prefixCacheBytesMax,
+      prefixBlockTokens: flags.prefixBlockTokens,
+      prefixCheckpointsMax: flags.prefixCheckpointsMax,
     },
   });
   if (speculation && speculation.mode !== "none") {

@@ -40,7 +40,7 @@ import {
   recurrentLayout,
 } from "../ffi/state.ts";
 import type { LlamaContext } from "../ffi/mod.ts";
-import type { Engine, PrefillHooks } from "./engine.ts";
+import type { ChunkDone, Engine, PrefillHooks } from "./engine.ts";
 import { openLayerCapture, streamLayers } from "./_layer_stream.ts";
 import type { ResolvedIdentity } from "./identity.ts";
 import type { MtpDraft } from "../ffi/mtp.ts";
@@ -50,6 +50,19 @@ import { logitsDigest, probeStep } from "./probe.ts";
 export interface ExportedChunk {
   header: ChunkHeader;
   payload: Uint8Array;
+  /** A page of tokens restored from the prefix cache, not computed by this request. */
+  cached?: boolean;
+}
+
+/**
+ * The prefix cache's part in one export (serve/prefix_cache.ts): the context already holds
+ * the first `restoredTokens` tokens (their pages are exported first, marked cached), and the
+ * prefill stops at each of `checkpoints` to let `onCheckpoint` snapshot the sequence.
+ */
+export interface ExportPrefix {
+  restoredTokens: number;
+  checkpoints: readonly number[];
+  onCheckpoint: (pos: number) => Promise<void>;
 }
 
 /** What the export produced besides the chunks. */
@@ -136,6 +149,7 @@ export class StateExporter {
     sampler: SamplerState,
     sink: ChunkSink,
     onFirstToken?: FirstTokenHook,
+    prefix?: ExportPrefix,
   ): Promise<ExportResult> {
     const ctx = this.engine.ctx;
     const chunkMs: number[] = [];
@@ -161,14 +175,29 @@ export class StateExporter {
           streamLayers({ capture, kinds, decode, finalPos, sink, chunk, sent: captured }),
       }
       : {};
-    const logits = await this.engine.prefill(prompt, async ({ p0, p1, computeMs }) => {
+    const onChunk = async ({ p0, p1, computeMs }: ChunkDone) => {
       chunkMs.push(computeMs);
       if (p1 === prompt.length) sampleFirst(ctx.logits(-1));
       await this.draft?.catchUp(prompt.subarray(p0, p1), p0);
       if (paged) await this.#pages("kv-page", ctx, p0, p1, sink);
       // The draft's KV for these positions is final too: it streams like the target's.
       if (this.draft) await this.#pages("mtp-kv", this.draft.ctx, p0, p1, sink);
-    }, hooks);
+    };
+    // Restored tokens: their pages go first, from the context, like computed ones.
+    const restored = prefix?.restoredTokens ?? 0;
+    if (restored > 0 && paged) await this.#pages("kv-page", ctx, 0, restored, sink, true);
+    if (restored > 0 && this.draft) {
+      await this.#pages("mtp-kv", this.draft.ctx, 0, restored, sink, true);
+    }
+    // Stop at each checkpoint (a chunk ends there) so the sequence can be snapshotted there.
+    let from = restored;
+    for (const b of prefix?.checkpoints ?? []) {
+      if (b <= from || b >= n) continue;
+      await this.engine.prefill(prompt.subarray(from, b), onChunk);
+      await prefix!.onCheckpoint(b);
+      from = b;
+    }
+    const logits = await this.engine.prefill(prompt.subarray(from), onChunk, hooks);
     if (firstToken < 0) sampleFirst(logits); // the engine's positions did not start at 0
     const firstLogitsSha256 = await logitsDigest(logits);
     this.#captured = captured;
@@ -196,6 +225,7 @@ export class StateExporter {
     p0: number,
     p1: number,
     sink: ChunkSink,
+    cached = false,
   ): Promise<void> {
     const max = this.limits.chunkBytesMax;
     let a = p0;
@@ -210,7 +240,8 @@ export class StateExporter {
         this.#pageTokens.set(kind, Math.max(1, step >> 1));
         continue;
       }
-      await sink(this.#chunk(kind, [a, a + step], page, false), performance.now() - t0);
+      const chunk = this.#chunk(kind, [a, a + step], page, false);
+      await sink(cached ? { ...chunk, cached } : chunk, performance.now() - t0);
       a += step;
     }
   }

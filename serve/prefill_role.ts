@@ -39,6 +39,7 @@ import type { Engine } from "./engine.ts";
 import { logitsDigest } from "./probe.ts";
 import { reportProgress, sendOrExplain } from "./token_stream.ts";
 import { PrefillQueue, type PrefillQueueOptions } from "./prefill_queue.ts";
+import { DEFAULT_PREFIX_CACHE, PrefixCache } from "./prefix_cache.ts";
 
 /** Tests only: hooks into a request's life on this worker. Nothing in the product sets them. */
 export interface PrefillHooks {
@@ -70,6 +71,11 @@ export class PrefillRole {
     readonly log: (line: string) => void,
     queue: PrefillQueueOptions,
     readonly hooks: PrefillHooks = {},
+    /** The exact-prefix cache (serve/prefix_cache.ts); off at prefixCacheBytesMax 0. */
+    readonly prefixCache: PrefixCache = new PrefixCache(
+      DEFAULT_PREFIX_CACHE,
+      identity.numerical.family,
+    ),
   ) {
     this.#queue = new PrefillQueue(queue, () => pool.tryAcquire(), (p) => pool.release(p));
   }
@@ -237,7 +243,18 @@ export class PrefillRole {
         } satisfies PrefillOutcome;
       }
       let first: PeerConnection | null = decoder;
+      // A cached prefix of this tenant is restored into the context; only the rest computes.
+      const prefix = await this.prefixCache.prepare(
+        request.tenantId,
+        prompt,
+        pooled.engine,
+        pooled.draft,
+      );
+      if (prefix.off && this.prefixCache.options.prefixCacheBytesMax > 0) {
+        this.log(`handoff ${request.handoffId}: ${prefix.off}`);
+      }
       const handoff = new PrefillHandoff({
+        prefix,
         request,
         prompt,
         engine: pooled.engine,

@@ -37,6 +37,7 @@ import type { Engine } from "./engine.ts";
 import {
   DEFAULT_EXPORT_LIMITS,
   type ExportedChunk,
+  type ExportPrefix,
   type ExportResult,
   type FirstTokenHook,
   reexportPage,
@@ -87,6 +88,8 @@ export interface PrefillHandoffInput {
   cancel: AbortSignal;
   /** Called once the first token is sampled, before the tail is exported (see FirstTokenHook). */
   onFirstToken?: FirstTokenHook;
+  /** Tokens restored from the prefix cache and checkpoints to take (serve/prefix_cache.ts). */
+  prefix?: ExportPrefix;
 }
 
 export class PrefillHandoff {
@@ -477,6 +480,7 @@ export class PrefillHandoff {
             this.input.onFirstToken!(token, logits, prefillEndMs);
             this.#telemetry.push({ type: "first-token", atMs: performance.now() });
           }),
+        this.input.prefix,
       );
       this.#exportDone = { manifest: exporter.manifest(this.#retained.headers(), result) };
       this.#exportResult = { result, sampler };
@@ -496,7 +500,7 @@ export class PrefillHandoff {
         type: "prefill-chunk-done",
         atMs: now - exportMs,
         tokens,
-        cached: false,
+        cached: chunk.cached === true,
       });
     }
     this.#telemetry.push({

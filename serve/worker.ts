@@ -45,6 +45,7 @@ import { DEFAULT_PREFILL_LIMITS, type PrefillLimits } from "./prefill_session.ts
 import { type PrefillHooks, PrefillRole } from "./prefill_role.ts";
 import { DEFAULT_PREFILL_QUEUE, type PrefillQueueOptions } from "./prefill_queue.ts";
 import { LocalGeneration } from "./prefill_completion.ts";
+import { DEFAULT_PREFIX_CACHE, PrefixCache, type PrefixCacheOptions } from "./prefix_cache.ts";
 import { CORE_MESSAGE_TYPES } from "./wire.ts";
 import { SKIPPY_SHIM_ABI_VERSION } from "../ffi/shim/abi.ts";
 import { stateBackend } from "../ffi/state.ts";
@@ -91,6 +92,8 @@ export interface WorkerOptions {
   faults?: NodeFaults;
   /** Tests only: hooks into the prefill side's requests (see PrefillHooks). */
   prefillHooks?: PrefillHooks;
+  /** The prefill side's exact-prefix cache (serve/prefix_cache.ts; default off). */
+  prefixCache?: Partial<PrefixCacheOptions>;
 }
 
 export class Worker {
@@ -165,6 +168,10 @@ export class Worker {
         log,
         { ...DEFAULT_PREFILL_QUEUE, ...options.prefillQueue },
         options.prefillHooks,
+        new PrefixCache(
+          { ...DEFAULT_PREFIX_CACHE, ...options.prefixCache },
+          identity.numerical.family,
+        ),
       )
       : null;
     const decode = roleCovers(options.role, "decode")
@@ -401,5 +408,6 @@ export class Worker {
     this.listener.close();
     await Promise.allSettled([...this.#peers].map((p) => p.close()));
     this.decode?.close();
+    this.prefill?.prefixCache.clear(); // no persistence: checkpoints are zeroed here
   }
 }
