@@ -18,6 +18,7 @@
  * in telemetry.
  */
 import { plan, type PlanReason, type StateSize } from "../core/planner.ts";
+import type { PlacementPrediction } from "../core/placement.ts";
 import { FAMILIES } from "../models/mod.ts";
 
 export type PlacementMode = "auto" | "disaggregated" | "colocated";
@@ -27,6 +28,8 @@ export interface PlacementDecision {
   placement: "disaggregated" | "colocated";
   /** Why, in one line (the planner's reasons, or the override). */
   reason: string;
+  /** The planner's prediction (live placement with every fact known), else absent or null. */
+  prediction?: PlacementPrediction | null;
 }
 
 export interface PlacementInput {
