@@ -99,6 +99,13 @@ Deno.test("auto placement: the live decision reaches skippy.placement_reason and
     assert.equal(record.handoff.prediction.placement, planned.planned_placement);
     assert.ok(record.handoff.prediction.ttftDisaggregatedMs > 0);
     assert.ok(record.handoff.ttftMs > 0, "the measurement sits beside it");
+    // The decode worker's path travels from its GenerateDone into the record and the metrics.
+    assert.match(record.handoff.decodePath, /^(batched|per-session)$/);
+    const metrics = await (await fetch(`${server.url}/metrics`)).text();
+    assert.match(
+      metrics,
+      new RegExp(`skippy:decode_path_requests_total\\{path="${record.handoff.decodePath}"\\} 3`),
+    );
   } finally {
     live.close();
     await server.close();

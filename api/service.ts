@@ -4,7 +4,7 @@
  * (and cancel the request on the workers once one matches), and record metrics and telemetry.
  * Endpoints (app.ts) only shape what goes in and comes out.
  */
-import { HandoffAbortedError } from "../core/mod.ts";
+import { HandoffAbortedError, WorkerBusyError } from "../core/mod.ts";
 import { runHandoff } from "../serve/coordinator.ts";
 import { PROMPT_BYTES_MAX } from "../serve/messages.ts";
 import type { HandoffResult } from "../serve/coordinator.ts";
@@ -168,6 +168,7 @@ export class ApiService {
       record.finishReason = input.signal.aborted ? "abort" : "error";
       record.error = input.signal.aborted ? "the client went away" : api.message;
       if (input.signal.aborted) this.metrics.success.inc({ finished_reason: "abort" });
+      else if (error instanceof WorkerBusyError) this.metrics.busyRefusals.inc();
       else this.metrics.failures.inc({ reason: failureReason(error) });
       throw api;
     } finally {
@@ -335,6 +336,7 @@ export class ApiService {
       m.fallbacks.inc({ reason: fallbackCode(result) });
     }
     if (result && placement === "disaggregated") m.observeHandoff(result.telemetry);
+    if (result) m.observeRequest(result.telemetry, result.fallbacks);
   }
 }
 
