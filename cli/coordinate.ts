@@ -167,7 +167,7 @@ async function runCoordinate(flags: CoordinateFlags): Promise<void> {
     }
     const live = flags.placement === "auto" ? await livePlacement(flags, node) : null;
     if (live) {
-      cleanups.push(() => live.close());
+      cleanups.unshift(() => live.close());
       log(
         `coordinate: auto placement: certification ${live.options.certificationSource}; rates ${
           flags.calibration ? `from ${flags.calibration}` : "learned from completed requests"
