@@ -5,7 +5,7 @@
  * bounded sets (placements, finish reasons, failure reasons from core's list, HTTP statuses).
  */
 import { Counter, Gauge, Histogram, Registry } from "prom-client";
-import type { HandoffTelemetry } from "../core/telemetry.ts";
+import type { FallbackRecord, HandoffTelemetry } from "../core/telemetry.ts";
 
 const LATENCY_BUCKETS_S = [
   0.001,
@@ -49,6 +49,11 @@ export class ApiMetrics {
   readonly handoffBytes: Histogram;
   readonly transfer: Histogram;
   readonly tail: Histogram;
+  readonly specDrafted: Counter;
+  readonly specAccepted: Counter;
+  readonly decodePaths: Counter;
+  readonly fallbackKinds: Counter;
+  readonly busyRefusals: Counter;
 
   constructor(sources: MetricsSources) {
     const registers = [this.registry];
@@ -118,6 +123,38 @@ export class ApiMetrics {
       "skippy:handoff_tail_seconds",
       "End of the last prefill chunk to commit (the uncovered tail)",
     );
+    // llama-server's and vLLM's names for speculative decoding, per draft source.
+    this.specDrafted = new Counter({
+      name: "skippy:spec_decode_num_draft_tokens_total",
+      help: "Tokens drafted by speculative decoding, by source (mtp, suffix)",
+      labelNames: ["source"],
+      registers,
+    });
+    this.specAccepted = new Counter({
+      name: "skippy:spec_decode_num_accepted_tokens_total",
+      help: "Drafted tokens the target model accepted, by source (mtp, suffix)",
+      labelNames: ["source"],
+      registers,
+    });
+    this.decodePaths = new Counter({
+      name: "skippy:decode_path_requests_total",
+      help: "Finished requests by the decode worker's path (batched or per-session)",
+      labelNames: ["path"],
+      registers,
+    });
+    this.fallbackKinds = new Counter({
+      name: "skippy:request_fallbacks_total",
+      help:
+        "Fallbacks the coordinator took, by kind (colocated-on-decoder, colocated-on-prefill, " +
+        "completed-on-prefill, resumed)",
+      labelNames: ["kind"],
+      registers,
+    });
+    this.busyRefusals = new Counter({
+      name: "skippy:busy_refusals_total",
+      help: "Requests answered 503 because a worker had no room (WorkerBusyError)",
+      registers,
+    });
     new Gauge({
       name: "skippy:num_requests_running",
       help: "Requests admitted and running",
@@ -141,6 +178,19 @@ export class ApiMetrics {
     this.handoffBytes.observe(t.totalBytes);
     this.transfer.observe(t.wireMs / 1000);
     if (t.uncoveredTailMs !== null) this.tail.observe(t.uncoveredTailMs / 1000);
+  }
+
+  /** What every finished request reports: speculation, decode path and fallbacks taken. */
+  observeRequest(t: HandoffTelemetry, fallbacks: readonly FallbackRecord[]): void {
+    const s = t.speculation;
+    if (s && s.mode !== "none") {
+      this.specDrafted.inc({ source: "mtp" }, s.mtpDrafted);
+      this.specAccepted.inc({ source: "mtp" }, s.mtpAccepted);
+      this.specDrafted.inc({ source: "suffix" }, s.suffixDrafted);
+      this.specAccepted.inc({ source: "suffix" }, s.suffixAccepted);
+    }
+    if (t.decodePath) this.decodePaths.inc({ path: t.decodePath });
+    for (const f of fallbacks) this.fallbackKinds.inc({ kind: f.kind });
   }
 
   text(): Promise<string> {

@@ -4,8 +4,9 @@
  *
  * `auto` asks `core/planner.ts` with what the coordinator knows: the prompt's length, the
  * model's state sizes, the roles in the peers file, and whether the family is certified for an
- * exact handoff. The coordinator has no link measurement yet (that comes with the planner
- * issue), so the planner's cost comparison cannot run, and the rule is: **disaggregate when
+ * exact handoff. This is the **no-link rule**: without a link measurement the planner's cost
+ * comparison cannot run (live_placement.ts runs it once it has one, and falls back to this rule,
+ * named, while a fact is missing), and the rule is: **disaggregate when
  * every eligibility check the planner makes, other than the missing link measurement, passes**
  * (notably `promptTokensMin`, 2048 tokens by default: shorter prompts recompute faster than a
  * handoff's fixed costs); otherwise run colocated, naming the planner's reasons. Numerical
@@ -18,6 +19,7 @@
  * in telemetry.
  */
 import { plan, type PlanReason, type StateSize } from "../core/planner.ts";
+import type { PlacementPrediction } from "../core/placement.ts";
 import { FAMILIES } from "../models/mod.ts";
 
 export type PlacementMode = "auto" | "disaggregated" | "colocated";
@@ -27,6 +29,8 @@ export interface PlacementDecision {
   placement: "disaggregated" | "colocated";
   /** Why, in one line (the planner's reasons, or the override). */
   reason: string;
+  /** The planner's prediction (live placement with every fact known), else absent or null. */
+  prediction?: PlacementPrediction | null;
 }
 
 export interface PlacementInput {

@@ -9,6 +9,7 @@ import type { ApiKeys } from "./keys.ts";
 import { openServedModel, type ServedModel } from "./model.ts";
 import type { PeerSet } from "./peers.ts";
 import type { PlacementMode } from "./placement.ts";
+import type { LivePlacement } from "./live_placement.ts";
 import { ApiService } from "./service.ts";
 import { RequestLog } from "./telemetry.ts";
 
@@ -32,6 +33,8 @@ export interface ApiServerOptions {
   /** A request fails when no worker reports progress for this long, in ms. */
   workerIdleTimeoutMs: number;
   promptTokensMin?: number;
+  /** `auto` placement over live facts (api/live_placement.ts); null: the no-link rule. */
+  live?: LivePlacement | null;
 }
 
 export interface ApiServer {
@@ -52,6 +55,7 @@ export async function startApiServer(o: ApiServerOptions): Promise<ApiServer> {
     log: new RequestLog(o.telemetry ?? null),
     workerIdleTimeoutMs: o.workerIdleTimeoutMs,
     promptTokensMin: o.promptTokensMin,
+    live: o.live ?? null,
   });
   const app = createApp(service, o.keys);
   const server = Deno.serve(

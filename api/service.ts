@@ -4,7 +4,7 @@
  * (and cancel the request on the workers once one matches), and record metrics and telemetry.
  * Endpoints (app.ts) only shape what goes in and comes out.
  */
-import { HandoffAbortedError } from "../core/mod.ts";
+import { HandoffAbortedError, WorkerBusyError } from "../core/mod.ts";
 import { runHandoff } from "../serve/coordinator.ts";
 import { PROMPT_BYTES_MAX } from "../serve/messages.ts";
 import type { HandoffResult } from "../serve/coordinator.ts";
@@ -15,6 +15,7 @@ import { ApiMetrics } from "./metrics.ts";
 import type { ChatFormat } from "./chat.ts";
 import type { ServedModel } from "./model.ts";
 import type { PeerSet } from "./peers.ts";
+import type { LivePlacement } from "./live_placement.ts";
 import { decidePlacement, type PlacementDecision, type PlacementMode } from "./placement.ts";
 import type { GenerationParams } from "./schemas.ts";
 import { StopMatcher } from "./stop.ts";
@@ -32,6 +33,8 @@ export interface ServiceOptions {
   workerIdleTimeoutMs: number;
   /** Passed to the planner (`auto` placement). */
   promptTokensMin?: number;
+  /** `auto` over live link estimates, rates and certification (absent: the no-link rule). */
+  live?: LivePlacement | null;
   /** Bounds of the worker-side gauges' stats requests. */
   workerMetrics?: Partial<WorkerMetricsOptions>;
 }
@@ -167,6 +170,7 @@ export class ApiService {
       record.finishReason = input.signal.aborted ? "abort" : "error";
       record.error = input.signal.aborted ? "the client went away" : api.message;
       if (input.signal.aborted) this.metrics.success.inc({ finished_reason: "abort" });
+      else if (error instanceof WorkerBusyError) this.metrics.busyRefusals.inc();
       else this.metrics.failures.inc({ reason: failureReason(error) });
       throw api;
     } finally {
@@ -191,14 +195,25 @@ export class ApiService {
         retryAfterS: o.admission.options.retryAfterS,
       });
     }
-    const planned = decidePlacement({
-      mode: o.placement,
-      promptTokens: record.promptTokens,
-      state: o.model.state,
-      family: o.model.family,
-      hasPrefillWorker: picked.prefill !== null,
-      promptTokensMin: o.promptTokensMin,
-    });
+    const linkOf = (w: typeof picked.prefill) =>
+      w ? o.node.links.get(w.peer).catch(() => null) : Promise.resolve(null);
+    const planned = o.placement === "auto" && o.live
+      ? o.live.decide({
+        promptTokens: record.promptTokens,
+        state: o.model.state,
+        family: o.model.family,
+        hasPrefillWorker: picked.prefill !== null,
+        prefill: await linkOf(picked.prefill),
+        decode: await linkOf(picked.decode),
+      })
+      : decidePlacement({
+        mode: o.placement,
+        promptTokens: record.promptTokens,
+        state: o.model.state,
+        family: o.model.family,
+        hasPrefillWorker: picked.prefill !== null,
+        promptTokensMin: o.promptTokensMin,
+      });
     record.plannedPlacement = planned.placement;
     record.placementReason = planned.reason;
     const handoffId = crypto.randomUUID();
@@ -269,6 +284,17 @@ export class ApiService {
       ? result?.fallbackReason ?? null
       : null;
     this.#finish(record, result, placement, fallbackReason, generated, finishReason, t0);
+    if (record.handoff) {
+      // The prediction beside the measurement (null: the placement was not planned on costs).
+      const p = planned.prediction;
+      record.handoff = {
+        ...record.handoff,
+        prediction: p ? { placement: planned.placement, ...p } : null,
+      };
+    }
+    if (result && o.live) {
+      o.live.record(result, picked.prefill?.peer.nodeId ?? null, picked.decode.peer.nodeId);
+    }
     return {
       requestId: record.requestId,
       created: Math.floor(Date.now() / 1000),
@@ -313,6 +339,7 @@ export class ApiService {
       m.fallbacks.inc({ reason: fallbackCode(result) });
     }
     if (result && placement === "disaggregated") m.observeHandoff(result.telemetry);
+    if (result) m.observeRequest(result.telemetry, result.fallbacks);
   }
 }
 

@@ -18,6 +18,9 @@ import { ApiKeys } from "../api/keys.ts";
 import { DEFAULT_PEERS_POLL_MS, PeerSet, watchPeers } from "../api/peers.ts";
 import { PLACEMENT_MODES, type PlacementMode } from "../api/placement.ts";
 import { startApiServer } from "../api/server.ts";
+import { DEFAULT_LINK_PING_INTERVAL_MS, LivePlacement } from "../api/live_placement.ts";
+import { parseCalibration } from "../core/node_rates.ts";
+import { _certification } from "./plan.ts";
 import { openTelemetrySink } from "../api/telemetry.ts";
 import { DEFAULT_PLAN_OPTIONS } from "../core/planner.ts";
 import { UsageError } from "../core/errors.ts";
@@ -41,6 +44,9 @@ interface CoordinateFlags {
   timeoutMs: number;
   peersPollMs: number;
   promptTokensMin: number;
+  calibration?: string;
+  certification?: string;
+  linkPingMs: number;
 }
 
 export function register(program: Command): void {
@@ -104,6 +110,20 @@ export function register(program: Command): void {
       intArg(1, 1 << 30),
       DEFAULT_PLAN_OPTIONS.promptTokensMin,
     )
+    .option(
+      "--calibration <file>",
+      "auto placement: worker rates from `bench calibrate` (by node id, or role name prefill/decode); default: learned from completed requests",
+    )
+    .option(
+      "--certification <file>",
+      "auto placement: families certified for exact handoffs (default: the one `correctness state-handoff --certify` writes)",
+    )
+    .option(
+      "--link-ping-ms <ms>",
+      "auto placement: ping each worker at most this often",
+      intArg(100, 3_600_000),
+      DEFAULT_LINK_PING_INTERVAL_MS,
+    )
     .action((flags: CoordinateFlags) => runCoordinate(flags));
 }
 
@@ -145,7 +165,17 @@ async function runCoordinate(flags: CoordinateFlags): Promise<void> {
       cleanups.push(watch.stop);
       peers = watch.set;
     }
+    const live = flags.placement === "auto" ? await livePlacement(flags, node) : null;
+    if (live) {
+      cleanups.unshift(() => live.close());
+      log(
+        `coordinate: auto placement: certification ${live.options.certificationSource}; rates ${
+          flags.calibration ? `from ${flags.calibration}` : "learned from completed requests"
+        }; the prefill->decode link is estimated from the handoffs' own transfers`,
+      );
+    }
     const server = await startApiServer({
+      live,
       hostname: flags.listen.host,
       port: flags.listen.port,
       node,
@@ -185,6 +215,22 @@ async function runCoordinate(flags: CoordinateFlags): Promise<void> {
     for (const cleanup of cleanups) await cleanup();
     sink?.close();
   }
+}
+
+async function livePlacement(flags: CoordinateFlags, node: Node): Promise<LivePlacement> {
+  const cert = await _certification(flags.certification);
+  const calibration = flags.calibration
+    ? parseCalibration(JSON.parse(await Deno.readTextFile(flags.calibration)), flags.calibration)
+    : null;
+  return new LivePlacement({
+    localNodeId: node.identity.nodeId,
+    certification: cert.file,
+    certificationSource: cert.path ?? "no certification file",
+    calibration,
+    pingIntervalMs: flags.linkPingMs,
+    chunkTokens: RUNTIME_DEFAULTS.chunkTokens,
+    promptTokensMin: flags.promptTokensMin,
+  });
 }
 
 function isLoopback(host: string): boolean {

@@ -134,6 +134,8 @@ export interface HandoffTelemetry {
   fallbacks?: FallbackRecord[];
   /** The decoder's speculative decoding: mode, rollback, fallback, acceptance per source. */
   speculation?: SpeculationSummary;
+  /** The path the generating worker decoded on (its GenerateDone's `decodePath`). */
+  decodePath?: "per-session" | "batched";
   /**
    * The placement decision's prediction for this request (core/placement.ts), recorded beside
    * the measurement; absent when the placement was not planned.

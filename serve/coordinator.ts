@@ -275,6 +275,7 @@ function resultOf(r: Running, generation: Generation, channel: RequestChannel): 
       // The prefiller's clock, from the last chunk computed (not as recorded after its page
       // export) to the FirstToken message sent.
       ...(first ? { firstTokenDelayMs: first.message.sentAfterPrefillMs } : {}),
+      ...(generation.done.decodePath ? { decodePath: generation.done.decodePath } : {}),
       fallbacks,
     },
     ttftMs,

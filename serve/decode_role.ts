@@ -23,6 +23,21 @@ import { Admission, ADMISSION_DEFAULTS, type AdmissionOptions } from "./admissio
 import { DecoderTelemetry } from "../core/telemetry.ts";
 import { reportProgress, sendDone, streamTokens } from "./token_stream.ts";
 import { atMost } from "./_deadline.ts";
+import { SequenceEngine } from "./batch_loop.ts";
+import type { DecodeEngine } from "./engine.ts";
+
+/**
+ * On a shared (batched) context, a cancel drops the session's queued work at once: a long
+ * prompt's remaining chunks, or a decode step waiting for the next batch, would otherwise run
+ * to their end before the between-steps check sees the cancel. Returns the remover.
+ */
+function dropQueuedOnCancel(engine: DecodeEngine, cancel: AbortSignal): () => void {
+  if (!(engine instanceof SequenceEngine)) return () => {};
+  const drop = () => engine.loop.cancel(engine.seq, "the request was cancelled");
+  if (cancel.aborted) drop();
+  else cancel.addEventListener("abort", drop, { once: true });
+  return () => cancel.removeEventListener("abort", drop);
+}
 
 /** How long a GenerateRequest waits for an attempt still importing. */
 const ATTEMPT_WAIT_MS = 30_000;
@@ -339,6 +354,7 @@ export class DecodeRole {
     if (request.probe) session.engine.alone = true;
     const decodePath = session.engine.path;
     const stopProgress = reportProgress(peer, request.handoffId, () => session.engine.position);
+    const stopDrop = dropQueuedOnCancel(session.engine, cancel);
     try {
       const telemetry = new DecoderTelemetry();
       for (const e of session.events) telemetry.push(e);
@@ -357,6 +373,7 @@ export class DecodeRole {
         { decodePath },
       );
     } finally {
+      stopDrop();
       stopProgress();
       this.admission.release(held.pooled);
     }
@@ -390,6 +407,7 @@ export class DecodeRole {
     const engine = pooled.engine;
     if (request.probe) engine.alone = true;
     const stopProgress = reportProgress(peer, request.handoffId, () => engine.position);
+    const stopDrop = dropQueuedOnCancel(engine, cancel);
     try {
       const prompt = engine.model.vocab.tokenize(request.prompt!);
       // Refused before any decode: an admitted request never runs out of cells mid-stream.
@@ -423,6 +441,7 @@ export class DecodeRole {
         { decodePath: engine.path },
       );
     } finally {
+      stopDrop();
       stopProgress();
       this.admission.release(pooled);
     }

@@ -1,0 +1,114 @@
+/**
+ * `auto` placement over live facts, in process, against a real local cluster (the tiny hybrid
+ * model): the decision and its reason reach the response's `skippy.placement_reason`, and the
+ * handoff record carries the prediction beside the measurement.
+ */
+import assert from "node:assert/strict";
+import { emptyCertification, withCertification } from "../core/certification.ts";
+import { RUNTIME_DEFAULTS } from "../serve/engine.ts";
+import { startLocalCluster } from "../serve/local_cluster.ts";
+import { HANG_MS } from "../testing/bounds.ts";
+import { testModel } from "../testing/models.ts";
+import { LivePlacement } from "./live_placement.ts";
+import { PeerSet } from "./peers.ts";
+import { startApiServer } from "./server.ts";
+
+Deno.test("auto placement: the live decision reaches skippy.placement_reason and the record carries its prediction", async () => {
+  const modelPath = await testModel("hybrid");
+  const cluster = await startLocalCluster({ args: ["--model", modelPath] });
+  // Certify what the decode worker announces (family and llama.cpp build), as --certify would.
+  const id = (await cluster.client.links.get(cluster.decode.peer)).peerCapabilities
+    .numericalIdentity as Record<string, string>;
+  const certification = withCertification(emptyCertification(), {
+    family: id.family as "hybrid",
+    llamaBuild: id.llamaBuild,
+    gate: "state-handoff",
+    cases: 1,
+    promptTokens: [16],
+    certifiedAt: "",
+  });
+  const one = (tps: number) => [{ contextTokens: 0, tokensPerS: tps }];
+  const live = new LivePlacement({
+    localNodeId: cluster.client.identity.nodeId,
+    certification,
+    certificationSource: "test certification",
+    calibration: [
+      { nodeId: "prefill", source: "calibration", prefill: one(1e6), decode: one(100) },
+      { nodeId: "decode", source: "calibration", prefill: one(10), decode: one(100) },
+    ],
+    pingIntervalMs: 1_000,
+    chunkTokens: RUNTIME_DEFAULTS.chunkTokens,
+    promptTokensMin: 1,
+    // The tiny model's state is ~180 KB: under the default 1 MiB a handoff is no sample.
+    pairLinks: { bandwidthSampleBytesMin: 64 * 1024 },
+  });
+  const server = await startApiServer({
+    hostname: "127.0.0.1",
+    port: 0,
+    node: cluster.client,
+    modelPath,
+    nCtx: RUNTIME_DEFAULTS.nCtx,
+    peers: new PeerSet([
+      { peer: cluster.prefill.peer, role: "prefill" },
+      { peer: cluster.decode.peer, role: "decode" },
+    ]),
+    placement: "auto",
+    keys: null,
+    workerIdleTimeoutMs: HANG_MS,
+    live,
+  });
+  const complete = async () => {
+    const r = await fetch(`${server.url}/v1/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({
+        model: server.model.id,
+        prompt: "the quick brown fox jumps over the lazy dog and ".repeat(8),
+        max_tokens: 4,
+        temperature: 0,
+      }),
+    });
+    assert.equal(r.status, 200);
+    return (await r.json()).skippy as Record<string, string>;
+  };
+  const lastRecord = async () => {
+    const r = await fetch(`${server.url}/v1/handoffs?limit=1`);
+    const body = await r.json();
+    return (body.data ?? body.handoffs ?? body)[0];
+  };
+  try {
+    // Before any handoff: the link is unknown, so the no-link rule disaggregates (named).
+    const first = await complete();
+    assert.equal(first.placement, "disaggregated");
+    assert.match(first.placement_reason, /^no link measurement yet.*no-link rule/);
+    assert.equal((await lastRecord()).handoff.prediction, null);
+    // The coordinator's RTT to the decode worker (its pings) stands in for the pair's RTT; the
+    // next handoff's own transfer then is the link sample the planner reads.
+    live.monitor.estimator.recordRtt(
+      { from: cluster.client.identity.nodeId, to: cluster.decode.peer.nodeId },
+      0.2,
+      performance.now(),
+    );
+    await complete();
+    const planned = await complete();
+    assert.match(planned.placement_reason, /^planner: .*estimated from \d+ handoff transfers/);
+    // Whichever way the costs go (a loopback handoff of a tiny state is latency-bound), the
+    // record holds the planner's prediction for the placement it chose.
+    const record = await lastRecord();
+    assert.equal(record.plannedPlacement, planned.planned_placement);
+    assert.equal(record.handoff.prediction.placement, planned.planned_placement);
+    assert.ok(record.handoff.prediction.ttftDisaggregatedMs > 0);
+    assert.ok(record.handoff.ttftMs > 0, "the measurement sits beside it");
+    // The decode worker's path travels from its GenerateDone into the record and the metrics.
+    assert.match(record.handoff.decodePath, /^(batched|per-session)$/);
+    const metrics = await (await fetch(`${server.url}/metrics`)).text();
+    assert.match(
+      metrics,
+      new RegExp(`skippy:decode_path_requests_total\\{path="${record.handoff.decodePath}"\\} 3`),
+    );
+  } finally {
+    live.close();
+    await server.close();
+    await cluster.stop();
+  }
+});

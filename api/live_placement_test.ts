@@ -1,0 +1,127 @@
+import assert from "node:assert/strict";
+import { emptyCertification, withCertification } from "../core/certification.ts";
+import type { HandoffTelemetry } from "../core/telemetry.ts";
+import type { HandoffResult } from "../serve/coordinator.ts";
+import type { PeerLink } from "../serve/peer_links.ts";
+import type { Capabilities } from "../transport/mod.ts";
+import { LivePlacement, type LivePlacementOptions } from "./live_placement.ts";
+
+// Protocol fakes: a PeerLink is only read for its node id, capabilities and ping support.
+const IDENTITY = { family: "hybrid", llamaBuild: "v1+abc", model: "m" };
+const caps = (role: "prefill" | "decode"): Capabilities => ({
+  protocolVersion: 1,
+  roles: [role],
+  stateSchemaVersions: [1],
+  kvCodecs: ["llama-kv-cells"],
+  kvDtypes: ["f16"],
+  numericalIdentity: IDENTITY as Capabilities["numericalIdentity"],
+});
+const fakeLink = (id: string, role: "prefill" | "decode") =>
+  ({
+    peerNodeId: id,
+    peerCapabilities: caps(role),
+    conn: { supportsLinkProbe: false },
+  }) as unknown as PeerLink;
+const CERT = withCertification(emptyCertification(), {
+  family: "hybrid",
+  llamaBuild: "v1+abc",
+  gate: "state-handoff",
+  cases: 1,
+  promptTokens: [1024],
+  certifiedAt: "",
+});
+const MIB = 1024 * 1024;
+
+function live(o: Partial<LivePlacementOptions> = {}): LivePlacement {
+  return new LivePlacement({
+    localNodeId: "coord",
+    certification: CERT,
+    certificationSource: "cert.json",
+    calibration: null,
+    pingIntervalMs: 1000,
+    chunkTokens: 512,
+    ...o,
+  });
+}
+const input = (promptTokens = 16_384) => ({
+  promptTokens,
+  state: { kvBytesPerToken: 8192, recurrentBytes: 1 << 20 },
+  family: "hybrid",
+  hasPrefillWorker: true,
+  prefill: fakeLink("p", "prefill"),
+  decode: fakeLink("d", "decode"),
+});
+/** A completed request as runHandoff reports it (only the fields placement learns from). */
+function result(placement: "disaggregated" | "colocated", t: Partial<HandoffTelemetry>) {
+  return {
+    placement,
+    fallbacks: [],
+    completedBy: { nodeId: "d", role: "decode" },
+    promptTokens: 16_384,
+    tokens: [1, 2, 3],
+    ttftMs: 4000,
+    telemetry: { promptTokens: 16_384, ...t },
+  } as unknown as HandoffResult;
+}
+const handoff = {
+  prefillMs: 1000,
+  probeMs: 20,
+  tpotMs: 20,
+  totalBytes: 256 * MIB,
+  wireMs: 100,
+  uncoveredTailMs: 150,
+  commitMs: 10,
+  stagedBeforePrefillEndFraction: 0,
+  overlapFraction: 0,
+};
+
+Deno.test("LivePlacement: an uncertified family is never disaggregated automatically", () => {
+  const d = live({ certification: null, certificationSource: "no certification file" })
+    .decide(input());
+  assert.equal(d.placement, "colocated");
+  assert.match(d.reason, /not certified.*never disaggregated automatically/);
+});
+
+Deno.test("LivePlacement: without rates or a link sample, the no-link rule decides, named", () => {
+  const p = live();
+  const first = p.decide(input());
+  assert.equal(first.placement, "disaggregated");
+  assert.match(first.reason, /no node rates yet for prefill p and decode d.*no-link rule/);
+  assert.equal(first.prediction, null);
+  // Rates learned (a handoff for the prefiller, a colocated run for the decoder), no RTT yet:
+  // the handoff's transfer is no link sample without the RTT it needs.
+  p.record(result("disaggregated", handoff), "p", "d");
+  p.record(result("colocated", { tpotMs: 20 }), null, "d");
+  const second = p.decide(input());
+  assert.match(second.reason, /no link measurement yet.*no-link rule/);
+  const short = p.decide(input(100));
+  assert.equal(short.placement, "colocated");
+  assert.match(short.reason, /no link measurement yet.*promptTokensMin/);
+});
+
+Deno.test("LivePlacement: a handoff's own transfer feeds the planner, which predicts", () => {
+  const p = live();
+  p.record(result("colocated", { tpotMs: 20 }), null, "d");
+  // The coordinator's own RTT to the decode worker (what its pings record).
+  p.monitor.estimator.recordRtt({ from: "coord", to: "d" }, 0.3, performance.now());
+  p.record(result("disaggregated", handoff), "p", "d");
+  const d = p.decide(input());
+  assert.match(d.reason, /^planner: .*estimated from 1 handoff transfers/);
+  assert.match(d.reason, /rates: prefill measured, decode measured/);
+  assert.ok(d.prediction, "a planned decision carries its prediction");
+  // Prefiller 16384 tok/s, decoder ~4096 tok/s (its TTFT): disaggregating wins on TTFT.
+  assert.equal(d.placement, "disaggregated");
+  assert.ok(d.prediction!.ttftDisaggregatedMs < d.prediction!.ttftColocatedMs);
+});
+
+Deno.test("LivePlacement: calibration rates by role name stand for unknown node ids", () => {
+  const one = (tps: number) => [{ contextTokens: 0, tokensPerS: tps }];
+  const p = live({
+    calibration: [
+      { nodeId: "prefill", source: "calibration", prefill: one(8000), decode: one(50) },
+      { nodeId: "decode", source: "calibration", prefill: one(100), decode: one(50) },
+    ],
+  });
+  const d = p.decide(input());
+  assert.match(d.reason, /^no link measurement yet/);
+});
