@@ -19,13 +19,8 @@ export class Vocab {
     this.addBos = s.llama_vocab_get_add_bos(ptr);
   }
 
-  /**
-   * Text to token ids. `addSpecial` adds BOS when the model asks for it. `parseSpecial` (on, as
-   * llama-server tokenizes prompts) turns the text of a special token (a chat template's
-   * `<|im_start|>`, say) into that token, not into plain-text pieces. Every worker and the API's
-   * token count use the same default, so they agree.
-   */
-  tokenize(text: string, addSpecial = true, parseSpecial = true): Int32Array {
+  /** Text to token ids. `addSpecial` adds BOS when the model asks for it. */
+  tokenize(text: string, addSpecial = true, parseSpecial = false): Int32Array {
     const bytes = new TextEncoder().encode(text);
     let capacity = bytes.length + 8;
     for (let attempt = 0; attempt < 2; attempt++) {
