@@ -11,6 +11,7 @@
  * `ceilingShare` of it; delays are delivered by timers, so their resolution is the event
  * loop's (about a millisecond), which the bench reports through RTTs measured across it.
  */
+import { seededRandom } from "../transport/mod.ts";
 
 /** One endpoint. */
 export interface Endpoint {
@@ -119,18 +120,6 @@ class _Pipe<T> {
   }
 }
 
-/** A mulberry32 generator: the loss draws of a seed are the same every run. */
-function _random(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
 /**
  * The relay. Send to `endpoint`; traffic reaches `target` shaped, and replies come back
  * shaped the same way.
@@ -184,12 +173,12 @@ export class LinkEmulator implements Disposable {
     const seed = o.seed ?? 1;
     this.#forward = new _Pipe(
       this.shape,
-      _random(seed),
+      seededRandom(seed),
       (p, up) => this.#send(up, p, this.#target),
     );
     this.#backward = new _Pipe(
       this.shape,
-      _random(seed ^ 0x9e3779b9),
+      seededRandom(seed ^ 0x9e3779b9),
       (p, to) => this.#send(this.#listener, p, to),
     );
     this.#pumpClients();

@@ -21,7 +21,7 @@ import {
   startWorker,
   stopWorker,
 } from "../serve/local_cluster.ts";
-import type { SamplingSpec, WorkerCounters } from "../serve/messages.ts";
+import { HELD_COUNTER_FIELDS, type SamplingSpec, type WorkerCounters } from "../serve/messages.ts";
 import { Node } from "../serve/node.ts";
 import { queryStats } from "../serve/stats.ts";
 import { seededRandom } from "../transport/mod.ts";
@@ -104,15 +104,7 @@ export interface ChaosTrial {
 
 const GREEDY: SamplingSpec = { temperature: 0, topK: 40, topP: 0.95, seed: 1 };
 const SENTENCE = "the quick brown fox jumps over the lazy dog and ";
-const HELD: (keyof WorkerCounters)[] = [
-  "prefillActive",
-  "retainedBytes",
-  "decodeAttempts",
-  "stagedBytes",
-  "committedSessions",
-  "generating",
-  "contextsBusy",
-];
+const HELD = HELD_COUNTER_FIELDS;
 
 interface Cluster {
   dir: string;

@@ -12,6 +12,7 @@
  *   otherwise have ended the case, so the bound says which path was taken, not how fast the
  *   machine is. What happened is asserted by outcome (reasons, counters), not by duration.
  */
+import { HELD_COUNTER_FIELDS } from "./messages.ts";
 import assert from "node:assert/strict";
 import { RUNTIME_DEFAULTS } from "./engine.ts";
 import { type LocalWorker, makeTrustingNodes, startWorker, stopWorker } from "./local_cluster.ts";
@@ -170,16 +171,7 @@ export async function startChild(
 }
 
 /** Counters that must return to zero once nothing is running (the totals need not). */
-export const HELD = [
-  "prefillActive",
-  "prefillQueued",
-  "retainedBytes",
-  "decodeAttempts",
-  "stagedBytes",
-  "committedSessions",
-  "generating",
-  "contextsBusy",
-] as const;
+export const HELD = HELD_COUNTER_FIELDS;
 
 /**
  * Waits until every held counter of `w` is zero; returns how long that took. Fails with the

@@ -396,6 +396,21 @@ const CHECKS: Record<ServeMessage["type"], Checker> = {
     !str(m.requestId, 64) ? "requestId" : COUNTER_FIELDS.find((f) => !count(m[f])) ?? null,
 };
 
+/**
+ * The counters that hold something now (state, sessions, contexts, queued prompts): an idle
+ * worker reads zero in each. Tests and `correctness chaos` wait for these after a request.
+ */
+export const HELD_COUNTER_FIELDS = [
+  "prefillActive",
+  "prefillQueued",
+  "retainedBytes",
+  "decodeAttempts",
+  "stagedBytes",
+  "committedSessions",
+  "generating",
+  "contextsBusy",
+] as const satisfies readonly (keyof WorkerCounters)[];
+
 /** The fields of WorkerCounters, for checks and for summing. */
 export const COUNTER_FIELDS: readonly (keyof WorkerCounters)[] = [
   "prefillActive",
