@@ -16,6 +16,7 @@ import { plainChat } from "./chat.ts";
 import { ApiKeys } from "./keys.ts";
 import { PeerSet } from "./peers.ts";
 import { startApiServer } from "./server.ts";
+import { startClusterApi } from "./_test_server.ts";
 
 const KEY_A = "key-for-tenant-a-0123456789";
 const KEY_B = "key-for-tenant-b-0123456789";
@@ -55,19 +56,9 @@ function metricValue(text: string, name: string): number {
 Deno.test("the openai client gets local generate's text from the API over a disaggregated handoff", async (t) => {
   const modelPath = await testModel("hybrid");
   const cluster = await startLocalCluster({ args: ["--model", modelPath] });
-  const server = await startApiServer({
-    hostname: "127.0.0.1",
-    port: 0,
-    node: cluster.client,
-    modelPath,
-    nCtx: RUNTIME_DEFAULTS.nCtx,
-    peers: new PeerSet([
-      { peer: cluster.prefill.peer, role: "prefill" },
-      { peer: cluster.decode.peer, role: "decode" },
-    ]),
+  const server = await startClusterApi(cluster, modelPath, {
     placement: "disaggregated",
     keys: ApiKeys.parse(JSON.stringify({ [KEY_A]: "tenant-a", [KEY_B]: "tenant-b" })),
-    workerIdleTimeoutMs: HANG_MS,
   });
   const client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: KEY_A, maxRetries: 0 });
   const model = server.model.id;

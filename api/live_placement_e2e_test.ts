@@ -7,12 +7,9 @@ import assert from "node:assert/strict";
 import { emptyCertification, withCertification } from "../core/certification.ts";
 import { RUNTIME_DEFAULTS } from "../serve/engine.ts";
 import { startLocalCluster } from "../serve/local_cluster.ts";
-import { HANG_MS } from "../testing/bounds.ts";
 import { testModel } from "../testing/models.ts";
 import { LivePlacement } from "./live_placement.ts";
-import { PeerSet } from "./peers.ts";
-import { startApiServer } from "./server.ts";
-
+import { startClusterApi } from "./_test_server.ts";
 Deno.test("auto placement: the live decision reaches skippy.placement_reason and the record carries its prediction", async () => {
   const modelPath = await testModel("hybrid");
   const cluster = await startLocalCluster({ args: ["--model", modelPath] });
@@ -42,19 +39,9 @@ Deno.test("auto placement: the live decision reaches skippy.placement_reason and
     // The tiny model's state is ~180 KB: under the default 1 MiB a handoff is no sample.
     pairLinks: { bandwidthSampleBytesMin: 64 * 1024 },
   });
-  const server = await startApiServer({
-    hostname: "127.0.0.1",
-    port: 0,
-    node: cluster.client,
-    modelPath,
-    nCtx: RUNTIME_DEFAULTS.nCtx,
-    peers: new PeerSet([
-      { peer: cluster.prefill.peer, role: "prefill" },
-      { peer: cluster.decode.peer, role: "decode" },
-    ]),
+  const server = await startClusterApi(cluster, modelPath, {
     placement: "auto",
     keys: null,
-    workerIdleTimeoutMs: HANG_MS,
     live,
   });
   const complete = async () => {

@@ -8,12 +8,9 @@
 import assert from "node:assert/strict";
 import OpenAI from "openai";
 import { startLocalCluster } from "../serve/local_cluster.ts";
-import { RUNTIME_DEFAULTS } from "../serve/engine.ts";
-import { HANG_MS } from "../testing/bounds.ts";
 import { testModel } from "../testing/models.ts";
 import { ApiKeys } from "./keys.ts";
-import { PeerSet } from "./peers.ts";
-import { startApiServer } from "./server.ts";
+import { startClusterApi } from "./_test_server.ts";
 
 const KEY_A = "key-for-tenant-a-0123456789";
 const KEY_B = "key-for-tenant-b-0123456789";
@@ -30,19 +27,9 @@ Deno.test("prefix cache: cached_tokens in the OpenAI usage, per tenant, same tex
       String(BLOCK),
     ],
   });
-  const server = await startApiServer({
-    hostname: "127.0.0.1",
-    port: 0,
-    node: cluster.client,
-    modelPath,
-    nCtx: RUNTIME_DEFAULTS.nCtx,
-    peers: new PeerSet([
-      { peer: cluster.prefill.peer, role: "prefill" },
-      { peer: cluster.decode.peer, role: "decode" },
-    ]),
+  const server = await startClusterApi(cluster, modelPath, {
     placement: "disaggregated",
     keys: ApiKeys.parse(JSON.stringify({ [KEY_A]: "tenant-a", [KEY_B]: "tenant-b" })),
-    workerIdleTimeoutMs: HANG_MS,
   });
   const clientFor = (apiKey: string) =>
     new OpenAI({ baseURL: `${server.url}/v1`, apiKey, maxRetries: 0 });
