@@ -40,6 +40,8 @@ export class ApiMetrics {
   readonly e2e: Histogram;
   readonly queue: Histogram;
   readonly promptTokens: Counter;
+  /** Prompt tokens restored from the prefill worker's prefix cache (not computed). */
+  readonly promptTokensCached: Counter;
   readonly generationTokens: Counter;
   readonly success: Counter;
   readonly failures: Counter;
@@ -76,6 +78,11 @@ export class ApiMetrics {
     this.promptTokens = new Counter({
       name: "skippy:prompt_tokens_total",
       help: "Prompt tokens of finished requests",
+      registers,
+    });
+    this.promptTokensCached = new Counter({
+      name: "skippy:prompt_tokens_cached_total",
+      help: "Prompt tokens of finished requests restored from the prefill worker's prefix cache",
       registers,
     });
     this.generationTokens = new Counter({

@@ -56,6 +56,12 @@ Deno.test("prefix cache: cached_tokens in the OpenAI usage, per tenant, same tex
     const other = await complete(KEY_B);
     assert.equal(cached(other), 0);
     assert.equal(other.choices[0].text, first.choices[0].text);
+    // /metrics counts the restored tokens (only the second request had any).
+    const metrics = await fetch(`${server.url}/metrics`).then((r) => r.text());
+    const line = metrics.split("\n").find((l) =>
+      l.startsWith("skippy:prompt_tokens_cached_total ")
+    );
+    assert.equal(Number(line?.split(" ")[1]), cached(second));
   } finally {
     await server.close();
     await cluster.stop();

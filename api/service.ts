@@ -332,6 +332,9 @@ export class ApiService {
     }
     m.e2e.observe(e2eMs / 1000);
     m.promptTokens.inc(record.promptTokens);
+    if (result && placement === "disaggregated") {
+      m.promptTokensCached.inc(result.telemetry.cachedTokens ?? 0);
+    }
     m.generationTokens.inc(generated);
     m.success.inc({ finished_reason: finishReason });
     m.placements.inc({ placement });
