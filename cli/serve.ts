@@ -159,7 +159,7 @@ export function register(program: Command): void {
     )
     .option(
       "--prefix-checkpoints-max <n>",
-      "prefill: checkpoints taken per request (the last block boundaries before the prompt end)",
+      "prefill: checkpoints taken per request (block boundaries spread evenly up to the prompt end)",
       intArg(1, 64),
       DEFAULT_PREFIX_CACHE.prefixCheckpointsMax,
     );

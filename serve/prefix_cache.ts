@@ -8,9 +8,9 @@
  * boundary while the prompt is prefilled: attention KV for its tokens *and* the recurrent
  * (conv + SSM) state at exactly its end, in one blob, so a hit can never restore KV without the
  * matching recurrent state. Recurrent state cannot be rewound, so the prefill stops at each
- * chosen boundary (chunks end there) to take the snapshot: the last `prefixCheckpointsMax`
- * block boundaries before the prompt's end (at least one token is always computed: the first
- * token needs the last position's logits). Dense models take the same checkpoints (no
+ * chosen boundary (chunks end there) to take the snapshot: `prefixCheckpointsMax` block
+ * boundaries spread evenly up to the deepest one before the prompt's end (at least one token is
+ * always computed: the first token needs the last position's logits). Dense models take the same checkpoints (no
  * trimming of a deeper one).
  *
  * Families: `dense`, `hybrid` and `hybrid-moe-mtp` are cached; with an MTP draft a checkpoint
@@ -43,7 +43,7 @@ export interface PrefixCacheOptions {
 export const DEFAULT_PREFIX_CACHE: Readonly<PrefixCacheOptions> = {
   prefixCacheBytesMax: 0,
   prefixBlockTokens: 256,
-  prefixCheckpointsMax: 2,
+  prefixCheckpointsMax: 4,
 };
 
 /** Families whose whole-sequence snapshot is a tested, exact checkpoint. */
@@ -151,14 +151,16 @@ export class PrefixCache {
     }
     const block = this.options.prefixBlockTokens;
     const deepest = Math.floor((prompt.length - 1) / block) * block;
-    const checkpoints: number[] = [];
-    for (
-      let b = deepest;
-      b > restored && checkpoints.length < this.options.prefixCheckpointsMax;
-      b -= block
-    ) {
-      checkpoints.unshift(b);
-    }
+    // Spread over the prompt, not bunched at its end: the k-th of N sits at k/N of the deepest
+    // boundary (rounded down to a block), so a later prompt sharing, say, 75% of this one finds
+    // a checkpoint at or just below the shared length; the N-th is the deepest (a follow-up turn
+    // that extends this prompt reuses all of it).
+    const n = this.options.prefixCheckpointsMax;
+    const checkpoints = [
+      ...new Set(
+        Array.from({ length: n }, (_, i) => Math.floor(((i + 1) * deepest) / n / block) * block),
+      ),
+    ].filter((b) => b > restored);
     return {
       restoredTokens: restored,
       checkpoints,
