@@ -163,6 +163,9 @@ const STEPS: Record<string, Step> = {
     assert.ifError(r.error);
     assert.deepEqual(r.value!.telemetry.retryReasons, ["connection-lost"]);
     assert.deepEqual(r.value!.tokens, baseline.tokens);
+    // The decoder counts the cut attempt's abort when it notices the lost connection, which
+    // may come after the retry committed: wait for the count, then check it.
+    await waitForStats(s.decode, (x) => x.abortsTotal > before.abortsTotal, HANG_MS, "the abort");
     const after = await s.decode.stats();
     assert.equal(after.commitsTotal - before.commitsTotal, 1); // the cut attempt never committed
     assert.equal(after.abortsTotal - before.abortsTotal, 1);
