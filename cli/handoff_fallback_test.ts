@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
 import { startLocalCluster } from "../serve/local_cluster.ts";
-import { runCliProcess } from "../testing/cli.ts";
+import { handoffArgs, runCliProcess } from "../testing/cli.ts";
 import { testModel } from "../testing/models.ts";
 
 const PROMPT = "the quick brown fox jumps over the lazy dog and ".repeat(20);
@@ -12,17 +12,9 @@ Deno.test("handoff says a fallback to colocated, and --fallback chooses if it fa
     args: ["--model", model],
     decodeArgs: ["--threads", "1"],
   });
-  const peer = (p: { nodeId: string; host: string; port: number }) =>
-    `${p.nodeId}@${p.host}:${p.port}`;
   const handoffCli = (...extra: string[]) =>
     runCliProcess([
-      "handoff",
-      "--prefill",
-      peer(cluster.prefill.peer),
-      "--decode",
-      peer(cluster.decode.peer),
-      "--state-dir",
-      cluster.client.stateDir,
+      ...handoffArgs(cluster),
       "--prompt",
       PROMPT,
       "-n",

@@ -7,7 +7,7 @@
 import assert from "node:assert/strict";
 import { startLocalCluster } from "../serve/local_cluster.ts";
 import { HANG_MS } from "../testing/bounds.ts";
-import { runCliProcess } from "../testing/cli.ts";
+import { handoffArgs, runCliProcess } from "../testing/cli.ts";
 import { testModel } from "../testing/models.ts";
 
 const PROMPT = "one two three four five six seven eight nine ten ".repeat(20);
@@ -19,18 +19,10 @@ Deno.test("handoff to a speculating decoder keeps the tokens and reports accepta
     args: ["--model", model],
     decodeArgs: ["--speculation", "mtp+suffix"],
   });
-  const peer = (p: { nodeId: string; host: string; port: number }) =>
-    `${p.nodeId}@${p.host}:${p.port}`;
   try {
     const handoffCli = (...extra: string[]) =>
       runCliProcess([
-        "handoff",
-        "--prefill",
-        peer(cluster.prefill.peer),
-        "--decode",
-        peer(cluster.decode.peer),
-        "--state-dir",
-        cluster.client.stateDir,
+        ...handoffArgs(cluster),
         "--prompt",
         PROMPT,
         "-n",

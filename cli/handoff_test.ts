@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { startLocalCluster } from "../serve/local_cluster.ts";
 import { HANG_MS } from "../testing/bounds.ts";
-import { runCliProcess } from "../testing/cli.ts";
+import { handoffArgs, runCliProcess } from "../testing/cli.ts";
 import { testModel } from "../testing/models.ts";
 
 const PROMPT = "the quick brown fox jumps over the lazy dog and ".repeat(60);
@@ -9,17 +9,9 @@ const PROMPT = "the quick brown fox jumps over the lazy dog and ".repeat(60);
 Deno.test("handoff from the CLI prints what generate prints, with equal logits in probe mode", async () => {
   const model = await testModel("hybrid");
   const cluster = await startLocalCluster({ args: ["--model", model] });
-  const peer = (p: { nodeId: string; host: string; port: number }) =>
-    `${p.nodeId}@${p.host}:${p.port}`;
   const handoffCli = (...extra: string[]) =>
     runCliProcess([
-      "handoff",
-      "--prefill",
-      peer(cluster.prefill.peer),
-      "--decode",
-      peer(cluster.decode.peer),
-      "--state-dir",
-      cluster.client.stateDir,
+      ...handoffArgs(cluster),
       "--prompt",
       PROMPT,
       "-n",
