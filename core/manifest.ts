@@ -14,11 +14,13 @@ import { canonicalEncode, isHex, SHA256_BYTES } from "./bytes.ts";
 import { CHECKSUM_BYTES, type ChunkHeader } from "./chunk.ts";
 import { StateValidationError } from "./errors.ts";
 import {
+  type BytePiece,
   type ComponentKind,
   componentRule,
   DEFAULT_STATE_BOUNDS,
   describeComponent,
   firstTilingFault,
+  formatPiece,
   formatRange,
   isComponentKind,
   isModelFamily,
@@ -55,6 +57,8 @@ export interface ManifestComponent {
   bytes: number;
   /** CRC-32C (8 hex digits) of the payload. Never printed. */
   checksum: string;
+  /** Set on a byte piece (schema 3): `bytes` is the piece's, `piece.of` the component's. */
+  piece?: BytePiece;
 }
 
 /** The logical state the components continue from. No token values. */
@@ -120,6 +124,7 @@ export function componentOf(h: ChunkHeader): ManifestComponent {
     tokenRange: h.tokenRange,
     bytes: h.payloadBytes,
     checksum: h.checksum,
+    ...(h.piece ? { piece: h.piece } : {}),
   };
 }
 
@@ -173,6 +178,9 @@ export function canonicalManifestBytes(m: UnsignedManifest): Uint8Array {
       tokenRange: [c.tokenRange[0], c.tokenRange[1]],
       bytes: c.bytes,
       checksum: c.checksum,
+      ...(c.piece
+        ? { piece: { range: [c.piece.range[0], c.piece.range[1]], of: c.piece.of } }
+        : {}),
     })),
     logical: { position: m.logical.position, tokenCount: m.logical.tokenCount },
     verify: [...m.verify],
@@ -275,7 +283,8 @@ function _checkComponentShapes(
     const ok = typeof c === "object" && c !== null && isComponentKind(c.kind) &&
       rangeWithin(c.layerRange, bounds.layersMax) &&
       rangeWithin(c.tokenRange, bounds.tokenPositionMax) && Number.isSafeInteger(c.bytes) &&
-      c.bytes >= 1 && c.bytes <= bounds.chunkPayloadBytesMax && isHex(c.checksum, CHECKSUM_BYTES);
+      c.bytes >= 1 && c.bytes <= bounds.chunkPayloadBytesMax && isHex(c.checksum, CHECKSUM_BYTES) &&
+      (c.piece === undefined || _pieceOk(c, bounds));
     if (!ok) fail(`component ${i} malformed`);
     total += c.bytes;
   }
@@ -284,11 +293,18 @@ function _checkComponentShapes(
   }
 }
 
+function _pieceOk(c: ManifestComponent, bounds: StateBounds): boolean {
+  const p = c.piece as Partial<BytePiece> | null;
+  return typeof p === "object" && p !== null && componentRule(c.kind).pieces &&
+    Number.isSafeInteger(p.of) && p.of! >= 1 && p.of! <= bounds.stateBytesMax &&
+    rangeWithin(p.range, p.of!) && p.range[1] - p.range[0] === c.bytes;
+}
+
 /**
  * Returns a StateValidationError naming the first missing, duplicate or misplaced component
  * when `m.components` is not a complete state of `m.family` at `m.logical.position`, or null.
  * Layered kinds must tile `[0, trunkLayers)`; KV pages of each layer range must tile
- * `[0, position)`.
+ * `[0, position)`; the byte pieces of a component must tile `[0, of)`.
  *
  * @example
  * ```ts
@@ -303,7 +319,9 @@ export function findIncompleteness(
   const n = m.logical.position;
   const required = requiredComponents(m.family);
   const byKind = new Map<ComponentKind, ManifestComponent[]>();
-  for (const c of m.components) {
+  const joined = joinPieces(m.components);
+  if (typeof joined === "string") return _incomplete(joined);
+  for (const c of joined) {
     if (!required.includes(c.kind)) {
       return _incomplete(`unexpected ${c.kind} component for family "${m.family}"`);
     }
@@ -326,6 +344,45 @@ export function findIncompleteness(
     );
   }
   return null;
+}
+
+/**
+ * The components with each set of byte pieces replaced by the whole it is cut from, or a
+ * message naming the first piece that is missing, duplicated or of a different size.
+ */
+function joinPieces(list: readonly ManifestComponent[]): ManifestComponent[] | string {
+  const out: ManifestComponent[] = [];
+  const groups = new Map<string, ManifestComponent[]>();
+  for (const c of list) {
+    if (!c.piece) {
+      out.push(c);
+      continue;
+    }
+    const key = `${c.kind} ${formatRange(c.layerRange)} ${formatRange(c.tokenRange)}`;
+    const group = groups.get(key);
+    if (group) group.push(c);
+    else groups.set(key, [c]), out.push(c);
+  }
+  for (const [at, c] of out.entries()) {
+    if (!c.piece) continue;
+    const group = groups.get(
+      `${c.kind} ${formatRange(c.layerRange)} ${formatRange(c.tokenRange)}`,
+    )!;
+    const name = describeComponent(c.kind, c.layerRange, c.tokenRange);
+    const of = c.piece.of;
+    const other = group.find((p) => p.piece!.of !== of);
+    if (other) return `${name} pieces of ${of} and ${other.piece!.of} bytes`;
+    const fault = firstTilingFault(group.map((p) => p.piece!.range), of);
+    if (fault) return `${name}${formatPiece({ range: fault.range, of })} ${_faultWord(fault)}`;
+    out[at] = {
+      kind: c.kind,
+      layerRange: c.layerRange,
+      tokenRange: c.tokenRange,
+      bytes: of,
+      checksum: c.checksum,
+    };
+  }
+  return out;
 }
 
 function _incomplete(detail: string): StateValidationError {
