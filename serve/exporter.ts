@@ -11,6 +11,7 @@
  */
 import {
   buildManifest,
+  type BytePiece,
   type ChunkHeader,
   type ComponentKind,
   componentOf,
@@ -29,6 +30,7 @@ import {
   STATE_SCHEMA_VERSION,
   StateValidationError,
   type UnsignedManifest,
+  UsageError,
 } from "../core/mod.ts";
 import {
   type EntrySpan,
@@ -87,7 +89,11 @@ export type ChunkSink = (chunk: ExportedChunk, exportMs: number) => Promise<void
 
 /** Chunk sizes the exporter cuts state into, each named with its unit. */
 export interface ExportLimits {
-  /** Largest chunk payload: the receiver's `chunkPayloadBytesMax` (one frame's payload). */
+  /**
+   * Largest chunk payload: at most the receiver's `chunkPayloadBytesMax` (one frame's
+   * payload). KV pages are cut into token sub-ranges that fit, snapshot runs and the other
+   * end-of-prompt components into byte pieces (schema 3); one token's KV page must fit.
+   */
   chunkBytesMax: number;
   /**
    * Preferred size of one recurrent snapshot chunk: small enough that sending begins after
@@ -107,6 +113,9 @@ export const DEFAULT_EXPORT_LIMITS: Readonly<ExportLimits> = {
   snapshotChunkBytes: 4 * 1024 * 1024,
   layerCapture: true,
 };
+
+/** Smallest `chunkBytesMax`: the snapshot header and a token's page of any model here fit. */
+export const CHUNK_BYTES_MIN = 1024;
 
 /**
  * Called once, right after the last prefill chunk is computed and the first token sampled,
@@ -128,7 +137,17 @@ export class StateExporter {
     readonly handoffId: string,
     readonly draft: MtpDraft | null,
     readonly limits: ExportLimits = DEFAULT_EXPORT_LIMITS,
-  ) {}
+  ) {
+    const max = limits.chunkBytesMax;
+    if (
+      !Number.isSafeInteger(max) || max < CHUNK_BYTES_MIN ||
+      max > DEFAULT_EXPORT_LIMITS.chunkBytesMax
+    ) {
+      throw new UsageError(`Invalid state chunk size ${max} bytes`, {
+        hint: `use ${CHUNK_BYTES_MIN} to ${DEFAULT_EXPORT_LIMITS.chunkBytesMax} bytes`,
+      });
+    }
+  }
 
   /** The unsigned manifest listing `sent` (every chunk header, in order) and the probe. */
   manifest(sent: readonly ChunkHeader[], result: ExportResult): UnsignedManifest {
@@ -167,12 +186,12 @@ export class StateExporter {
     const captured = new Set<number>();
     const capture = this.limits.layerCapture ? await openLayerCapture(this.engine.ctx) : null;
     const kinds = this.identity.numerical.layerKinds;
-    const chunk = (part: "conv" | "ssm", layers: Range, payload: Uint8Array) =>
-      this.#chunk(part, layers, payload, false, [0, n]);
+    const chunks = (part: "conv" | "ssm", layers: Range, payload: Uint8Array) =>
+      this.#cut(part, layers, payload, false, [0, n]);
     const hooks: PrefillHooks = capture && kinds.includes("recurrent")
       ? {
         lastDecode: (decode, finalPos) =>
-          streamLayers({ capture, kinds, decode, finalPos, sink, chunk, sent: captured }),
+          streamLayers({ capture, kinds, decode, finalPos, sink, chunks, sent: captured }),
       }
       : {};
     const onChunk = async ({ p0, p1, computeMs }: ChunkDone) => {
@@ -256,13 +275,21 @@ export class StateExporter {
   ): Promise<void> {
     const ctx = this.engine.ctx;
     const family = this.identity.numerical.family;
+    // Each component leaves as one chunk, or as byte pieces when larger than a chunk.
     const timed = async (kind: ComponentKind, range: Range, make: () => Promise<Uint8Array>) => {
       const t0 = performance.now();
       const payload = await make();
-      const chunk = this.#chunk(kind, range, payload, kind === "first-token");
-      await sink(chunk, performance.now() - t0);
+      let ms = performance.now() - t0;
+      for (const chunk of this.#cut(kind, range, payload, kind === "first-token")) {
+        await sink(chunk, ms);
+        ms = 0;
+      }
     };
-    if (family === "iswa") await timed("swa-kv", [0, n], () => exportSwa(ctx));
+    // Bounded by the state, not by a chunk: the exporter cuts it into pieces.
+    const swaBytesMax = DEFAULT_STATE_BOUNDS.stateBytesMax;
+    if (family === "iswa") {
+      await timed("swa-kv", [0, n], () => exportSwa(ctx, { pageBytesMax: swaBytesMax }));
+    }
     const recurrentLayers = this.identity.numerical.layerKinds.filter((k) => k === "recurrent");
     const allCaptured = this.#captured.size === recurrentLayers.length;
     if (
@@ -284,11 +311,12 @@ export class StateExporter {
 
   /**
    * The final recurrent snapshot as conv chunks, then ssm chunks, each a run of whole layers
-   * of about `snapshotChunkBytes`, at most `chunkBytesMax`. Layer ranges tile the trunk: a
-   * chunk covers the trunk layers from its first recurrent layer to the next chunk's (the
-   * first from 0, the last to the end). On the shim path each chunk is exported as its own
-   * window of the snapshot, so the first leaves before the rest is read; on the public path
-   * the snapshot is exported whole and cut into views of it.
+   * of about `snapshotChunkBytes`, at most `chunkBytesMax`; one layer larger than that is a
+   * run of its own, sent as byte pieces of `chunkBytesMax` (schema 3). Layer ranges tile the
+   * trunk: a chunk covers the trunk layers from its first recurrent layer to the next chunk's
+   * (the first from 0, the last to the end). On the shim path each chunk or piece is exported
+   * as its own window of the snapshot, so the first leaves before the rest is read; on the
+   * public path the snapshot is exported whole and cut into views of it.
    */
   async #recurrent(n: number, sink: ChunkSink): Promise<void> {
     const t0 = performance.now();
@@ -338,21 +366,28 @@ export class StateExporter {
         ? this.#groups(list, start)
         : list.flatMap((_, i) => (captured.has(i) ? [] : [[i, i] as [number, number]]));
       for (const [first, last] of groups) {
-        const t1 = performance.now();
-        const payload = await read(start(first), list[last].end);
         const a = first === 0 ? 0 : recurrentAt[first];
         const b = last === list.length - 1 ? trunkKinds.length : recurrentAt[last + 1];
-        exportMs += performance.now() - t1;
-        await sink(this.#chunk(part, [a, b], payload, false, [0, n]), exportMs);
-        exportMs = 0;
+        const from = start(first);
+        const of = list[last].end - from;
+        const step = Math.min(of, this.limits.chunkBytesMax);
+        for (let at = 0; at < of; at += step) {
+          const end = Math.min(of, at + step);
+          const t1 = performance.now();
+          const payload = await read(from + at, from + end);
+          exportMs += performance.now() - t1;
+          const piece = step < of ? { range: [at, end] as Range, of } : undefined;
+          await sink(this.#chunk(part, [a, b], payload, false, [0, n], piece), exportMs);
+          exportMs = 0;
+        }
       }
     }
   }
 
   /**
    * Runs of consecutive entries, `[first, last]` inclusive, where a run of entries a..b spans
-   * `[start(a), list[b].end)`: each as long as fits `snapshotChunkBytes` (at least one entry),
-   * never over `chunkBytesMax`.
+   * `[start(a), list[b].end)`: each as long as fits `snapshotChunkBytes` (at least one entry,
+   * so a layer larger than that is a run of its own, which leaves in byte pieces).
    */
   #groups(list: readonly EntrySpan[], start: (a: number) => number): [number, number][] {
     const { chunkBytesMax, snapshotChunkBytes } = this.limits;
@@ -361,18 +396,35 @@ export class StateExporter {
     const runBytes = (a: number, b: number) => list[b].end - start(a);
     let first = 0;
     for (let i = 0; i < list.length; i++) {
-      if (runBytes(i, i) > chunkBytesMax) {
-        throw new LimitExceededError(
-          `Cannot export conv/ssm: one layer's state of ${
-            runBytes(i, i)
-          } bytes exceeds chunkBytesMax (${chunkBytesMax})`,
-          { hint: "raise chunkBytesMax (and the frame payload bound) on both workers" },
-        );
-      }
       if (i + 1 === list.length || runBytes(first, i + 1) > target) {
         out.push([first, i]);
         first = i + 1;
       }
+    }
+    return out;
+  }
+
+  /**
+   * `payload` as one chunk, or as byte pieces of `chunkBytesMax` (views of it) when larger;
+   * `final` marks the last.
+   */
+  #cut(
+    kind: ComponentKind,
+    layersOrTokens: Range,
+    payload: Uint8Array,
+    final: boolean,
+    snapshotTokens?: Range,
+  ): ExportedChunk[] {
+    const of = payload.byteLength;
+    const step = this.limits.chunkBytesMax;
+    if (of <= step) return [this.#chunk(kind, layersOrTokens, payload, final, snapshotTokens)];
+    const out: ExportedChunk[] = [];
+    for (let at = 0; at < of; at += step) {
+      const end = Math.min(of, at + step);
+      const piece = { range: [at, end] as Range, of };
+      const last = end === of;
+      const view = payload.subarray(at, end);
+      out.push(this.#chunk(kind, layersOrTokens, view, final && last, snapshotTokens, piece));
     }
     return out;
   }
@@ -383,6 +435,7 @@ export class StateExporter {
     payload: Uint8Array,
     final: boolean,
     snapshotTokens?: Range,
+    piece?: BytePiece,
   ): ExportedChunk {
     const layered = kind === "kv-page" || kind === "swa-kv" || kind === "conv" || kind === "ssm";
     const id = this.identity.numerical;
@@ -404,6 +457,7 @@ export class StateExporter {
       checksum: payloadChecksum(payload),
       seq: this.#seq++,
       final,
+      ...(piece ? { piece } : {}),
     };
     return { header, payload };
   }
