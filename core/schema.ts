@@ -291,9 +291,15 @@ export function quoteValue(value: unknown): string {
   }
 }
 
-/** `" bytes [a, b) of n"` for a piece, `""` for a whole component: for messages. */
+/**
+ * `" bytes [a, b) of n"` for a piece, `""` for a whole component: for messages. Never throws,
+ * whatever a peer sent (headers are named before their fields are checked).
+ */
 export function formatPiece(piece: BytePiece | undefined): string {
-  return piece ? ` bytes ${formatRange(piece.range)} of ${piece.of}` : "";
+  if (piece === undefined) return "";
+  const range = (piece as Partial<BytePiece> | null)?.range;
+  if (!rangeWithin(range, Number.MAX_SAFE_INTEGER)) return " (malformed piece)";
+  return ` bytes ${formatRange(range)} of ${quoteValue(piece.of)}`;
 }
 
 /** `"[a, b)"`, the notation every message uses for ranges. */
