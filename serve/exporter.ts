@@ -255,7 +255,16 @@ export class StateExporter {
       try {
         page = await exportKvPage(ctx, a, a + step, { pageBytesMax: max });
       } catch (error) {
-        if (!(error instanceof LimitExceededError) || step === 1) throw error;
+        if (!(error instanceof LimitExceededError)) throw error;
+        if (step === 1) {
+          // Pages are cut by token, never inside one: a token's page must fit a chunk.
+          throw new LimitExceededError(
+            `Cannot export ${kind} tokens [${a}, ${
+              a + 1
+            }): one token's page exceeds the state chunk size of ${max} bytes`,
+            { hint: "raise --state-chunk-bytes on the prefill worker", cause: error },
+          );
+        }
         this.#pageTokens.set(kind, Math.max(1, step >> 1));
         continue;
       }
