@@ -13,6 +13,7 @@ import { type BindingContext, computeBindingTag, verifyBindingTag } from "./bind
 import { canonicalEncode, isHex, SHA256_BYTES } from "./bytes.ts";
 import { CHECKSUM_BYTES, type ChunkHeader } from "./chunk.ts";
 import { StateValidationError } from "./errors.ts";
+import { joinPieces, pieceShapeOk } from "./_pieces.ts";
 import {
   type BytePiece,
   type ComponentKind,
@@ -20,7 +21,6 @@ import {
   DEFAULT_STATE_BOUNDS,
   describeComponent,
   firstTilingFault,
-  formatPiece,
   formatRange,
   isComponentKind,
   isModelFamily,
@@ -284,20 +284,13 @@ function _checkComponentShapes(
       rangeWithin(c.layerRange, bounds.layersMax) &&
       rangeWithin(c.tokenRange, bounds.tokenPositionMax) && Number.isSafeInteger(c.bytes) &&
       c.bytes >= 1 && c.bytes <= bounds.chunkPayloadBytesMax && isHex(c.checksum, CHECKSUM_BYTES) &&
-      (c.piece === undefined || _pieceOk(c, bounds));
+      (c.piece === undefined || pieceShapeOk(c, bounds));
     if (!ok) fail(`component ${i} malformed`);
     total += c.bytes;
   }
   if (total > bounds.stateBytesMax) {
     fail(`state of ${total} bytes exceeds stateBytesMax ${bounds.stateBytesMax}`);
   }
-}
-
-function _pieceOk(c: ManifestComponent, bounds: StateBounds): boolean {
-  const p = c.piece as Partial<BytePiece> | null;
-  return typeof p === "object" && p !== null && componentRule(c.kind).pieces &&
-    Number.isSafeInteger(p.of) && p.of! >= 1 && p.of! <= bounds.stateBytesMax &&
-    rangeWithin(p.range, p.of!) && p.range[1] - p.range[0] === c.bytes;
 }
 
 /**
@@ -344,45 +337,6 @@ export function findIncompleteness(
     );
   }
   return null;
-}
-
-/**
- * The components with each set of byte pieces replaced by the whole it is cut from, or a
- * message naming the first piece that is missing, duplicated or of a different size.
- */
-function joinPieces(list: readonly ManifestComponent[]): ManifestComponent[] | string {
-  const out: ManifestComponent[] = [];
-  const groups = new Map<string, ManifestComponent[]>();
-  for (const c of list) {
-    if (!c.piece) {
-      out.push(c);
-      continue;
-    }
-    const key = `${c.kind} ${formatRange(c.layerRange)} ${formatRange(c.tokenRange)}`;
-    const group = groups.get(key);
-    if (group) group.push(c);
-    else groups.set(key, [c]), out.push(c);
-  }
-  for (const [at, c] of out.entries()) {
-    if (!c.piece) continue;
-    const group = groups.get(
-      `${c.kind} ${formatRange(c.layerRange)} ${formatRange(c.tokenRange)}`,
-    )!;
-    const name = describeComponent(c.kind, c.layerRange, c.tokenRange);
-    const of = c.piece.of;
-    const other = group.find((p) => p.piece!.of !== of);
-    if (other) return `${name} pieces of ${of} and ${other.piece!.of} bytes`;
-    const fault = firstTilingFault(group.map((p) => p.piece!.range), of);
-    if (fault) return `${name}${formatPiece({ range: fault.range, of })} ${_faultWord(fault)}`;
-    out[at] = {
-      kind: c.kind,
-      layerRange: c.layerRange,
-      tokenRange: c.tokenRange,
-      bytes: of,
-      checksum: c.checksum,
-    };
-  }
-  return out;
 }
 
 function _incomplete(detail: string): StateValidationError {

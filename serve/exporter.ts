@@ -32,15 +32,8 @@ import {
   type UnsignedManifest,
   UsageError,
 } from "../core/mod.ts";
-import {
-  type EntrySpan,
-  entrySpans,
-  exportKvPage,
-  exportRecurrent,
-  exportRecurrentWindow,
-  exportSwa,
-  recurrentLayout,
-} from "../ffi/state.ts";
+import { exportKvPage, exportSwa } from "../ffi/state.ts";
+import { exportSnapshot } from "./_snapshot_export.ts";
 import type { LlamaContext } from "../ffi/mod.ts";
 import type { ChunkDone, Engine, PrefillHooks } from "./engine.ts";
 import { openLayerCapture, streamLayers } from "./_layer_stream.ts";
@@ -318,99 +311,17 @@ export class StateExporter {
     await timed("first-token", [n, n + 1], () => Promise.resolve(encodeTokens([firstToken])));
   }
 
-  /**
-   * The final recurrent snapshot as conv chunks, then ssm chunks, each a run of whole layers
-   * of about `snapshotChunkBytes`, at most `chunkBytesMax`; one layer larger than that is a
-   * run of its own, sent as byte pieces of `chunkBytesMax` (schema 3). Layer ranges tile the
-   * trunk: a chunk covers the trunk layers from its first recurrent layer to the next chunk's
-   * (the first from 0, the last to the end). On the shim path each chunk or piece is exported
-   * as its own window of the snapshot, so the first leaves before the rest is read; on the
-   * public path the snapshot is exported whole and cut into views of it.
-   */
+  /** The final recurrent snapshot (see `exportSnapshot`): what layer capture did not send. */
   async #recurrent(n: number, sink: ChunkSink): Promise<void> {
-    const t0 = performance.now();
-    const ctx = this.engine.ctx;
-    const layout = await recurrentLayout(ctx);
-    let spans: { conv: EntrySpan[]; ssm: EntrySpan[] };
-    let read: (from: number, to: number) => Promise<Uint8Array>;
-    if (layout) {
-      spans = layout;
-      read = (from, to) => exportRecurrentWindow(ctx, from, to);
-    } else {
-      const snapshot = await exportRecurrent(ctx);
-      if (snapshot.layout !== "split") {
-        throw new StateValidationError(
-          "Cannot export conv/ssm: this model's recurrent state layout is not one we can split",
-          { hint: "use colocated generation for this model" },
-        );
-      }
-      const parts = entrySpans(snapshot);
-      const base = snapshot.conv.byteLength;
-      spans = {
-        conv: parts.conv,
-        ssm: parts.ssm.map((e) => ({ start: e.start + base, end: e.end + base })),
-      };
-      const blob = new Uint8Array(
-        snapshot.conv.buffer,
-        snapshot.conv.byteOffset,
-        base + snapshot.ssm.byteLength,
-      );
-      read = (from, to) => Promise.resolve(blob.subarray(from, to));
-    }
-    const trunkKinds = this.identity.numerical.layerKinds.filter((k) => k !== "mtp");
-    const recurrentAt = trunkKinds.flatMap((k, i) => (k === "recurrent" ? [i] : []));
-    if (recurrentAt.length !== spans.conv.length) {
-      throw new StateValidationError(
-        `Cannot export conv/ssm: ${spans.conv.length} recurrent layers in the snapshot, ${recurrentAt.length} in the model`,
-      );
-    }
-    let exportMs = performance.now() - t0;
-    const captured = this.#captured;
-    for (const part of ["conv", "ssm"] as const) {
-      const list = spans[part];
-      // The first conv run carries the snapshot header.
-      const start = (a: number) => (part === "conv" && a === 0 ? 0 : list[a].start);
-      // After a partial capture, only the layers it missed, one run each.
-      const groups: [number, number][] = captured.size === 0
-        ? this.#groups(list, start)
-        : list.flatMap((_, i) => (captured.has(i) ? [] : [[i, i] as [number, number]]));
-      for (const [first, last] of groups) {
-        const a = first === 0 ? 0 : recurrentAt[first];
-        const b = last === list.length - 1 ? trunkKinds.length : recurrentAt[last + 1];
-        const from = start(first);
-        const of = list[last].end - from;
-        const step = Math.min(of, this.limits.chunkBytesMax);
-        for (let at = 0; at < of; at += step) {
-          const end = Math.min(of, at + step);
-          const t1 = performance.now();
-          const payload = await read(from + at, from + end);
-          exportMs += performance.now() - t1;
-          const piece = step < of ? { range: [at, end] as Range, of } : undefined;
-          await sink(this.#chunk(part, [a, b], payload, false, [0, n], piece), exportMs);
-          exportMs = 0;
-        }
-      }
-    }
-  }
-
-  /**
-   * Runs of consecutive entries, `[first, last]` inclusive, where a run of entries a..b spans
-   * `[start(a), list[b].end)`: each as long as fits `snapshotChunkBytes` (at least one entry,
-   * so a layer larger than that is a run of its own, which leaves in byte pieces).
-   */
-  #groups(list: readonly EntrySpan[], start: (a: number) => number): [number, number][] {
-    const { chunkBytesMax, snapshotChunkBytes } = this.limits;
-    const target = Math.min(snapshotChunkBytes, chunkBytesMax);
-    const out: [number, number][] = [];
-    const runBytes = (a: number, b: number) => list[b].end - start(a);
-    let first = 0;
-    for (let i = 0; i < list.length; i++) {
-      if (i + 1 === list.length || runBytes(first, i + 1) > target) {
-        out.push([first, i]);
-        first = i + 1;
-      }
-    }
-    return out;
+    await exportSnapshot({
+      ctx: this.engine.ctx,
+      layerKinds: this.identity.numerical.layerKinds,
+      limits: this.limits,
+      captured: this.#captured,
+      sink,
+      chunk: (part, layers, payload, piece) =>
+        this.#chunk(part, layers, payload, false, [0, n], piece),
+    });
   }
 
   /**
