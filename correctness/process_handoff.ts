@@ -48,8 +48,6 @@ export interface ProcessMatrixOptions {
    * into many pieces; every chunk sent must then be within it.
    */
   stateChunkBytes?: number;
-  /** `serve --layer-capture` on the prefill worker (default on). */
-  layerCapture?: boolean;
 }
 
 export const PROCESS_DEFAULTS = {
@@ -161,7 +159,6 @@ export async function runProcessMatrix(
         ...(options.stateChunkBytes
           ? ["--state-chunk-bytes", String(options.stateChunkBytes)]
           : []),
-        ...(options.layerCapture === false ? ["--layer-capture", "off"] : []),
       ],
     });
     try {

@@ -72,20 +72,14 @@ Deno.test("contextTokensFor() fits the longest prompt plus generation, in 256-to
 Deno.test("3,000-byte state chunks: KV pages, recurrent layers and the SWA cache in pieces, exact", async () => {
   // Chunks far below one tiny layer (conv 3,468 B with its entry header, SSM 16,396 B) and the
   // tiny ISWA model's 165 KB sliding-window cache: each leaves in byte pieces. The MoE hybrid
-  // sends its layers while the last chunk computes (layer capture); the plain hybrid exports
-  // the snapshot after prefill, window by window.
+  // sends its layers while the last chunk computes (layer capture); the snapshot exported after
+  // prefill in pieces is serve/snapshot_export_test.ts.
   const stateChunkBytes = 3000;
-  const results = [
-    ...await runProcessMatrix(
-      (["hybrid-moe-mtp", "iswa"] as const).map((family) => ({ family, promptTokens: 256 })),
-      { ...OPTIONS, stateChunkBytes },
-    ),
-    ...await runProcessMatrix([{ family: "hybrid", promptTokens: 256 }], {
-      ...OPTIONS,
-      stateChunkBytes,
-      layerCapture: false,
-    }),
-  ];
+  const cases = (["hybrid-moe-mtp", "iswa"] as const).map((family) => ({
+    family,
+    promptTokens: 256,
+  }));
+  const results = await runProcessMatrix(cases, { ...OPTIONS, stateChunkBytes });
   for (const r of results) {
     assertExact(r);
     assert.ok(r.chunkBytesMaxSent !== null && r.chunkBytesMaxSent <= stateChunkBytes, r.family);
