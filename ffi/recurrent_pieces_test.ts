@@ -53,33 +53,31 @@ function shuffled<T>(xs: T[]): T[] {
   return [...back, ...xs.filter((_, i) => i % 3 !== 0)];
 }
 
-for (const family of ["hybrid"]) {
-  Deno.test({
-    name: `${family}: one layer in byte pieces, imported in any order, continues exactly`,
-    ignore: !shimOk,
-    fn: async () => {
-      using pair = await HandoffPair.open(family);
-      const state = await prefillAndExport(pair.a, prompt(N), { chunkTokens: CHUNK });
-      const layout = (await recurrentLayout(pair.a))!;
-      const pieces = piecesOf(layout);
-      assert.ok(pieces.length > 4 * layout.conv.length, "layers are cut into several pieces");
-      const imp = await StagedImport.open(pair.b, { nTokens: N });
-      for (const page of state.pages) await imp.addPage(page);
-      for (const p of [pieces[0], ...shuffled(pieces.slice(1))]) {
-        const bytes = await exportRecurrentWindow(pair.a, p.from, p.to);
-        assert.equal(bytes.byteLength, p.to - p.from);
-        await imp.addRecurrentLayers(p.part, p.r, p.r + 1, bytes, p);
-      }
-      await imp.commit();
-      assert.deepEqual(await pair.b.stateSeqGet(0, 0), await pair.a.stateSeqGet(0, 0));
-      const want = await greedyLogits(pair.a, 7, N, 4);
-      const got = await greedyLogits(pair.b, 7, N, 4);
-      for (let k = 0; k < want.length; k++) {
-        assert.deepEqual(bits(got[k]), bits(want[k]), `step ${k}`);
-      }
-    },
-  });
-}
+Deno.test({
+  name: "hybrid: one layer in byte pieces, imported in any order, continues exactly",
+  ignore: !shimOk,
+  fn: async () => {
+    using pair = await HandoffPair.open("hybrid");
+    const state = await prefillAndExport(pair.a, prompt(N), { chunkTokens: CHUNK });
+    const layout = (await recurrentLayout(pair.a))!;
+    const pieces = piecesOf(layout);
+    assert.ok(pieces.length > 4 * layout.conv.length, "layers are cut into several pieces");
+    const imp = await StagedImport.open(pair.b, { nTokens: N });
+    for (const page of state.pages) await imp.addPage(page);
+    for (const p of [pieces[0], ...shuffled(pieces.slice(1))]) {
+      const bytes = await exportRecurrentWindow(pair.a, p.from, p.to);
+      assert.equal(bytes.byteLength, p.to - p.from);
+      await imp.addRecurrentLayers(p.part, p.r, p.r + 1, bytes, p);
+    }
+    await imp.commit();
+    assert.deepEqual(await pair.b.stateSeqGet(0, 0), await pair.a.stateSeqGet(0, 0));
+    const want = await greedyLogits(pair.a, 7, N, 4);
+    const got = await greedyLogits(pair.b, 7, N, 4);
+    for (let k = 0; k < want.length; k++) {
+      assert.deepEqual(bits(got[k]), bits(want[k]), `step ${k}`);
+    }
+  },
+});
 
 Deno.test({
   name: "pieces are refused at the wrong run size, twice, or missing at commit",
