@@ -54,6 +54,9 @@ const FIELDS = [
   "payloadBytes",
   "checksum",
   "final",
+  "piece",
+  "range",
+  "of",
   "attempt",
   "grantedBytesTotal",
   "reason",
@@ -146,6 +149,21 @@ function mutate(r: Random, template: Record<string, unknown>): Record<string, un
 
 function chunkTemplate(r: Random): ChunkHeader {
   const n = 1 + int(r, 4096);
+  if (r() < 0.3) {
+    // A byte piece of a recurrent layer larger than a chunk (schema 3).
+    const of = 4 * (2 + int(r, 1 << 20));
+    const a = 4 * int(r, of / 4 - 1);
+    const b = a + 4 * (1 + int(r, (of - a) / 4 - 1));
+    return {
+      ...chunkTemplate(() => 0.5),
+      kind: "ssm",
+      tokenRange: [0, n],
+      codec: "llama-recurrent-rows",
+      dtype: "f32",
+      payloadBytes: b - a,
+      piece: { range: [a, b], of },
+    };
+  }
   return {
     handoffId: "h-fuzz",
     identityDigest: "ab".repeat(32),

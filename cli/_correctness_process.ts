@@ -22,6 +22,7 @@ import {
   PRESETS,
 } from "../models/mod.ts";
 import { CHUNK_TOKENS_MAX } from "../serve/engine.ts";
+import { CHUNK_BYTES_MIN, DEFAULT_EXPORT_LIMITS } from "../serve/exporter.ts";
 import { listArg, oneOf } from "./_list_args.ts";
 import { intArg } from "./_options.ts";
 import { cacheDir } from "./paths.ts";
@@ -33,6 +34,7 @@ interface ProcessFlags {
   steps: number;
   threads: number;
   overlapChunksMin: number;
+  stateChunkBytes?: number;
   hangMs: number;
   modelDir?: string;
   preset?: Preset;
@@ -82,6 +84,12 @@ export function registerProcessHandoff(correctness: Command): void {
       PROCESS_DEFAULTS.overlapChunksMin,
     )
     .option(
+      "--state-chunk-bytes <n>",
+      "prefill worker's largest state chunk (default: one frame, 16 MiB); small values cut " +
+        "KV pages, recurrent layers and the SWA cache into many pieces",
+      intArg(CHUNK_BYTES_MIN, DEFAULT_EXPORT_LIMITS.chunkBytesMax),
+    )
+    .option(
       "--hang-ms <ms>",
       "watchdog per handoff, for a true hang only (compute time is never bounded)",
       intArg(1_000, 86_400_000),
@@ -126,6 +134,7 @@ async function runProcessHandoff(flags: ProcessFlags): Promise<void> {
     generateTokens: flags.steps,
     hangMs: flags.hangMs,
     overlapChunksMin: flags.overlapChunksMin,
+    stateChunkBytes: flags.stateChunkBytes,
   }, (i, c) => {
     if (!progress) return;
     const line = `[${i + 1}/${cases.length}] ${c.family} ${c.promptTokens} tokens`;
@@ -158,6 +167,8 @@ const COLUMNS: [string, (r: ProcessCaseResult) => string][] = [
         ? "-"
         : `${Math.round(r.stagedEarlyFraction * 100)}%${r.overlapRequired ? "" : " (n/r)"}`,
   ],
+  ["chunks sent", (r) => r.chunksSent === null ? "-" : String(r.chunksSent)],
+  ["largest", (r) => r.chunkBytesMaxSent === null ? "-" : `${r.chunkBytesMaxSent} B`],
   ["e2e ms", (r) => r.e2eMs.toFixed(0)],
   ["verdict", (r) => r.ok ? "pass" : "FAIL"],
 ];
@@ -165,7 +176,8 @@ const COLUMNS: [string, (r: ProcessCaseResult) => string][] = [
 function printReport(results: ProcessCaseResult[], flags: ProcessFlags, wallMs: number): void {
   console.log(
     `two-process handoff: ${flags.steps} greedy steps, ${flags.threads} threads per process, ` +
-      `chunks of ${flags.chunkTokens} tokens; overlap required from ${flags.overlapChunksMin} chunks`,
+      `chunks of ${flags.chunkTokens} tokens; overlap required from ${flags.overlapChunksMin} chunks` +
+      (flags.stateChunkBytes ? `; state chunks of at most ${flags.stateChunkBytes} bytes` : ""),
   );
   const rows = [COLUMNS.map(([h]) => h), ...results.map((r) => COLUMNS.map(([, f]) => f(r)))];
   const widths = COLUMNS.map((_, i) => Math.max(...rows.map((row) => row[i].length)));

@@ -9,6 +9,7 @@ import { type Role, ROLES } from "../transport/mod.ts";
 import { Worker } from "../serve/worker.ts";
 import { DEFAULT_PREFILL_QUEUE } from "../serve/prefill_queue.ts";
 import { DEFAULT_PREFIX_CACHE } from "../serve/prefix_cache.ts";
+import { CHUNK_BYTES_MIN, DEFAULT_EXPORT_LIMITS } from "../serve/exporter.ts";
 import { addRuntimeOptions, intArg, runtimeConfigFrom, type RuntimeFlags } from "./_options.ts";
 import {
   addSpeculationOptions,
@@ -31,6 +32,7 @@ interface ServeFlags extends RuntimeFlags, SpeculationFlags {
   inflightBytesMax: number;
   committedIdleMs: number;
   layerCapture: "on" | "off";
+  stateChunkBytes: number;
   prefillQueueDepthMax: number;
   prefillQueueWaitMs: number;
   prefixCacheBytesMax: number;
@@ -133,6 +135,12 @@ export function register(program: Command): void {
       ).choices(["on", "off"]).default("on"),
     )
     .option(
+      "--state-chunk-bytes <n>",
+      "prefill: largest state chunk sent; larger components go as token pages or byte pieces",
+      intArg(CHUNK_BYTES_MIN, DEFAULT_EXPORT_LIMITS.chunkBytesMax),
+      DEFAULT_EXPORT_LIMITS.chunkBytesMax,
+    )
+    .option(
       "--prefill-queue-depth-max <n>",
       "prefill: requests that may wait for a context; one more is answered busy (colocated)",
       intArg(0, 4096),
@@ -193,7 +201,10 @@ async function runServe(flags: ServeFlags): Promise<void> {
     },
     link: { maxIdleTimeoutMs: flags.maxIdleTimeoutMs, inflightBytesMax: flags.inflightBytesMax },
     committedIdleMs: flags.committedIdleMs,
-    prefillLimits: { layerCapture: flags.layerCapture === "on" },
+    prefillLimits: {
+      layerCapture: flags.layerCapture === "on",
+      chunkBytesMax: flags.stateChunkBytes,
+    },
     prefillQueue: {
       prefillQueueDepthMax: flags.prefillQueueDepthMax,
       prefillQueueWaitMs: flags.prefillQueueWaitMs,

@@ -100,7 +100,13 @@ function _component(kind: ComponentKind, n: number, layers: number): Partial<Chu
 export function completeStream(
   family: ModelFamily,
   n: number,
-  options: { pageTokens?: number; layers?: number; snapshotParts?: number } = {},
+  options: {
+    pageTokens?: number;
+    layers?: number;
+    snapshotParts?: number;
+    /** Cut every component that may travel in pieces into byte pieces of at most this. */
+    pieceBytes?: number;
+  } = {},
 ): ChunkHeader[] {
   const pageTokens = options.pageTokens ?? 512;
   const layers = options.layers ?? 6;
@@ -122,20 +128,34 @@ export function completeStream(
   for (const kind of kinds) {
     if (paged.includes(kind as typeof paged[number])) continue;
     const c = _component(kind, n, layers);
+    const cut = (whole: Partial<ChunkHeader>) =>
+      parts.push(..._pieces(whole, componentRule(kind).pieces ? options.pieceBytes : undefined));
     if (split === 1 || !componentRule(kind).layered) {
-      parts.push(c);
+      cut(c);
       continue;
     }
     // The snapshot cut into layer ranges that tile [0, layers), as schema 2 sends it.
     for (let i = 0; i < split; i++) {
       const a = Math.floor((i * layers) / split);
       const b = Math.floor(((i + 1) * layers) / split);
-      if (b > a) parts.push({ ...c, layerRange: [a, b] });
+      if (b > a) cut({ ...c, layerRange: [a, b] });
     }
   }
   return parts.map((p, seq) =>
     header({ ...p, seq, checksum: fakeChecksum(seq + 1), final: seq === parts.length - 1 })
   );
+}
+
+/** `c` as byte pieces of at most `pieceBytes` (schema 3), or whole when it fits or is unset. */
+function _pieces(c: Partial<ChunkHeader>, pieceBytes?: number): Partial<ChunkHeader>[] {
+  const of = c.payloadBytes!;
+  if (pieceBytes === undefined || of <= pieceBytes) return [c];
+  const out: Partial<ChunkHeader>[] = [];
+  for (let a = 0; a < of; a += pieceBytes) {
+    const b = Math.min(of, a + pieceBytes);
+    out.push({ ...c, payloadBytes: b - a, piece: { range: [a, b], of } });
+  }
+  return out;
 }
 
 /** Total payload bytes of a stream. */

@@ -13,11 +13,13 @@ import { canonicalEncode, isHex, SHA256_BYTES } from "./bytes.ts";
 import { crc32c } from "./crc32c.ts";
 import { StateValidationError } from "./errors.ts";
 import {
+  type BytePiece,
   type ComponentKind,
   componentRule,
   DEFAULT_STATE_BOUNDS,
   describeComponent,
   dtypeAllowed,
+  formatPiece,
   isComponentKind,
   quoteValue,
   type Range,
@@ -63,15 +65,22 @@ export interface ChunkHeader {
   seq: number;
   /** True on the last chunk of the stream; the manifest follows. */
   final: boolean;
+  /**
+   * Set when the component travels as byte pieces (schema 3): this payload is bytes
+   * `piece.range` of the component's `piece.of` bytes. Absent on a whole component.
+   */
+  piece?: BytePiece;
 }
 
 /**
- * Names a chunk for messages: `chunk 12 (kv-page layers [0, 8) tokens [0, 512))`.
+ * Names a chunk for messages: `chunk 12 (kv-page layers [0, 8) tokens [0, 512))`, and for a
+ * piece `chunk 40 (ssm layers [3, 5) tokens [0, 512) bytes [0, 16777216) of 41943052)`.
  */
 export function describeChunk(
-  h: Pick<ChunkHeader, "seq" | "kind" | "layerRange" | "tokenRange">,
+  h: Pick<ChunkHeader, "seq" | "kind" | "layerRange" | "tokenRange" | "piece">,
 ): string {
-  return `chunk ${h.seq} (${describeComponent(h.kind, h.layerRange, h.tokenRange)})`;
+  const piece = formatPiece(h.piece);
+  return `chunk ${h.seq} (${describeComponent(h.kind, h.layerRange, h.tokenRange)}${piece})`;
 }
 
 /**
@@ -152,7 +161,29 @@ function _checkFields(
   if (!pcOk) fail("position configuration invalid");
   if (typeof h.final !== "boolean") fail("final marker is not a boolean");
   if (!isHex(h.checksum, CHECKSUM_BYTES)) fail("checksum is not a CRC-32C hex string");
+  if (h.piece !== undefined) _checkPiece(h, bounds, fail);
   _checkPayloadBytes(h, bounds, fail);
+}
+
+/** A piece names a non-empty byte range of a component that may be cut, its payload's size. */
+function _checkPiece(
+  h: Partial<ChunkHeader>,
+  bounds: StateBounds,
+  fail: (detail: string) => never,
+): void {
+  const piece = h.piece as Partial<BytePiece> | null;
+  if (!componentRule(h.kind as ComponentKind).pieces) fail(`${h.kind} does not travel in pieces`);
+  const of = piece?.of;
+  const ofOk = typeof piece === "object" && piece !== null && Number.isSafeInteger(of) &&
+    of! >= 1 && of! <= bounds.stateBytesMax;
+  if (!ofOk) fail(`piece size ${quoteValue(of)} is not within [1, ${bounds.stateBytesMax}]`);
+  if (!rangeWithin(piece!.range, of!) || piece!.range![0] >= piece!.range![1]) {
+    fail(`piece range ${quoteValue(piece!.range)} is not a non-empty range within [0, ${of})`);
+  }
+  const [a, b] = piece!.range!;
+  if (h.payloadBytes !== b - a) {
+    fail(`payload of ${quoteValue(h.payloadBytes)} bytes for a piece of ${b - a}`);
+  }
 }
 
 function _idOk(id: unknown, bounds: StateBounds): boolean {
@@ -171,16 +202,19 @@ function _checkPayloadBytes(
   }
   const rule = componentRule(h.kind as ComponentKind);
   const [p0, p1] = h.tokenRange as Range;
-  if (rule.bytesPerToken > 0 && bytes !== rule.bytesPerToken * (p1 - p0)) {
-    fail(`payload of ${bytes} bytes, expected ${rule.bytesPerToken} per token`);
+  // The component's bytes: the payload's, or for a piece the whole it is cut from.
+  const whole = h.piece?.of ?? bytes;
+  const what = h.piece ? "component" : "payload";
+  if (rule.bytesPerToken > 0 && whole !== rule.bytesPerToken * (p1 - p0)) {
+    fail(`${what} of ${whole} bytes, expected ${rule.bytesPerToken} per token`);
   }
   // Token-sized components (history) are bounded by their token range above.
-  if (rule.order === "any" && rule.bytesPerToken === 0 && bytes > bounds.metaBytesMax) {
-    fail(`payload of ${bytes} bytes exceeds metaBytesMax ${bounds.metaBytesMax}`);
+  if (rule.order === "any" && rule.bytesPerToken === 0 && whole > bounds.metaBytesMax) {
+    fail(`${what} of ${whole} bytes exceeds metaBytesMax ${bounds.metaBytesMax}`);
   }
   const elementBytes = ELEMENT_BYTES[h.dtype as string];
-  if (rule.dtypes !== "kv" && elementBytes && bytes % elementBytes !== 0) {
-    fail(`payload of ${bytes} bytes is not a whole number of ${h.dtype} values`);
+  if (rule.dtypes !== "kv" && elementBytes && whole % elementBytes !== 0) {
+    fail(`${what} of ${whole} bytes is not a whole number of ${h.dtype} values`);
   }
 }
 
@@ -207,6 +241,7 @@ export function canonicalHeaderBytes(h: ChunkHeader): Uint8Array {
     checksum: h.checksum,
     seq: h.seq,
     final: h.final,
+    ...(h.piece ? { piece: { range: [h.piece.range[0], h.piece.range[1]], of: h.piece.of } } : {}),
   });
 }
 

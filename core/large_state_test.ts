@@ -1,5 +1,5 @@
 /**
- * Schema 2 at the lab's sizes, with synthetic chunks: no bound a valid request can reach.
+ * Schema 2 and 3 at the lab's sizes, with synthetic chunks: no bound a valid request can reach.
  * Nemotron 3 Super: 88 trunk layers, 8,192 B/token of F16 KV, 172,687,360 B of recurrent
  * state (40 Mamba2 layers: conv 122,880 B and SSM 4,194,304 B each), prompts up to 262,144.
  */
@@ -14,7 +14,7 @@ import {
   componentOf,
   findIncompleteness,
 } from "./manifest.ts";
-import { DEFAULT_STATE_BOUNDS, NO_LAYERS } from "./schema.ts";
+import { DEFAULT_STATE_BOUNDS, NO_LAYERS, type Range } from "./schema.ts";
 
 const TRUNK = 88;
 const KV_BYTES_PER_TOKEN = 8192;
@@ -150,4 +150,82 @@ Deno.test("MTP KV pages stream in their own lane: a hole or a short lane is refu
   const verdict = l2.verifyAgainst({ ...manifest, tag: "ee".repeat(32) });
   assert.equal(verdict.ok, false);
   assert.match(verdict.ok ? "" : verdict.error.message, /mtp-kv tokens \[1024, 1536\) missing/);
+});
+
+/** `bytes` of `kind` over `layerRange` as chunks within the frame bound: pieces when larger. */
+function cut(kind: "conv" | "ssm" | "swa-kv", layerRange: Range, n: number, bytes: number) {
+  const base = kind === "swa-kv"
+    ? { kind, layerRange, tokenRange: [0, n] as Range, codec: "llama-kv-cells", dtype: "f16/f16" }
+    : {
+      kind,
+      layerRange,
+      tokenRange: [0, n] as Range,
+      codec: "llama-recurrent-rows",
+      dtype: "f32",
+    };
+  const out: Partial<ChunkHeader>[] = [];
+  for (let a = 0; a < bytes; a += FRAME_PAYLOAD_MAX) {
+    const b = Math.min(bytes, a + FRAME_PAYLOAD_MAX);
+    out.push({
+      ...base,
+      payloadBytes: b - a,
+      ...(bytes > FRAME_PAYLOAD_MAX ? { piece: { range: [a, b], of: bytes } } : {}),
+    });
+  }
+  return out;
+}
+
+Deno.test("schema 3: a recurrent layer and a SWA cache larger than a chunk fit every bound in pieces", () => {
+  // A model whose one Mamba layer holds 40 MiB of SSM state (10x Super's), and an ISWA model
+  // whose sliding-window cache is 300 MiB, at the lab's 262,144-token prompt.
+  const SSM_BIG = 40 * 1024 * 1024 + 12;
+  for (const family of ["recurrent", "iswa"] as const) {
+    const parts: Partial<ChunkHeader>[] = [];
+    const layers = family === "recurrent" ? 4 : TRUNK;
+    if (family === "recurrent") {
+      for (let l = 0; l < layers; l++) {
+        parts.push(...cut("conv", [l, l + 1], PROMPT_MAX, CONV_LAYER));
+      }
+      for (let l = 0; l < layers; l++) parts.push(...cut("ssm", [l, l + 1], PROMPT_MAX, SSM_BIG));
+    } else {
+      for (let p = 0; p < PROMPT_MAX; p += 1024) {
+        parts.push({
+          kind: "kv-page",
+          layerRange: [0, layers],
+          tokenRange: [p, p + 1024],
+          payloadBytes: 1024 * KV_BYTES_PER_TOKEN,
+        });
+      }
+      parts.push(...cut("swa-kv", [0, layers], PROMPT_MAX, 300 * 1024 * 1024));
+    }
+    const tail = completeStream(family, PROMPT_MAX, { layers })
+      .filter((h) => !["kv-page", "swa-kv", "conv", "ssm"].includes(h.kind));
+    const stream = [...parts, ...tail].map((p, seq, all) =>
+      header({ ...p, seq, checksum: fakeChecksum(seq + 1), final: seq === all.length - 1 })
+    );
+    assert.ok(stream.some((h) => h.piece), family);
+    const ledger = new StagingLedger({
+      handoffId: HANDOFF_ID,
+      identityDigest: DIGEST,
+      family,
+      trunkLayers: layers,
+      creditBytes: 1024 * 1024 * 1024,
+    });
+    for (const h of stream) {
+      validateChunkHeader(h, DEFAULT_STATE_BOUNDS);
+      assert.ok(h.payloadBytes <= FRAME_PAYLOAD_MAX);
+      ledger.accept(h);
+      if (h.kind === "kv-page") ledger.grantCredit(h.payloadBytes);
+    }
+    const manifest = buildManifest({
+      handoffId: HANDOFF_ID,
+      identityDigest: DIGEST,
+      family,
+      components: stream.map(componentOf),
+      logical: { position: PROMPT_MAX, tokenCount: PROMPT_MAX },
+    });
+    assert.equal(findIncompleteness(manifest, layers), null, family);
+    assert.deepEqual(ledger.verifyAgainst({ ...manifest, tag: "ee".repeat(32) }), { ok: true });
+    assert.ok(canonicalManifestBytes(manifest).byteLength < FRAME_PAYLOAD_MAX / 8);
+  }
 });

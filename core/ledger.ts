@@ -23,6 +23,7 @@ import {
   componentRule,
   DEFAULT_STATE_BOUNDS,
   describeComponent,
+  formatPiece,
   formatRange,
   type ModelFamily,
   type Range,
@@ -75,6 +76,8 @@ export class StagingLedger {
   readonly #lanes = new Map<string, Lane>();
   readonly #snapshotLayers = new Map<ComponentKind, Range[]>();
   readonly #singles = new Set<ComponentKind>();
+  /** Components arriving in byte pieces: the whole's size and the bytes staged so far. */
+  readonly #pieces = new Map<string, { of: number; end: number }>();
   #nextSeq = 0;
   #finalSeen = false;
   #sealedAt: number | null = null;
@@ -147,7 +150,7 @@ export class StagingLedger {
       this.#poison = error as LedgerError;
       throw error;
     }
-    this.#records.set(_key(h.kind, h.layerRange, h.tokenRange), componentOf(h));
+    this.#records.set(_key(h), componentOf(h));
     this.#nextSeq++;
     this.#receivedBytes += h.payloadBytes;
     if (h.final) this.#finalSeen = true;
@@ -226,8 +229,21 @@ export class StagingLedger {
     }
     if (rule.order === "paged") return this.#checkPage(h);
     if (rule.order === "after-pages") return this.#checkSnapshot(h);
+    const lane = this.#pieces.get(_wholeKey(h));
+    if (lane) return this.#checkNextPiece(h, lane);
     if (this.#singles.has(h.kind)) throw this.#placementError(h, `duplicate ${h.kind}`);
-    return () => this.#singles.add(h.kind);
+    const pieces = this.#startPieces(h);
+    return () => (this.#singles.add(h.kind), pieces?.());
+  }
+
+  /** The first piece of a component (from byte 0) opens its lane; undefined when whole. */
+  #startPieces(h: ChunkHeader): (() => void) | undefined {
+    if (!h.piece) return undefined;
+    const [a, b] = h.piece.range;
+    if (a !== 0) throw this.#pieceGap(h, [0, a]);
+    const lane = { of: h.piece.of, end: b };
+    const key = _wholeKey(h);
+    return () => this.#pieces.set(key, lane);
   }
 
   #checkPage(h: ChunkHeader): () => void {
@@ -269,16 +285,47 @@ export class StagingLedger {
     const fits = rule.tokens === "next" ? p0 === n : p1 === n;
     if (!fits) throw this.#placementError(h, `does not match the last page position ${n}`);
     const seal = () => (this.#sealedAt = n);
+    // A later piece of a component: it must continue the bytes staged so far, in order.
+    const lane = this.#pieces.get(_wholeKey(h));
+    if (lane) return this.#checkNextPiece(h, lane);
+    const startPieces = () => this.#startPieces(h);
     if (!rule.layered) {
       if (this.#singles.has(h.kind)) throw this.#placementError(h, `duplicate ${h.kind}`);
-      return () => (seal(), this.#singles.add(h.kind));
+      const pieces = startPieces();
+      return () => (seal(), this.#singles.add(h.kind), pieces?.());
     }
     const seen = this.#snapshotLayers.get(h.kind) ?? [];
     const clash = seen.find((r) => rangesOverlap(r, h.layerRange));
     if (clash) {
       throw this.#placementError(h, `duplicate ${h.kind} for layers ${formatRange(clash)}`);
     }
-    return () => (seal(), this.#snapshotLayers.set(h.kind, [...seen, h.layerRange]));
+    const pieces = startPieces();
+    return () => (seal(), this.#snapshotLayers.set(h.kind, [...seen, h.layerRange]), pieces?.());
+  }
+
+  #checkNextPiece(h: ChunkHeader, lane: { of: number; end: number }): () => void {
+    if (!h.piece) {
+      throw this.#placementError(h, `duplicate ${h.kind}: it already arrived in pieces`);
+    }
+    const [a, b] = h.piece.range;
+    if (h.piece.of !== lane.of) {
+      throw this.#placementError(h, `earlier pieces cut it from ${lane.of} bytes`);
+    }
+    if (a < lane.end) {
+      throw this.#placementError(
+        h,
+        `overlaps bytes ${formatRange([a, Math.min(lane.end, b)])} already staged`,
+      );
+    }
+    if (a > lane.end) throw this.#pieceGap(h, [lane.end, a]);
+    return () => (lane.end = b);
+  }
+
+  #pieceGap(h: ChunkHeader, gap: Range): StateValidationError {
+    return this.#placementError(
+      h,
+      `bytes ${formatRange(gap)} missing (pieces must arrive in byte order)`,
+    );
   }
 
   // The position the snapshots describe: fixed by the first one (its own end), which no page
@@ -333,8 +380,8 @@ export class StagingLedger {
   #compareComponents(m: FinalManifest, fail: (d: string) => LedgerVerdict): LedgerVerdict {
     const listed = new Set<string>();
     for (const c of m.components) {
-      const key = _key(c.kind, c.layerRange, c.tokenRange);
-      const name = describeComponent(c.kind, c.layerRange, c.tokenRange);
+      const key = _key(c);
+      const name = describeComponent(c.kind, c.layerRange, c.tokenRange) + formatPiece(c.piece);
       if (listed.has(key)) return fail(`${name} listed twice`);
       listed.add(key);
       const staged = this.#records.get(key);
@@ -346,13 +393,22 @@ export class StagingLedger {
     }
     for (const [key, c] of this.#records) {
       if (!listed.has(key)) {
-        return fail(`${describeComponent(c.kind, c.layerRange, c.tokenRange)} not in the manifest`);
+        const name = describeComponent(c.kind, c.layerRange, c.tokenRange) + formatPiece(c.piece);
+        return fail(`${name} not in the manifest`);
       }
     }
     return { ok: true };
   }
 }
 
-function _key(kind: ComponentKind, layers: Range, tokens: Range): string {
-  return `${kind} ${layers[0]} ${layers[1]} ${tokens[0]} ${tokens[1]}`;
+/** A component as a whole (all its pieces share it). */
+function _wholeKey(c: Pick<ManifestComponent, "kind" | "layerRange" | "tokenRange">): string {
+  const { kind, layerRange: l, tokenRange: t } = c;
+  return `${kind} ${l[0]} ${l[1]} ${t[0]} ${t[1]}`;
+}
+
+/** One record: a whole component, or one piece of it. */
+function _key(c: Pick<ManifestComponent, "kind" | "layerRange" | "tokenRange" | "piece">): string {
+  const p = c.piece;
+  return p ? `${_wholeKey(c)} ${p.range[0]} ${p.range[1]} ${p.of}` : _wholeKey(c);
 }

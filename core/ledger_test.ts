@@ -12,7 +12,7 @@ import type { ChunkHeader } from "./chunk.ts";
 import { IdentityMismatchError, LimitExceededError, StateValidationError } from "./errors.ts";
 import { StagingLedger } from "./ledger.ts";
 import { buildManifest, componentOf, type FinalManifest } from "./manifest.ts";
-import type { ModelFamily } from "./schema.ts";
+import { type ModelFamily, STATE_SCHEMA_VERSION } from "./schema.ts";
 
 const TAG = "ee".repeat(32);
 
@@ -168,7 +168,7 @@ Deno.test("accept() rejects chunks of another handoff, identity, schema or famil
     ledger(),
     header({ schemaVersion: 1 }),
     StateValidationError,
-    /schema version 1, expected 2/,
+    new RegExp(`schema version 1, expected ${STATE_SCHEMA_VERSION}`),
   );
   const conv = completeStream("hybrid", 512)[1];
   rejects(

@@ -13,7 +13,9 @@ import { type BindingContext, computeBindingTag, verifyBindingTag } from "./bind
 import { canonicalEncode, isHex, SHA256_BYTES } from "./bytes.ts";
 import { CHECKSUM_BYTES, type ChunkHeader } from "./chunk.ts";
 import { StateValidationError } from "./errors.ts";
+import { joinPieces, pieceShapeOk } from "./_pieces.ts";
 import {
+  type BytePiece,
   type ComponentKind,
   componentRule,
   DEFAULT_STATE_BOUNDS,
@@ -55,6 +57,8 @@ export interface ManifestComponent {
   bytes: number;
   /** CRC-32C (8 hex digits) of the payload. Never printed. */
   checksum: string;
+  /** Set on a byte piece (schema 3): `bytes` is the piece's, `piece.of` the component's. */
+  piece?: BytePiece;
 }
 
 /** The logical state the components continue from. No token values. */
@@ -120,6 +124,7 @@ export function componentOf(h: ChunkHeader): ManifestComponent {
     tokenRange: h.tokenRange,
     bytes: h.payloadBytes,
     checksum: h.checksum,
+    ...(h.piece ? { piece: h.piece } : {}),
   };
 }
 
@@ -173,6 +178,9 @@ export function canonicalManifestBytes(m: UnsignedManifest): Uint8Array {
       tokenRange: [c.tokenRange[0], c.tokenRange[1]],
       bytes: c.bytes,
       checksum: c.checksum,
+      ...(c.piece
+        ? { piece: { range: [c.piece.range[0], c.piece.range[1]], of: c.piece.of } }
+        : {}),
     })),
     logical: { position: m.logical.position, tokenCount: m.logical.tokenCount },
     verify: [...m.verify],
@@ -275,7 +283,8 @@ function _checkComponentShapes(
     const ok = typeof c === "object" && c !== null && isComponentKind(c.kind) &&
       rangeWithin(c.layerRange, bounds.layersMax) &&
       rangeWithin(c.tokenRange, bounds.tokenPositionMax) && Number.isSafeInteger(c.bytes) &&
-      c.bytes >= 1 && c.bytes <= bounds.chunkPayloadBytesMax && isHex(c.checksum, CHECKSUM_BYTES);
+      c.bytes >= 1 && c.bytes <= bounds.chunkPayloadBytesMax && isHex(c.checksum, CHECKSUM_BYTES) &&
+      (c.piece === undefined || pieceShapeOk(c, bounds));
     if (!ok) fail(`component ${i} malformed`);
     total += c.bytes;
   }
@@ -288,7 +297,7 @@ function _checkComponentShapes(
  * Returns a StateValidationError naming the first missing, duplicate or misplaced component
  * when `m.components` is not a complete state of `m.family` at `m.logical.position`, or null.
  * Layered kinds must tile `[0, trunkLayers)`; KV pages of each layer range must tile
- * `[0, position)`.
+ * `[0, position)`; the byte pieces of a component must tile `[0, of)`.
  *
  * @example
  * ```ts
@@ -303,7 +312,9 @@ export function findIncompleteness(
   const n = m.logical.position;
   const required = requiredComponents(m.family);
   const byKind = new Map<ComponentKind, ManifestComponent[]>();
-  for (const c of m.components) {
+  const joined = joinPieces(m.components);
+  if (typeof joined === "string") return _incomplete(joined);
+  for (const c of joined) {
     if (!required.includes(c.kind)) {
       return _incomplete(`unexpected ${c.kind} component for family "${m.family}"`);
     }

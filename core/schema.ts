@@ -15,6 +15,11 @@
  *    that fit a chunk; mtp-kv is paged (streamed during prefill like kv-page, with its own
  *    lane), no longer one after-pages snapshot. Payload checksums are CRC-32C (8 hex digits)
  *    instead of SHA-256. The final manifest travels as its frame's payload.
+ * 3. No piece of state is bounded by one chunk: a component that is not paged by tokens
+ *    (swa-kv, conv, ssm, mtp-hidden, positions, sampler, history) may travel as byte pieces,
+ *    chunks with the same kind, layer range and token range and a `piece` field (bytes
+ *    `range` of the component's `of` bytes) whose ranges tile `[0, of)` in stream order. One
+ *    recurrent layer larger than a chunk is cut this way; swa-kv is no longer one chunk.
  *
  * @module
  */
@@ -22,7 +27,7 @@ import { KV_CACHE_TYPES } from "./kv_types.ts";
 import { UsageError } from "./errors.ts";
 
 /** The state schema this build speaks. */
-export const STATE_SCHEMA_VERSION = 2;
+export const STATE_SCHEMA_VERSION = 3;
 /** Schema versions this build can import (only the current one for now). */
 export const SUPPORTED_STATE_SCHEMA_VERSIONS: readonly number[] = [STATE_SCHEMA_VERSION];
 
@@ -48,6 +53,15 @@ export type ModelFamily = typeof MODEL_FAMILIES[number];
 
 /** A half-open range `[start, end)` of layers or token positions. */
 export type Range = readonly [start: number, end: number];
+
+/**
+ * One byte piece of a component too large for one chunk (schema 3): the payload is bytes
+ * `range` of the component's `of` bytes. The pieces of a component tile `[0, of)` in order.
+ */
+export interface BytePiece {
+  range: Range;
+  of: number;
+}
 /** The layer range of components that are not scoped to trunk layers (MTP, metadata). */
 export const NO_LAYERS: Range = [0, 0];
 
@@ -77,6 +91,11 @@ export interface ComponentRule {
   readonly dtypes: "kv" | readonly string[];
   /** Exact payload bytes per token of the token range, or 0 when not fixed. */
   readonly bytesPerToken: number;
+  /**
+   * True when the component may travel as byte pieces (see `BytePiece`): every kind that is
+   * not paged by tokens, except the 4-byte first token.
+   */
+  readonly pieces: boolean;
 }
 
 /** Tensor element types a KV cache may use (llama.cpp `ggml_type` names). */
@@ -124,7 +143,8 @@ function rule(
   dtypes: "kv" | readonly string[],
   bytesPerToken = 0,
 ): ComponentRule {
-  return { kind, layered, order, tokens, codecs, dtypes, bytesPerToken };
+  const pieces = order !== "paged" && kind !== "first-token";
+  return { kind, layered, order, tokens, codecs, dtypes, bytesPerToken, pieces };
 }
 
 /**
@@ -190,7 +210,10 @@ export function kvDtype(k: string, v: string): string {
 
 /** Size and count bounds a receiver enforces; every limit is an explicit option. */
 export interface StateBounds {
-  /** Largest payload of one chunk. A component larger than this is split by layer or token. */
+  /**
+   * Largest payload of one chunk. A component larger than this is split by token (pages), by
+   * layer (conv, ssm), or into byte pieces (schema 3).
+   */
   chunkPayloadBytesMax: number;
   /** Largest total state of one handoff (all chunks together). */
   stateBytesMax: number;
@@ -266,6 +289,17 @@ export function quoteValue(value: unknown): string {
   } catch {
     return `(${typeof value})`;
   }
+}
+
+/**
+ * `" bytes [a, b) of n"` for a piece, `""` for a whole component: for messages. Never throws,
+ * whatever a peer sent (headers are named before their fields are checked).
+ */
+export function formatPiece(piece: BytePiece | undefined): string {
+  if (piece === undefined) return "";
+  const range = (piece as Partial<BytePiece> | null)?.range;
+  if (!rangeWithin(range, Number.MAX_SAFE_INTEGER)) return " (malformed piece)";
+  return ` bytes ${formatRange(range)} of ${quoteValue(piece.of)}`;
 }
 
 /** `"[a, b)"`, the notation every message uses for ranges. */

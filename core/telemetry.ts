@@ -85,6 +85,9 @@ export interface HandoffTelemetry {
   computedTokens: number;
   bytesByComponent: Partial<Record<ComponentKind, number>>;
   totalBytes: number;
+  /** State chunks sent and the largest chunk payload (null: an older prefiller). */
+  chunksSent: number | null;
+  chunkBytesMaxSent: number | null;
   prefillMs: number | null;
   exportMs: number;
   queueMs: number;
@@ -230,6 +233,8 @@ function _prefillerSide(s: PrefillerTelemetrySummary) {
     computedTokens: s.computedTokens,
     bytesByComponent: { ...s.bytesByComponent },
     totalBytes: s.totalBytes,
+    chunksSent: s.chunksSent ?? null,
+    chunkBytesMaxSent: s.chunkBytesMaxSent ?? null,
     prefillMs: _sub(s.prefillEndMs, s.startMs),
     exportMs: s.exportMs,
     queueMs: s.queueMs,

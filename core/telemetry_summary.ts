@@ -32,6 +32,9 @@ export interface PrefillerTelemetrySummary {
   computedTokens: number;
   bytesByComponent: Partial<Record<ComponentKind, number>>;
   totalBytes: number;
+  /** State chunks sent, and the largest payload among them (bounded chunks, schema 3). */
+  chunksSent?: number;
+  chunkBytesMaxSent?: number;
   exportMs: number;
   queueMs: number;
   wireMs: number;
@@ -111,6 +114,8 @@ export class PrefillerTelemetry {
     computedTokens: 0,
     bytesByComponent: {},
     totalBytes: 0,
+    chunksSent: 0,
+    chunkBytesMaxSent: 0,
     exportMs: 0,
     queueMs: 0,
     wireMs: 0,
@@ -157,6 +162,8 @@ export class PrefillerTelemetry {
       case "chunk-sent": {
         s.bytesByComponent[e.kind] = (s.bytesByComponent[e.kind] ?? 0) + e.bytes;
         s.totalBytes += e.bytes;
+        s.chunksSent = (s.chunksSent ?? 0) + 1;
+        s.chunkBytesMaxSent = Math.max(s.chunkBytesMaxSent ?? 0, e.bytes);
         s.wireMs += e.durationMs;
         const q = this.#queued.get(e.seq);
         this.#queued.delete(e.seq);

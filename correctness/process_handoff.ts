@@ -42,6 +42,12 @@ export interface ProcessMatrixOptions {
    * rightly finish before the first credit comes back.
    */
   overlapChunksMin: number;
+  /**
+   * The prefill worker's largest state chunk (`serve --state-chunk-bytes`); unset: the
+   * default frame-sized chunk. Small values cut KV pages, snapshot layers and the SWA cache
+   * into many pieces; every chunk sent must then be within it.
+   */
+  stateChunkBytes?: number;
 }
 
 export const PROCESS_DEFAULTS = {
@@ -64,6 +70,9 @@ export interface ProcessCaseResult extends ProcessCase {
   stagedEarlyFraction: number | null;
   /** Whether the overlap was required of this case (enough chunks). */
   overlapRequired: boolean;
+  /** State chunks the prefiller sent, and the largest payload among them. */
+  chunksSent: number | null;
+  chunkBytesMaxSent: number | null;
   /** Coordinator's clock, reported only; never asserted. */
   e2eMs: number;
   ok: boolean;
@@ -147,6 +156,9 @@ export async function runProcessMatrix(
         // hang watchdog, so a slow machine cannot turn a case into a colocated fallback.
         "--reservation-ms",
         String(options.hangMs),
+        ...(options.stateChunkBytes
+          ? ["--state-chunk-bytes", String(options.stateChunkBytes)]
+          : []),
       ],
     });
     try {
@@ -192,8 +204,11 @@ function judge(
     logitsEqual: sameList(remote.logitsSha256, local.digests),
     stagedEarlyFraction: staged,
     overlapRequired,
+    chunksSent: remote.telemetry.chunksSent,
+    chunkBytesMaxSent: remote.telemetry.chunkBytesMaxSent,
     e2eMs: remote.e2eMs,
   };
+  const chunkMax = options.stateChunkBytes;
   const failures = [
     r.placement !== "disaggregated" && `ran ${r.placement}: ${remote.fallbackReason}`,
     remote.promptTokens !== local.promptTokens &&
@@ -204,6 +219,9 @@ function judge(
     !r.logitsEqual && "logits differ from local generation",
     overlapRequired && !(staged !== null && staged > 0) &&
     `no KV page staged before the last of ${chunks} prefill chunks finished`,
+    chunkMax !== undefined && r.placement === "disaggregated" &&
+    !(r.chunkBytesMaxSent !== null && r.chunkBytesMaxSent <= chunkMax) &&
+    `a state chunk of ${r.chunkBytesMaxSent} bytes, over --state-chunk-bytes ${chunkMax}`,
   ].filter((f): f is string => typeof f === "string");
   return { ...r, ok: failures.length === 0, detail: failures.join("; ") || null };
 }

@@ -68,3 +68,22 @@ Deno.test("contextTokensFor() fits the longest prompt plus generation, in 256-to
   assert.equal(contextTokensFor(cases, 12), 6400);
   assert.equal(contextTokensFor(cases.slice(0, 1), 12), 1280);
 });
+
+Deno.test("3,000-byte state chunks: KV pages, recurrent layers and the SWA cache in pieces, exact", async () => {
+  // Chunks far below one tiny layer (conv 3,468 B with its entry header, SSM 16,396 B) and the
+  // tiny ISWA model's 165 KB sliding-window cache: each leaves in byte pieces. The MoE hybrid
+  // sends its layers while the last chunk computes (layer capture); the snapshot exported after
+  // prefill in pieces is serve/snapshot_export_test.ts.
+  const stateChunkBytes = 3000;
+  const cases = (["hybrid-moe-mtp", "iswa"] as const).map((family) => ({
+    family,
+    promptTokens: 256,
+  }));
+  const results = await runProcessMatrix(cases, { ...OPTIONS, stateChunkBytes });
+  for (const r of results) {
+    assertExact(r);
+    assert.ok(r.chunkBytesMaxSent !== null && r.chunkBytesMaxSent <= stateChunkBytes, r.family);
+    // Far more chunks than by default (two pages, a chunk or two per snapshot part).
+    assert.ok(r.chunksSent !== null && r.chunksSent > 40, `${r.family}: ${r.chunksSent}`);
+  }
+});

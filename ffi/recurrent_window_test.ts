@@ -85,7 +85,7 @@ Deno.test({
     await imp.addRecurrentLayers("conv", 0, 1, await window(0, layout.conv[0].end));
     await assert.rejects(
       imp.addRecurrentLayers("ssm", 0, 2, ssm0),
-      /ssm of recurrent layers \[0, 2\): \d+ bytes, this model keeps \d+/,
+      /ssm of recurrent layers \[0, 2\): a run of \d+ bytes, this model keeps \d+/,
     );
     await imp.addRecurrentLayers("ssm", 0, 1, ssm0);
     await assert.rejects(imp.addRecurrentLayers("ssm", 0, 1, ssm0), /staged twice/);

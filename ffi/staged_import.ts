@@ -30,7 +30,7 @@ import { pageCrc, pageRows, readPageHeader } from "./_state_page.ts";
 import { type StagedPage } from "./_state_public.ts";
 import { type CacheName, type Shim } from "./shim/shim.ts";
 import { shimFailure, type StateBackend, stateBackend, type StatePath } from "./state.ts";
-import { RecurrentRuns } from "./_staged_recurrent.ts";
+import { RecurrentRuns, type RunPiece } from "./_staged_recurrent.ts";
 import { assembleFinal, checkLayout, checkReadiness, type Target } from "./_staged_final.ts";
 
 export interface StagedImportOptions {
@@ -248,15 +248,17 @@ export class StagedImport {
   /**
    * Takes a run of the final recurrent snapshot: the `part` entries of recurrent layers
    * [r0, r1) (counted among recurrent layers only), as the exporter cuts them. The run of conv
-   * from layer 0 carries the snapshot header and must come first. On the shim path each run
-   * is written into the recurrent tensors as it arrives; on the public path runs are held
-   * (bounded by `stagedBytesMax`) and imported together at `validate`.
+   * from layer 0 carries the snapshot header and must come first. A run larger than a chunk
+   * comes in byte pieces (`piece`: where `payload` lies in the run, schema 3). On the shim path
+   * each run or piece is written into the recurrent tensors as it arrives; on the public path
+   * they are held (bounded by `stagedBytesMax`) and imported together at `validate`.
    */
   async addRecurrentLayers(
     part: "conv" | "ssm",
     r0: number,
     r1: number,
     payload: Uint8Array,
+    piece?: RunPiece,
   ): Promise<void> {
     const what = `${part} of recurrent layers [${r0}, ${r1})`;
     this.#mustStage(what);
@@ -267,7 +269,7 @@ export class StagedImport {
       throw new StateValidationError(`Cannot stage ${what}: a whole snapshot was already staged`);
     }
     if (this.backend.path !== "shim") this.#hold(payload.byteLength, what);
-    await this.#runs.add(part, r0, r1, payload);
+    await this.#runs.add(part, r0, r1, payload, piece);
   }
 
   /** Takes the final sliding-window cache (the page `exportSwa` makes). */
@@ -281,9 +283,10 @@ export class StagedImport {
           : `Cannot stage ${what}: this context has no sliding-window cache`,
       );
     }
-    if (bytes.byteLength > this.options.pageBytesMax) {
+    // Joined from its byte pieces (schema 3): bounded by what an import may hold, not a chunk.
+    if (bytes.byteLength > this.options.stagedBytesMax) {
       throw new LimitExceededError(
-        `Cannot stage ${what}: ${bytes.byteLength} bytes exceeds the page bound of ${this.options.pageBytesMax}`,
+        `Cannot stage ${what}: ${bytes.byteLength} bytes exceeds stagedBytesMax ${this.options.stagedBytesMax}`,
       );
     }
     const h = readPageHeader(bytes, "swa-kv");

@@ -2,10 +2,13 @@
  * The end-of-prompt components a decode-side handoff attempt receives besides KV pages and
  * recurrent runs (SWA cache, MTP hidden row, positions, sampler, history, first token):
  * held, uncommitted, until the import step hands the snapshots to the staged import, and
- * zeroed when the attempt is wiped.
+ * zeroed when the attempt is wiped. A component larger than a chunk arrives in byte pieces
+ * (schema 3), which are joined here once the last one is in; the ledger has already checked
+ * that they come in byte order without gaps.
  */
 import {
   type ChunkHeader,
+  concatBytes,
   decodePositions,
   decodeSampler,
   decodeTokens,
@@ -22,10 +25,40 @@ export class StagedTail {
   history?: Int32Array;
   firstToken?: number;
 
+  /** Components being joined from their pieces, by kind (each kind is one component here). */
+  readonly #pieces = new Map<string, { of: number; parts: Uint8Array[]; end: number }>();
+
   constructor(readonly promptTokens: number) {}
 
   /** Takes one component that is not a KV page; throws StateValidationError if inconsistent. */
   take(h: ChunkHeader, payload: Uint8Array): void {
+    const whole = h.piece ? this.#join(h, payload) : payload;
+    if (h.piece === undefined && this.#pieces.has(h.kind)) {
+      throw new StateValidationError(`Cannot stage ${h.kind}: it is arriving in pieces`);
+    }
+    if (whole) this.#takeWhole(h, whole);
+  }
+
+  /** Adds a piece; returns the joined component once its last piece is in, else null. */
+  #join(h: ChunkHeader, payload: Uint8Array): Uint8Array | null {
+    const { range: [a, b], of } = h.piece!;
+    const open = this.#pieces.get(h.kind) ?? { of, parts: [], end: 0 };
+    if (open.end !== a || open.of !== of) {
+      throw new StateValidationError(
+        `Cannot stage ${h.kind}: a piece at byte ${a} of ${of}, expected byte ${open.end} of ${open.of}`,
+      );
+    }
+    open.parts.push(payload);
+    open.end = b;
+    this.#pieces.set(h.kind, open);
+    if (b < of) return null;
+    this.#pieces.delete(h.kind);
+    const whole = concatBytes(open.parts);
+    for (const p of open.parts) p.fill(0);
+    return whole;
+  }
+
+  #takeWhole(h: ChunkHeader, payload: Uint8Array): void {
     const n = this.promptTokens;
     switch (h.kind) {
       case "swa-kv":
@@ -71,6 +104,8 @@ export class StagedTail {
 
   /** Zeroes and drops everything held. */
   wipe(): void {
+    for (const open of this.#pieces.values()) open.parts.forEach((p) => p.fill(0));
+    this.#pieces.clear();
     for (const v of [this.swa, this.mtpHidden, this.history]) v?.fill(0);
     this.swa =
       this.mtpHidden =

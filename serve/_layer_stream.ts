@@ -2,8 +2,8 @@
  * The recurrent snapshot sent layer by layer while the prompt's last chunk still computes:
  * the shim's layer capture (ffi/layer_capture.ts) copies each Mamba layer's final conv and
  * SSM rows as soon as they are computed, and each layer leaves as one conv run and one ssm
- * run (the first conv run carrying the snapshot header), exactly the chunks the exporter
- * would cut from a snapshot exported after prefill. What the capture cannot deliver is
+ * run (the first conv run carrying the snapshot header; a run larger than a chunk as byte
+ * pieces), exactly the chunks the exporter would cut from a snapshot exported after prefill. What the capture cannot deliver is
  * exported after prefill instead, and said once.
  */
 import { concatBytes, type Range } from "../core/mod.ts";
@@ -42,8 +42,11 @@ export interface StreamLayersInput {
   decode: () => Promise<void>;
   finalPos: number;
   sink: ChunkSink;
-  /** Makes the chunk of one conv or ssm run over trunk layers `layers`. */
-  chunk: (part: "conv" | "ssm", layers: Range, payload: Uint8Array) => ExportedChunk;
+  /**
+   * Makes the chunk of one conv or ssm run over trunk layers `layers`, or its byte pieces
+   * when the layer is larger than a chunk.
+   */
+  chunks: (part: "conv" | "ssm", layers: Range, payload: Uint8Array) => ExportedChunk[];
   /** Receives the index of every recurrent layer sent. */
   sent: Set<number>;
 }
@@ -62,8 +65,8 @@ export async function streamLayers(o: StreamLayersInput): Promise<void> {
       const a = i === 0 ? 0 : recurrentAt[i];
       const b = i === recurrentAt.length - 1 ? trunkKinds.length : recurrentAt[i + 1];
       const conv = i === 0 ? concatBytes([o.capture.header(), layer.conv]) : layer.conv;
-      await o.sink(o.chunk("conv", [a, b], conv), 0);
-      await o.sink(o.chunk("ssm", [a, b], layer.ssm), 0);
+      for (const c of o.chunks("conv", [a, b], conv)) await o.sink(c, 0);
+      for (const c of o.chunks("ssm", [a, b], layer.ssm)) await o.sink(c, 0);
       o.sent.add(i);
     }
   } catch (error) {

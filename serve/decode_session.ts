@@ -371,7 +371,8 @@ export class DecodeHandoff {
       const before = (l: number) => this.#trunkKinds.slice(0, l).filter((k) => k === "recurrent");
       const [a, b] = h.layerRange;
       const [r0, r1] = [before(a).length, before(b).length];
-      return await this.#staged!.addRecurrentLayers(h.kind, r0, r1, payload);
+      const piece = h.piece && { offset: h.piece.range[0], of: h.piece.of };
+      return await this.#staged!.addRecurrentLayers(h.kind, r0, r1, payload, piece);
     }
     this.#tail.take(h, payload);
   }

@@ -11,6 +11,7 @@
  */
 import {
   buildManifest,
+  type BytePiece,
   type ChunkHeader,
   type ComponentKind,
   componentOf,
@@ -29,16 +30,10 @@ import {
   STATE_SCHEMA_VERSION,
   StateValidationError,
   type UnsignedManifest,
+  UsageError,
 } from "../core/mod.ts";
-import {
-  type EntrySpan,
-  entrySpans,
-  exportKvPage,
-  exportRecurrent,
-  exportRecurrentWindow,
-  exportSwa,
-  recurrentLayout,
-} from "../ffi/state.ts";
+import { exportKvPage, exportSwa } from "../ffi/state.ts";
+import { exportSnapshot } from "./_snapshot_export.ts";
 import type { LlamaContext } from "../ffi/mod.ts";
 import type { ChunkDone, Engine, PrefillHooks } from "./engine.ts";
 import { openLayerCapture, streamLayers } from "./_layer_stream.ts";
@@ -87,7 +82,11 @@ export type ChunkSink = (chunk: ExportedChunk, exportMs: number) => Promise<void
 
 /** Chunk sizes the exporter cuts state into, each named with its unit. */
 export interface ExportLimits {
-  /** Largest chunk payload: the receiver's `chunkPayloadBytesMax` (one frame's payload). */
+  /**
+   * Largest chunk payload: at most the receiver's `chunkPayloadBytesMax` (one frame's
+   * payload). KV pages are cut into token sub-ranges that fit, snapshot runs and the other
+   * end-of-prompt components into byte pieces (schema 3); one token's KV page must fit.
+   */
   chunkBytesMax: number;
   /**
    * Preferred size of one recurrent snapshot chunk: small enough that sending begins after
@@ -107,6 +106,9 @@ export const DEFAULT_EXPORT_LIMITS: Readonly<ExportLimits> = {
   snapshotChunkBytes: 4 * 1024 * 1024,
   layerCapture: true,
 };
+
+/** Smallest `chunkBytesMax`: the snapshot header and a token's page of any model here fit. */
+export const CHUNK_BYTES_MIN = 1024;
 
 /**
  * Called once, right after the last prefill chunk is computed and the first token sampled,
@@ -128,7 +130,17 @@ export class StateExporter {
     readonly handoffId: string,
     readonly draft: MtpDraft | null,
     readonly limits: ExportLimits = DEFAULT_EXPORT_LIMITS,
-  ) {}
+  ) {
+    const max = limits.chunkBytesMax;
+    if (
+      !Number.isSafeInteger(max) || max < CHUNK_BYTES_MIN ||
+      max > DEFAULT_EXPORT_LIMITS.chunkBytesMax
+    ) {
+      throw new UsageError(`Invalid state chunk size ${max} bytes`, {
+        hint: `use ${CHUNK_BYTES_MIN} to ${DEFAULT_EXPORT_LIMITS.chunkBytesMax} bytes`,
+      });
+    }
+  }
 
   /** The unsigned manifest listing `sent` (every chunk header, in order) and the probe. */
   manifest(sent: readonly ChunkHeader[], result: ExportResult): UnsignedManifest {
@@ -167,12 +179,12 @@ export class StateExporter {
     const captured = new Set<number>();
     const capture = this.limits.layerCapture ? await openLayerCapture(this.engine.ctx) : null;
     const kinds = this.identity.numerical.layerKinds;
-    const chunk = (part: "conv" | "ssm", layers: Range, payload: Uint8Array) =>
-      this.#chunk(part, layers, payload, false, [0, n]);
+    const chunks = (part: "conv" | "ssm", layers: Range, payload: Uint8Array) =>
+      this.#cut(part, layers, payload, false, [0, n]);
     const hooks: PrefillHooks = capture && kinds.includes("recurrent")
       ? {
         lastDecode: (decode, finalPos) =>
-          streamLayers({ capture, kinds, decode, finalPos, sink, chunk, sent: captured }),
+          streamLayers({ capture, kinds, decode, finalPos, sink, chunks, sent: captured }),
       }
       : {};
     const onChunk = async ({ p0, p1, computeMs }: ChunkDone) => {
@@ -236,7 +248,16 @@ export class StateExporter {
       try {
         page = await exportKvPage(ctx, a, a + step, { pageBytesMax: max });
       } catch (error) {
-        if (!(error instanceof LimitExceededError) || step === 1) throw error;
+        if (!(error instanceof LimitExceededError)) throw error;
+        if (step === 1) {
+          // Pages are cut by token, never inside one: a token's page must fit a chunk.
+          throw new LimitExceededError(
+            `Cannot export ${kind} tokens [${a}, ${
+              a + 1
+            }): one token's page exceeds the state chunk size of ${max} bytes`,
+            { hint: "raise --state-chunk-bytes on the prefill worker", cause: error },
+          );
+        }
         this.#pageTokens.set(kind, Math.max(1, step >> 1));
         continue;
       }
@@ -256,13 +277,21 @@ export class StateExporter {
   ): Promise<void> {
     const ctx = this.engine.ctx;
     const family = this.identity.numerical.family;
+    // Each component leaves as one chunk, or as byte pieces when larger than a chunk.
     const timed = async (kind: ComponentKind, range: Range, make: () => Promise<Uint8Array>) => {
       const t0 = performance.now();
       const payload = await make();
-      const chunk = this.#chunk(kind, range, payload, kind === "first-token");
-      await sink(chunk, performance.now() - t0);
+      let ms = performance.now() - t0;
+      for (const chunk of this.#cut(kind, range, payload, kind === "first-token")) {
+        await sink(chunk, ms);
+        ms = 0;
+      }
     };
-    if (family === "iswa") await timed("swa-kv", [0, n], () => exportSwa(ctx));
+    // Bounded by the state, not by a chunk: the exporter cuts it into pieces.
+    const swaBytesMax = DEFAULT_STATE_BOUNDS.stateBytesMax;
+    if (family === "iswa") {
+      await timed("swa-kv", [0, n], () => exportSwa(ctx, { pageBytesMax: swaBytesMax }));
+    }
     const recurrentLayers = this.identity.numerical.layerKinds.filter((k) => k === "recurrent");
     const allCaptured = this.#captured.size === recurrentLayers.length;
     if (
@@ -282,97 +311,40 @@ export class StateExporter {
     await timed("first-token", [n, n + 1], () => Promise.resolve(encodeTokens([firstToken])));
   }
 
-  /**
-   * The final recurrent snapshot as conv chunks, then ssm chunks, each a run of whole layers
-   * of about `snapshotChunkBytes`, at most `chunkBytesMax`. Layer ranges tile the trunk: a
-   * chunk covers the trunk layers from its first recurrent layer to the next chunk's (the
-   * first from 0, the last to the end). On the shim path each chunk is exported as its own
-   * window of the snapshot, so the first leaves before the rest is read; on the public path
-   * the snapshot is exported whole and cut into views of it.
-   */
+  /** The final recurrent snapshot (see `exportSnapshot`): what layer capture did not send. */
   async #recurrent(n: number, sink: ChunkSink): Promise<void> {
-    const t0 = performance.now();
-    const ctx = this.engine.ctx;
-    const layout = await recurrentLayout(ctx);
-    let spans: { conv: EntrySpan[]; ssm: EntrySpan[] };
-    let read: (from: number, to: number) => Promise<Uint8Array>;
-    if (layout) {
-      spans = layout;
-      read = (from, to) => exportRecurrentWindow(ctx, from, to);
-    } else {
-      const snapshot = await exportRecurrent(ctx);
-      if (snapshot.layout !== "split") {
-        throw new StateValidationError(
-          "Cannot export conv/ssm: this model's recurrent state layout is not one we can split",
-          { hint: "use colocated generation for this model" },
-        );
-      }
-      const parts = entrySpans(snapshot);
-      const base = snapshot.conv.byteLength;
-      spans = {
-        conv: parts.conv,
-        ssm: parts.ssm.map((e) => ({ start: e.start + base, end: e.end + base })),
-      };
-      const blob = new Uint8Array(
-        snapshot.conv.buffer,
-        snapshot.conv.byteOffset,
-        base + snapshot.ssm.byteLength,
-      );
-      read = (from, to) => Promise.resolve(blob.subarray(from, to));
-    }
-    const trunkKinds = this.identity.numerical.layerKinds.filter((k) => k !== "mtp");
-    const recurrentAt = trunkKinds.flatMap((k, i) => (k === "recurrent" ? [i] : []));
-    if (recurrentAt.length !== spans.conv.length) {
-      throw new StateValidationError(
-        `Cannot export conv/ssm: ${spans.conv.length} recurrent layers in the snapshot, ${recurrentAt.length} in the model`,
-      );
-    }
-    let exportMs = performance.now() - t0;
-    const captured = this.#captured;
-    for (const part of ["conv", "ssm"] as const) {
-      const list = spans[part];
-      // The first conv run carries the snapshot header.
-      const start = (a: number) => (part === "conv" && a === 0 ? 0 : list[a].start);
-      // After a partial capture, only the layers it missed, one run each.
-      const groups: [number, number][] = captured.size === 0
-        ? this.#groups(list, start)
-        : list.flatMap((_, i) => (captured.has(i) ? [] : [[i, i] as [number, number]]));
-      for (const [first, last] of groups) {
-        const t1 = performance.now();
-        const payload = await read(start(first), list[last].end);
-        const a = first === 0 ? 0 : recurrentAt[first];
-        const b = last === list.length - 1 ? trunkKinds.length : recurrentAt[last + 1];
-        exportMs += performance.now() - t1;
-        await sink(this.#chunk(part, [a, b], payload, false, [0, n]), exportMs);
-        exportMs = 0;
-      }
-    }
+    await exportSnapshot({
+      ctx: this.engine.ctx,
+      layerKinds: this.identity.numerical.layerKinds,
+      limits: this.limits,
+      captured: this.#captured,
+      sink,
+      chunk: (part, layers, payload, piece) =>
+        this.#chunk(part, layers, payload, false, [0, n], piece),
+    });
   }
 
   /**
-   * Runs of consecutive entries, `[first, last]` inclusive, where a run of entries a..b spans
-   * `[start(a), list[b].end)`: each as long as fits `snapshotChunkBytes` (at least one entry),
-   * never over `chunkBytesMax`.
+   * `payload` as one chunk, or as byte pieces of `chunkBytesMax` (views of it) when larger;
+   * `final` marks the last.
    */
-  #groups(list: readonly EntrySpan[], start: (a: number) => number): [number, number][] {
-    const { chunkBytesMax, snapshotChunkBytes } = this.limits;
-    const target = Math.min(snapshotChunkBytes, chunkBytesMax);
-    const out: [number, number][] = [];
-    const runBytes = (a: number, b: number) => list[b].end - start(a);
-    let first = 0;
-    for (let i = 0; i < list.length; i++) {
-      if (runBytes(i, i) > chunkBytesMax) {
-        throw new LimitExceededError(
-          `Cannot export conv/ssm: one layer's state of ${
-            runBytes(i, i)
-          } bytes exceeds chunkBytesMax (${chunkBytesMax})`,
-          { hint: "raise chunkBytesMax (and the frame payload bound) on both workers" },
-        );
-      }
-      if (i + 1 === list.length || runBytes(first, i + 1) > target) {
-        out.push([first, i]);
-        first = i + 1;
-      }
+  #cut(
+    kind: ComponentKind,
+    layersOrTokens: Range,
+    payload: Uint8Array,
+    final: boolean,
+    snapshotTokens?: Range,
+  ): ExportedChunk[] {
+    const of = payload.byteLength;
+    const step = this.limits.chunkBytesMax;
+    if (of <= step) return [this.#chunk(kind, layersOrTokens, payload, final, snapshotTokens)];
+    const out: ExportedChunk[] = [];
+    for (let at = 0; at < of; at += step) {
+      const end = Math.min(of, at + step);
+      const piece = { range: [at, end] as Range, of };
+      const last = end === of;
+      const view = payload.subarray(at, end);
+      out.push(this.#chunk(kind, layersOrTokens, view, final && last, snapshotTokens, piece));
     }
     return out;
   }
@@ -383,6 +355,7 @@ export class StateExporter {
     payload: Uint8Array,
     final: boolean,
     snapshotTokens?: Range,
+    piece?: BytePiece,
   ): ExportedChunk {
     const layered = kind === "kv-page" || kind === "swa-kv" || kind === "conv" || kind === "ssm";
     const id = this.identity.numerical;
@@ -404,6 +377,7 @@ export class StateExporter {
       checksum: payloadChecksum(payload),
       seq: this.#seq++,
       final,
+      ...(piece ? { piece } : {}),
     };
     return { header, payload };
   }

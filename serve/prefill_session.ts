@@ -62,6 +62,8 @@ export interface PrefillLimits {
   tickMs: number;
   /** Send recurrent layers while the last chunk computes (see ExportLimits.layerCapture). */
   layerCapture: boolean;
+  /** Largest state chunk payload, in bytes (see ExportLimits.chunkBytesMax). */
+  chunkBytesMax: number;
 }
 
 export const DEFAULT_PREFILL_LIMITS: Readonly<PrefillLimits> = {
@@ -69,6 +71,7 @@ export const DEFAULT_PREFILL_LIMITS: Readonly<PrefillLimits> = {
   retainedBytesMax: 1024 * 1024 * 1024,
   tickMs: 50,
   layerCapture: true,
+  chunkBytesMax: DEFAULT_EXPORT_LIMITS.chunkBytesMax,
 };
 
 /** Pending events are few by construction (one chunk held, control messages bounded). */
@@ -466,6 +469,7 @@ export class PrefillHandoff {
     const exporter = new StateExporter(engine, identity, r.handoffId, draft, {
       ...DEFAULT_EXPORT_LIMITS,
       layerCapture: this.input.limits.layerCapture,
+      chunkBytesMax: this.input.limits.chunkBytesMax,
     });
     const { seed, ...sampling } = r.sampling;
     const sampler = { seed, draws: 0 }; // advanced by the first token's draw
