@@ -78,6 +78,23 @@ export interface PlanInput {
   mtpReprimeMs?: number;
   /** Decoder's continuation probe (one decode step) before CommitAck, in ms (absent: 0). */
   probeMs?: number;
+  /**
+   * The recurrent state (conv + SSM) leaves layer by layer while the last chunk computes (the
+   * prefill worker's layer capture, ffi/layer_capture.ts), so it joins the page stream during
+   * the last chunk instead of after it. Absent: false (it is sent after prefill ends).
+   */
+  snapshotDuringLastChunk?: boolean;
+  /** Tail costs measured on served handoffs (core/link_costs.ts); absent: the options' rates. */
+  costs?: HandoffCosts;
+}
+
+/** Tail costs the nodes measured on handoffs they served, each with its unit last. */
+export interface HandoffCosts {
+  /**
+   * Decoder: milliseconds per MiB of the import that could not overlap the wire (the last page
+   * and the snapshot, at commit). Replaces `importBytesPerS`; 0 when staging hid it all.
+   */
+  importMsPerMiB?: number;
 }
 
 /** Thresholds, each with its unit last. */
@@ -357,9 +374,18 @@ export function estimate(
   const mtpMode = mtpBytes === 0 ? "none" : reprime ? "reprime" : "transfer";
   const snapshotBytes = snapshotBytesFor(i.state, i.promptTokens) - (reprime ? mtpBytes : 0);
   const kvBytes = i.promptTokens * i.state.kvBytesPerToken;
-  const snapshotTransferMs = snapshotBytes / bwPerMs;
-  const importMs = ((stream.lastPageBytes + snapshotBytes) / o.importBytesPerS) * 1000 +
-    (reprime ? i.mtpReprimeMs! : 0);
+  // With layer capture the recurrent bytes share the stream during the last chunk: what they
+  // add is the combined stream's finish less the pages' own, and the rest follows at the rate.
+  const captured = i.snapshotDuringLastChunk ? i.state.recurrentBytes : 0;
+  const snapshotTransferMs =
+    (captured > 0
+      ? _streamKv(i, bwPerMs, link.rttMs, captured).uncoveredMs - stream.uncoveredMs
+      : 0) + (snapshotBytes - captured) / bwPerMs;
+  const importBytes = stream.lastPageBytes + snapshotBytes;
+  const importMs =
+    (i.costs?.importMsPerMiB !== undefined
+      ? (importBytes / 2 ** 20) * i.costs.importMsPerMiB
+      : (importBytes / o.importBytesPerS) * 1000) + (reprime ? i.mtpReprimeMs! : 0);
   const handoffTailMs = stream.uncoveredMs + snapshotTransferMs + importMs + link.rttMs;
   const probeMs = i.probeMs ?? 0;
   const disaggregatedMs = (i.prefillerQueueMs ?? 0) + stream.prefillMs + handoffTailMs;
@@ -390,11 +416,12 @@ export function estimate(
   };
 }
 
-// KV pages leave in FIFO order: the cached prefix at once, then one page per computed chunk.
-// The last byte leaves at max over release points r of (r + bytes released from r on / bw);
-// that function is linear between the first, second-to-last and last chunk, so four points
-// suffice. The link only starts once the reservation round trip is done.
-function _streamKv(i: PlanInput, bwPerMs: number, rttMs: number) {
+// KV pages leave in FIFO order: the cached prefix at once, then one page per computed chunk,
+// and, with layer capture, `capturedBytes` released evenly while the last chunk computes. The
+// last byte leaves at max over release points r of (r + bytes released from r on / bw); that
+// function is linear between chunk ends, so evaluating it at the link start and at every chunk
+// end is exact. The link only starts once the reservation round trip is done.
+function _streamKv(i: PlanInput, bwPerMs: number, rttMs: number, capturedBytes = 0) {
   const kv = i.state.kvBytesPerToken;
   const tps = i.prefillerPrefillTokensPerS / 1000;
   const cached = i.prefillerCachedTokens ?? 0;
@@ -407,19 +434,15 @@ function _streamKv(i: PlanInput, bwPerMs: number, rttMs: number) {
   const chunkBytes = i.chunkTokens * kv;
   const lastPageBytes = n === 0 ? Math.min(cachedBytes, chunkBytes) : lastTokens * kv;
   const totalBytes = cachedBytes + computed * kv;
-  let finishMs = rttMs + totalBytes / bwPerMs;
-  if (n >= 1) {
-    finishMs = Math.max(
-      finishMs,
-      firstChunkMs + (computed * kv) / bwPerMs,
-      prefillMs + lastPageBytes / bwPerMs,
-    );
-  }
-  if (n >= 2) {
-    finishMs = Math.max(
-      finishMs,
-      prefillMs - lastTokens / tps + (chunkBytes + lastPageBytes) / bwPerMs,
-    );
+  const captured = n === 0 ? 0 : capturedBytes; // nothing computes: nothing to capture
+  let finishMs = rttMs + (totalBytes + captured) / bwPerMs;
+  // Chunk j (1..n) ends at its tokens / tps; at that point its page and every later one, and
+  // the captured bytes not yet released (all of them before the last chunk), are to leave.
+  for (let j = 1; j <= n; j++) {
+    const atMs = j === n ? prefillMs : (j * i.chunkTokens) / tps;
+    const pagesFrom = (computed - (j - 1) * i.chunkTokens) * kv;
+    const capturedLeft = j === n ? 0 : captured;
+    finishMs = Math.max(finishMs, atMs + (pagesFrom + capturedLeft) / bwPerMs);
   }
   const nonLastBytes = totalBytes - (n === 0 ? 0 : lastPageBytes);
   let overlapFraction: number | null = null;
