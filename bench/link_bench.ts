@@ -20,6 +20,8 @@ import type { PeerAddress } from "../serve/messages.ts";
 /** What every grid point shares. */
 interface _Ctx {
   ceilingBitsPerS: number;
+  /** The native relay (null: the TypeScript relay, no C compiler here). */
+  relayBinary: string | null;
   cluster: LocalCluster;
   base: HandoffRequest;
   /** Each node's own measurements so far (calibration, then every handoff it served). */
@@ -34,7 +36,13 @@ import { RateRecorder } from "../core/node_rates.ts";
 import { placeRequest } from "../core/placement.ts";
 import { isCertified, parseCertification } from "../core/certification.ts";
 import { LinkMonitor } from "../transport/link_monitor.ts";
-import { LinkEmulator, measureRelayCeiling } from "./link_emulator.ts";
+import { measureRelayCeiling } from "./link_emulator.ts";
+import {
+  buildNativeRelay,
+  type EmulatedLink,
+  measureNativeCeiling,
+  openLink,
+} from "./native_relay.ts";
 import { runCcComparison } from "./cc_bench.ts";
 import type { HandoffTelemetry } from "../core/telemetry.ts";
 import type { PeerConnection } from "../transport/mod.ts";
@@ -89,7 +97,10 @@ export async function runLinkBench(o: { modelDir: string; quick: boolean }) {
       for (const lossFraction of LINK_LOSSES) points.push({ rateBitsPerS, rttMs, lossFraction });
     }
   }
-  const ceiling = await measureRelayCeiling(5000);
+  const relayBinary = await buildNativeRelay();
+  const ceiling = relayBinary
+    ? await measureNativeCeiling(relayBinary)
+    : await measureRelayCeiling(5000);
   const perSentence = await _tokensPerSentence(model);
   const cluster = await startLocalCluster({ args: ["--model", model, "--ctx", "2048"] });
   const rows: LinkBenchRow[] = [];
@@ -138,6 +149,7 @@ export async function runLinkBench(o: { modelDir: string; quick: boolean }) {
         rows.push(
           ...await _runPoint(point, n, {
             ceilingBitsPerS: ceiling.bitsPerS,
+            relayBinary,
             cluster,
             base: { ...base, prompt: promptFor(n) },
             recorders: { prefiller: prefillRates, decoder: decodeRates },
@@ -148,20 +160,34 @@ export async function runLinkBench(o: { modelDir: string; quick: boolean }) {
       }
     }
     calibration = { prefiller: prefillRates.rates(), decoder: decodeRates.rates(), bytesPerToken };
-    degrade = await _degrade(cluster, ceiling.bitsPerS, { ...base, prompt: promptFor(prompts[0]) });
+    degrade = await _degrade(cluster, ceiling.bitsPerS, relayBinary, {
+      ...base,
+      prompt: promptFor(prompts[0]),
+    });
   } finally {
     await cluster.stop();
   }
   // Congestion control under loss, on the fastest rate the relay sustains here.
-  const ccRate = [20e6, 10e6].find((r) => r <= ceiling.bitsPerS * 0.8) ?? null;
+  const ccRate = [1e9, 400e6, 100e6, 20e6, 10e6].find((r) => r <= ceiling.bitsPerS * 0.8) ??
+    null;
   const cc = ccRate === null ? [] : await runCcComparison({
     rateBitsPerS: ccRate,
     rttMs: 10,
     losses: [0, 0.001, 0.01],
-    bytes: 4 << 20,
+    bytes: Math.max(4 << 20, Math.round(ccRate / 8)), // about a second at the line rate
     ceilingBitsPerS: ceiling.bitsPerS,
+    relayBinary,
+    repeats: o.quick ? 1 : 3,
   });
-  return { model: `${MODEL.family} ${MODEL.preset}`, ceiling, calibration, rows, degrade, cc };
+  return {
+    model: `${MODEL.family} ${MODEL.preset}`,
+    relay: relayBinary ? "native" : "typescript",
+    ceiling,
+    calibration,
+    rows,
+    degrade,
+    cc,
+  };
 }
 
 /** What the mid-run degradation showed. */
@@ -182,13 +208,14 @@ export interface DegradeResult {
 async function _degrade(
   cluster: LocalCluster,
   ceilingBitsPerS: number,
+  relayBinary: string | null,
   base: HandoffRequest,
 ): Promise<DegradeResult | null> {
   const rate = 10e6, pingIntervalMs = 100, fromRttMs = 2, toRttMs = 40;
   const decode = cluster.decode.peer;
-  let link: LinkEmulator;
+  let link: EmulatedLink;
   try {
-    link = new LinkEmulator({
+    link = await openLink(relayBinary, {
       target: { hostname: decode.host, port: decode.port },
       rateBitsPerS: rate,
       oneWayDelayMs: fromRttMs / 2,
@@ -214,7 +241,7 @@ async function _degrade(
       await new Promise((r) => setTimeout(r, 25));
     }
     const t0 = performance.now();
-    link.reshape({ oneWayDelayMs: toRttMs / 2 });
+    await link.reshape({ oneWayDelayMs: toRttMs / 2 });
     const inFlight = runHandoff(cluster.client, { ...base, decode: via }).then(
       (r) => ({ placement: r.placement, error: null }),
       (e) => ({ placement: null, error: (e as Error).message }),
@@ -269,9 +296,9 @@ async function _runPoint(
     measuredProbeMs: null,
   };
   const decode = x.cluster.decode.peer;
-  let link: LinkEmulator;
+  let link: EmulatedLink;
   try {
-    link = new LinkEmulator({
+    link = await openLink(x.relayBinary, {
       target: { hostname: decode.host, port: decode.port },
       rateBitsPerS: p.rateBitsPerS,
       oneWayDelayMs: p.rttMs / 2,
@@ -339,7 +366,7 @@ async function _predictAndRun(
   x: _Ctx,
   links: LinkEstimator,
   via: PeerAddress,
-  link: LinkEmulator,
+  link: EmulatedLink,
 ): Promise<HandoffTelemetry | null> {
   const decode = x.cluster.decode.peer;
   {
@@ -385,9 +412,7 @@ async function _predictAndRun(
     row.measuredTailMs = r.telemetry.uncoveredTailMs;
     row.stateBytes = r.telemetry.totalBytes;
     row.achievedBytesPerS = r.telemetry.achievedBytesPerS;
-    const s = link.stats;
-    row.relayDrops = s.forward.lost + s.forward.queueDrops + s.backward.lost +
-      s.backward.queueDrops;
+    row.relayDrops = await link.drops();
     return r.telemetry;
   }
 }

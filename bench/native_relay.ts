@@ -42,6 +42,8 @@ export interface NativeCeiling {
   /** Round trip through the relay both ways at delay 0 (one datagram at a time). */
   rttFloorUsMedian: number;
   rttFloorUsP90: number;
+  /** Every trial's figure (`measureNativeCeiling` keeps the best), bits/s. */
+  trialsBitsPerS?: number[];
 }
 
 /** What both relays offer the benches. */
@@ -88,17 +90,32 @@ export async function buildNativeRelay(
   return null;
 }
 
-/** Runs the relay's own ceiling measurement: a windowed C sender and sink through it. */
-export async function measureNativeCeiling(binary: string, packets = 100_000) {
-  const r = await new Deno.Command(binary, {
-    args: ["--ceiling", String(packets)],
-    stdout: "piped",
-    stderr: "piped",
-  }).output();
-  if (!r.success) {
-    throw new Error(`link_relay ceiling run failed: ${new TextDecoder().decode(r.stderr)}`);
+/**
+ * Runs the relay's own ceiling measurement (a windowed C sender and sink through it, all three
+ * sharing this machine's cores) `trials` times and keeps the best: on a shared machine other
+ * work takes turns, and the figure is what the relay sustained, not what it was left.
+ */
+export async function measureNativeCeiling(
+  binary: string,
+  packets = 100_000,
+  trials = 3,
+): Promise<NativeCeiling> {
+  let best: NativeCeiling | null = null;
+  const trialsBitsPerS: number[] = [];
+  for (let k = 0; k < trials; k++) {
+    const r = await new Deno.Command(binary, {
+      args: ["--ceiling", String(packets), "--nice", "-10"],
+      stdout: "piped",
+      stderr: "piped",
+    }).output();
+    if (!r.success) {
+      throw new Error(`link_relay ceiling run failed: ${new TextDecoder().decode(r.stderr)}`);
+    }
+    const c = JSON.parse(new TextDecoder().decode(r.stdout)) as NativeCeiling;
+    trialsBitsPerS.push(c.bitsPerS);
+    if (!best || c.bitsPerS > best.bitsPerS) best = c;
   }
-  return JSON.parse(new TextDecoder().decode(r.stdout)) as NativeCeiling;
+  return { ...best!, trialsBitsPerS };
 }
 
 /** Line reader over the relay's stdout. */
@@ -170,6 +187,9 @@ export class NativeLinkRelay implements EmulatedLink {
         String(o.seed ?? 1),
         "--clients-max",
         String(o.clientsMax ?? 16),
+        // Scheduled ahead of ordinary work where allowed (root): the relay is the instrument.
+        "--nice",
+        "-10",
       ],
       stdin: "piped",
       stdout: "piped",

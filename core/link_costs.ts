@@ -2,8 +2,9 @@
  * The fixed costs of a handoff that the link rate does not explain, learned from the handoffs
  * a pair of nodes served (their telemetry), so the planner predicts with measurements, never
  * constants: the decoder's continuation probe (a first decode in a freshly imported context,
- * which costs several decode steps), the import that could not overlap the wire, and what the
- * client waits for beyond the prefill itself (connection, reservation, the first token's trip).
+ * which costs several decode steps), the import that could not overlap the wire, the
+ * prefiller's own work between prefill end and the manifest (tail export, its probe step), and
+ * what the client waits for beyond the prefill (connection, reservation, the first token's trip).
  *
  * Pure: no clock, no I/O. Each term is the median of the newest `samplesMax` samples.
  *
@@ -19,6 +20,8 @@ export interface HandoffCostFacts {
   probeMs: number | null;
   lastImportMs: number;
   prefillMs: number | null;
+  uncoveredTailMs: number | null;
+  commitRoundTripMs: number | null;
 }
 
 /** What the recorder has learned; a term with no sample is absent. */
@@ -46,6 +49,7 @@ export class HandoffCostRecorder {
   readonly #probe: number[] = [];
   readonly #importPerMiB: number[] = [];
   readonly #firstToken: number[] = [];
+  readonly #prefillerPost: number[] = [];
   #samples = 0;
 
   constructor(samplesMax = 8) {
@@ -55,9 +59,22 @@ export class HandoffCostRecorder {
     this.samplesMax = samplesMax;
   }
 
-  /** One served handoff, and the client's TTFT for it when the caller measured one. */
-  record(t: HandoffCostFacts, clientTtftMs: number | null = null): void {
+  /**
+   * One served handoff, the client's TTFT for it when the caller measured one, and the link
+   * time after prefill end the model predicted for it. Prefill end to the manifest leaving is
+   * the prefiller's own work only where the link was not what it waited for, so it is learned
+   * from handoffs whose predicted link time is under a quarter of it (0 on an unshaped link).
+   */
+  record(
+    t: HandoffCostFacts,
+    clientTtftMs: number | null = null,
+    predictedLinkMs: number | null = null,
+  ): void {
     this.#samples++;
+    if (t.uncoveredTailMs !== null && t.commitRoundTripMs !== null && predictedLinkMs !== null) {
+      const post = t.uncoveredTailMs - t.commitRoundTripMs;
+      if (post >= 0 && predictedLinkMs <= post / 4) this.#push(this.#prefillerPost, post);
+    }
     if (t.probeMs !== null && t.probeMs >= 0) this.#push(this.#probe, t.probeMs);
     // What is left to import at commit: everything but the pages staged on arrival.
     const tailBytes = t.totalBytes - (t.bytesByComponent["kv-page"] ?? 0);
@@ -74,6 +91,7 @@ export class HandoffCostRecorder {
     if (this.#probe.length) out.probeMs = _median(this.#probe);
     if (this.#importPerMiB.length) out.importMsPerMiB = _median(this.#importPerMiB);
     if (this.#firstToken.length) out.firstTokenOverheadMs = _median(this.#firstToken);
+    if (this.#prefillerPost.length) out.prefillerPostMs = _median(this.#prefillerPost);
     return out;
   }
 

@@ -10,6 +10,8 @@ function facts(probeMs: number | null, lastImportMs: number, prefillMs = 1000) {
     probeMs,
     lastImportMs,
     prefillMs,
+    uncoveredTailMs: 500,
+    commitRoundTripMs: 300,
   };
 }
 
@@ -28,6 +30,16 @@ Deno.test("HandoffCostRecorder keeps the median of the newest samples of each te
   assert.equal(c.probeMs, 50);
   assert.equal(c.importMsPerMiB, 1); // 10 ms over the 10 MiB not staged as pages
   assert.equal(c.firstTokenOverheadMs, 40);
+  assert.equal(c.prefillerPostMs, undefined); // no predicted link time given: not learned
+});
+
+Deno.test("HandoffCostRecorder learns the prefiller's post-prefill work only where the link hid under it", () => {
+  const r = new HandoffCostRecorder();
+  r.record(facts(40, 0), null, 0); // unshaped: 200 ms from prefill end to the manifest
+  r.record(facts(40, 0), null, 180); // the link took most of those 200 ms: not a sample
+  assert.equal(r.costs().prefillerPostMs, 200);
+  r.record({ ...facts(40, 0), uncoveredTailMs: 420 }, null, 20);
+  assert.equal(r.costs().prefillerPostMs, 160); // median of 200 and 120
 });
 
 Deno.test("HandoffCostRecorder skips a term its record does not carry", () => {

@@ -150,9 +150,7 @@ export function planInputFor(
     // A measured probe (a first decode in a fresh context) over the decode rate's step.
     probeMs: r.costs?.probeMs ?? msPerTokenAt(dr.decode, r.promptTokens),
     snapshotDuringLastChunk: r.snapshotDuringLastChunk ?? false,
-    ...(r.costs?.importMsPerMiB !== undefined
-      ? { costs: { importMsPerMiB: r.costs.importMsPerMiB } }
-      : {}),
+    costs: { importMsPerMiB: r.costs?.importMsPerMiB, prefillerPostMs: r.costs?.prefillerPostMs },
     flags: {
       prefillerHasPrefillRole: r.prefiller.hasRole,
       decoderHasDecodeRole: r.decoder.hasRole,

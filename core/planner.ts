@@ -95,6 +95,12 @@ export interface HandoffCosts {
    * and the snapshot, at commit). Replaces `importBytesPerS`; 0 when staging hid it all.
    */
   importMsPerMiB?: number;
+  /**
+   * Prefiller: prefill end to the manifest leaving when the link is not what it waits for
+   * (the tail export and its own probe step, which the manifest carries). The bytes flow
+   * meanwhile, so the tail waits for the later of the two.
+   */
+  prefillerPostMs?: number;
 }
 
 /** Thresholds, each with its unit last. */
@@ -159,6 +165,8 @@ export interface PlanEstimates {
   snapshotTransferMs: number;
   mtpTransferMs: number;
   importMs: number;
+  /** The prefiller's own work after prefill end beyond the transfer (0: the link is later). */
+  manifestWaitMs?: number;
   commitRoundTripMs: number;
   handoffTailMs: number;
   disaggregatedMs: number;
@@ -386,7 +394,9 @@ export function estimate(
     (i.costs?.importMsPerMiB !== undefined
       ? (importBytes / 2 ** 20) * i.costs.importMsPerMiB
       : (importBytes / o.importBytesPerS) * 1000) + (reprime ? i.mtpReprimeMs! : 0);
-  const handoffTailMs = stream.uncoveredMs + snapshotTransferMs + importMs + link.rttMs;
+  const linkMs = stream.uncoveredMs + snapshotTransferMs;
+  const manifestWaitMs = Math.max(0, (i.costs?.prefillerPostMs ?? 0) - linkMs);
+  const handoffTailMs = linkMs + manifestWaitMs + importMs + link.rttMs;
   const probeMs = i.probeMs ?? 0;
   const disaggregatedMs = (i.prefillerQueueMs ?? 0) + stream.prefillMs + handoffTailMs;
   const colocatedMs = _colocatedMs(i);
@@ -400,6 +410,7 @@ export function estimate(
     snapshotTransferMs,
     mtpTransferMs: reprime ? 0 : mtpBytes / bwPerMs,
     importMs,
+    manifestWaitMs,
     commitRoundTripMs: link.rttMs,
     handoffTailMs,
     disaggregatedMs,

@@ -281,3 +281,15 @@ Deno.test("estimate() takes the decoder's measured import cost over the default 
   assert.ok(Math.abs(slow.importMs - 2 * mib) < 1e-6, `${slow.importMs} vs ${2 * mib}`);
   assert.ok(byDefault.importMs > 0 && byDefault.importMs < slow.importMs);
 });
+
+Deno.test("estimate() waits for the later of the link and the prefiller's own post-prefill work", () => {
+  const i = input({ promptTokens: 4096, snapshotDuringLastChunk: true });
+  const base = estimate(i, i.link!);
+  const linkMs = base.uncoveredKvMs + base.snapshotTransferMs;
+  const slowSender = estimate({ ...i, costs: { prefillerPostMs: linkMs + 300 } }, i.link!);
+  assert.ok(Math.abs(slowSender.handoffTailMs - (base.handoffTailMs + 300)) < 1e-6);
+  assert.ok(Math.abs(slowSender.manifestWaitMs! - 300) < 1e-6);
+  const hidden = estimate({ ...i, costs: { prefillerPostMs: linkMs / 2 } }, i.link!);
+  assert.equal(hidden.handoffTailMs, base.handoffTailMs);
+  assert.equal(hidden.manifestWaitMs, 0);
+});
