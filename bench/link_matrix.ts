@@ -94,6 +94,8 @@ export interface CalibrationRun {
   telemetry: HandoffTelemetry;
   colocatedTtftMs: number;
   colocatedTpotMs: number | null;
+  /** The unshaped handoff's TTFT on the client's clock. */
+  clientTtftMs?: number;
 }
 
 const SENTENCE = "the quick brown fox jumps over the lazy dog and ";
@@ -160,6 +162,7 @@ export async function runLinkMatrix(o: {
           telemetry: d.telemetry,
           colocatedTtftMs: c.ttftMs,
           colocatedTpotMs: c.telemetry.tpotMs,
+          clientTtftMs: d.ttftMs,
         });
         _learn(x, d.telemetry, d.ttftMs, 0); // unshaped loopback: the link hides nothing
         x.decodeRates.recordPrefill(d.telemetry.promptTokens, c.ttftMs);
@@ -167,9 +170,10 @@ export async function runLinkMatrix(o: {
           if (t.tpotMs) x.decodeRates.recordDecode(1, t.tpotMs, d.telemetry.promptTokens);
         }
       }
+      const actual = calibration[calibration.length - 1]?.promptTokens ?? n;
       for (let rep = 0; rep < o.repeats; rep++) {
         for (const p of o.points) {
-          const row = await _runPoint(x, p, n, rep, request);
+          const row = await _runPoint(x, p, n, actual, rep, request);
           rows.push(row);
           o.log?.(row);
           if (o.outFile) {
@@ -231,6 +235,7 @@ async function _runPoint(
   x: _Ctx,
   p: MatrixPoint,
   promptTokens: number,
+  actualTokens: number,
   rep: number,
   request: HandoffRequest,
 ): Promise<MatrixRow> {
@@ -292,7 +297,7 @@ async function _runPoint(
       source: e?.bandwidthSource ?? null,
     };
     const d = placeRequest({
-      promptTokens,
+      promptTokens: actualTokens,
       prefiller: {
         nodeId: x.cluster.prefill.peer.nodeId,
         rates: x.prefillRates.rates(),
