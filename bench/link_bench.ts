@@ -321,7 +321,7 @@ async function _runPoint(
     const conn = await _conn(x, via, conns);
     // The probe lasts about half a second at the emulated rate (bounded both ways).
     const probeBytes = Math.round(
-      Math.min(8 << 20, Math.max(1.5 * (1 << 20), (p.rateBitsPerS / 8) * 0.5)),
+      Math.min(8 << 20, Math.max(3 << 20, (p.rateBitsPerS / 8) * 0.5)),
     );
     const estimate = await monitor.measure(conn, probeBytes);
     // The measurement above ran from this process; it stands for the prefill worker's path.

@@ -280,7 +280,7 @@ async function _runPoint(
     const conn = await x.cluster.client.connect(via);
     // The probe lasts about a quarter second at the emulated rate (bounded both ways).
     const probeBytes = Math.round(
-      Math.min(16 << 20, Math.max(2 << 20, (p.rateBitsPerS / 8) * 0.25)),
+      Math.min(16 << 20, Math.max(3 << 20, (p.rateBitsPerS / 8) * 0.25)),
     );
     await monitor.measure(conn, probeBytes);
     await conn.close();

@@ -141,8 +141,12 @@ export async function runTransferCheck(o: {
           for (let k = 0; k < 10; k++) pings.push(await _timed(client, 0));
           row.measuredRttMs = median(pings);
           const probeBytes = Math.round(Math.min(16 << 20, Math.max(2 << 20, (rate / 8) * 0.25)));
-          const probeMs = await _timed(client, probeBytes);
-          row.probeBytesPerS = probeBytes / Math.max(1e-3, probeMs - row.measuredRttMs) * 1000;
+          // As the node's probe (transport/link_probe.ts): the first half ramps the congestion
+          // window up and is not timed, the second half is.
+          const half = Math.round(probeBytes / 2);
+          await _timed(client, half);
+          const probeMs = await _timed(client, half);
+          row.probeBytesPerS = half / Math.max(1e-3, probeMs - row.measuredRttMs) * 1000;
           for (const mib of o.mib) {
             const bytes = Math.round(mib * 2 ** 20);
             const predictedMs = (bytes / row.probeBytesPerS) * 1000 + row.measuredRttMs;
