@@ -117,6 +117,16 @@ if (import.meta.main) {
     const run = JSON.parse(await Deno.readTextFile(f)) as RunFile;
     const r = replay(run);
     all.push(...r);
+    // The noise floor: "the previous row's measurement, same prompt" as the prediction. On a
+    // quiet machine it would be near-perfect for TTFT (prefill does not depend on the link).
+    const prev = (pick: (x: Replayed) => [number, number] | null) =>
+      r.map((x, k) => {
+        const before = r.slice(0, k).reverse().find((y) =>
+          y.row.promptTokens === x.row.promptTokens && pick(y)
+        );
+        const now = pick(x);
+        return before && now ? pick(before)![1] / now[1] - 1 : null;
+      });
     const loads = run.rows.map((x) => x.loadAvg1m).filter(Number.isFinite).sort((a, b) => a - b);
     const c = run.ceiling;
     notes.push(
@@ -130,7 +140,9 @@ if (import.meta.main) {
         within(r.map((x) => err(x.ttft)))
       }, tail ${within(r.map((x) => err(x.tail)))}, link part ${
         within(r.map((x) => err(x.link)))
-      } within 15%.`,
+      } within 15%. Noise floor (previous row's measurement, same prompt, as the prediction): TTFT ${
+        within(prev((x) => x.ttft))
+      }, tail ${within(prev((x) => x.tail))}, link part ${within(prev((x) => x.link))}.`,
     );
   }
   const f = (v: number | undefined) => (v === undefined ? "-" : v.toFixed(0));
