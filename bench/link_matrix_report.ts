@@ -145,6 +145,9 @@ if (import.meta.main) {
       }, tail ${within(prev((x) => x.tail))}, link part ${within(prev((x) => x.link))}.`,
     );
   }
+  notes.push(
+    "Predictions replayed with the current planner from what each run had measured before the row; what the misses mean, and the Cubic/BBR and link-only checks: FINDINGS.md.",
+  );
   const f = (v: number | undefined) => (v === undefined ? "-" : v.toFixed(0));
   const pct = (x: [number, number] | null) => {
     const e = err(x);

@@ -8,6 +8,11 @@
  *     handoff_tail = uncovered KV transfer + final snapshot (recurrent, SWA, MTP) transfer
  *                  + import + one commit round trip
  *
+ * With the prefill worker's layer capture the recurrent state joins the page stream during the
+ * last chunk (`snapshotDuringLastChunk`), and the fixed costs (the decoder's probe, the import
+ * left at commit, the prefiller's work before the manifest) come from served handoffs
+ * (`costs`, core/link_costs.ts); the manifest leaves at the later of the link and that work.
+ *
  * Disaggregation is chosen only when every eligibility check passes and the prefiller's
  * prefill plus the tail beats the decoder recomputing the prompt by `benefitMsMin`.
  * Numbers are estimates for a single request; measured values replace them in `bench/`.
