@@ -21,6 +21,7 @@
  */
 import { UsageError } from "./errors.ts";
 import { DEFAULT_STATE_BOUNDS, TOKEN_BYTES } from "./schema.ts";
+import { streamFinish } from "./link_stream.ts";
 
 /** State sizes of the model as measured from runtime export (not assumed). */
 export interface StateSize {
@@ -380,7 +381,7 @@ export function estimate(
 ): PlanEstimates {
   const o: PlanOptions = { ...DEFAULT_PLAN_OPTIONS, ...options };
   const bwPerMs = link.bandwidthBytesPerS / 1000;
-  const stream = _streamKv(i, bwPerMs, link.rttMs);
+  const stream = streamFinish(i, bwPerMs, link.rttMs);
   const mtpBytes = _mtpBytes(i.state, i.promptTokens);
   const mtpSendMs = mtpBytes / bwPerMs + (mtpBytes / o.importBytesPerS) * 1000;
   const reprime = mtpBytes > 0 && i.mtpReprimeMs !== undefined && i.mtpReprimeMs < mtpSendMs;
@@ -392,7 +393,7 @@ export function estimate(
   const captured = i.snapshotDuringLastChunk ? i.state.recurrentBytes : 0;
   const snapshotTransferMs =
     (captured > 0
-      ? _streamKv(i, bwPerMs, link.rttMs, captured).uncoveredMs - stream.uncoveredMs
+      ? streamFinish(i, bwPerMs, link.rttMs, captured).uncoveredMs - stream.uncoveredMs
       : 0) + (snapshotBytes - captured) / bwPerMs;
   const importBytes = stream.lastPageBytes + snapshotBytes;
   const importMs =
@@ -429,53 +430,6 @@ export function estimate(
     probeMs,
     commitTailMs: handoffTailMs + probeMs,
     prefillerQueueMs: i.prefillerQueueMs ?? 0,
-  };
-}
-
-// KV pages leave in FIFO order: the cached prefix at once, then one page per computed chunk,
-// and, with layer capture, `capturedBytes` released evenly while the last chunk computes. The
-// last byte leaves at max over release points r of (r + bytes released from r on / bw); that
-// function is linear between chunk ends, so evaluating it at the link start and at every chunk
-// end is exact. The link only starts once the reservation round trip is done.
-function _streamKv(i: PlanInput, bwPerMs: number, rttMs: number, capturedBytes = 0) {
-  const kv = i.state.kvBytesPerToken;
-  const tps = i.prefillerPrefillTokensPerS / 1000;
-  const cached = i.prefillerCachedTokens ?? 0;
-  const computed = i.promptTokens - cached;
-  const n = Math.ceil(computed / i.chunkTokens);
-  const lastTokens = n === 0 ? 0 : computed - (n - 1) * i.chunkTokens;
-  const prefillMs = computed / tps;
-  const firstChunkMs = Math.min(i.chunkTokens, computed) / tps;
-  const cachedBytes = cached * kv;
-  const chunkBytes = i.chunkTokens * kv;
-  const lastPageBytes = n === 0 ? Math.min(cachedBytes, chunkBytes) : lastTokens * kv;
-  const totalBytes = cachedBytes + computed * kv;
-  const captured = n === 0 ? 0 : capturedBytes; // nothing computes: nothing to capture
-  let finishMs = rttMs + (totalBytes + captured) / bwPerMs;
-  // Chunk j (1..n) ends at its tokens / tps; at that point its page and every later one, and
-  // the captured bytes not yet released (all of them before the last chunk), are to leave.
-  for (let j = 1; j <= n; j++) {
-    const atMs = j === n ? prefillMs : (j * i.chunkTokens) / tps;
-    const pagesFrom = (computed - (j - 1) * i.chunkTokens) * kv;
-    const capturedLeft = j === n ? 0 : captured;
-    finishMs = Math.max(finishMs, atMs + (pagesFrom + capturedLeft) / bwPerMs);
-  }
-  const nonLastBytes = totalBytes - (n === 0 ? 0 : lastPageBytes);
-  let overlapFraction: number | null = null;
-  if (n >= 1 && nonLastBytes > 0) {
-    const sent = Math.min(
-      nonLastBytes,
-      bwPerMs * Math.max(0, prefillMs - rttMs),
-      n >= 2 ? cachedBytes + bwPerMs * (prefillMs - firstChunkMs) : Infinity,
-      n >= 2 ? nonLastBytes - chunkBytes + bwPerMs * (lastTokens / tps) : Infinity,
-    );
-    overlapFraction = Math.max(0, sent) / nonLastBytes;
-  }
-  return {
-    prefillMs,
-    uncoveredMs: Math.max(0, finishMs - prefillMs),
-    lastPageBytes,
-    overlapFraction,
   };
 }
 
