@@ -26,6 +26,8 @@ interface _Ctx {
   base: HandoffRequest;
   /** Each node's own measurements so far (calibration, then every handoff it served). */
   recorders: { prefiller: RateRecorder; decoder: RateRecorder };
+  /** The pair's tail costs from the handoffs served so far (core/link_costs.ts). */
+  costs: HandoffCostRecorder;
   certified: boolean;
   kvBytesPerToken: number;
 }
@@ -33,6 +35,7 @@ import { RUNTIME_DEFAULTS } from "../serve/engine.ts";
 import { LlamaModel, loadLlama } from "../ffi/mod.ts";
 import { handoffTransferSample, LinkEstimator } from "../core/link_estimates.ts";
 import { RateRecorder } from "../core/node_rates.ts";
+import { HandoffCostRecorder } from "../core/link_costs.ts";
 import { placeRequest } from "../core/placement.ts";
 import { isCertified, parseCertification } from "../core/certification.ts";
 import { LinkMonitor } from "../transport/link_monitor.ts";
@@ -120,6 +123,7 @@ export async function runLinkBench(o: { modelDir: string; quick: boolean }) {
     let bytesPerToken = 0;
     const prefillRates = new RateRecorder(cluster.prefill.peer.nodeId);
     const decodeRates = new RateRecorder(cluster.decode.peer.nodeId);
+    const costs = new HandoffCostRecorder();
     const promptFor = (n: number) =>
       SENTENCE.repeat(Math.max(1, Math.floor((n - 8) / perSentence)));
     // Calibration on the unshaped path: the warm-up run is discarded.
@@ -137,6 +141,7 @@ export async function runLinkBench(o: { modelDir: string; quick: boolean }) {
         decodeRates.recordPrefill(t.promptTokens, c.ttftMs);
         // The continuation probe is one decode step at this depth: the tail's own term.
         if (t.probeMs) decodeRates.recordDecode(1, t.probeMs, t.promptTokens);
+        costs.record(t, d.ttftMs, 0); // unshaped loopback: the link hides nothing
         // State bytes per prompt token as the runtime exported them (KV, history, framing).
         bytesPerToken = Math.max(bytesPerToken, t.totalBytes / t.promptTokens);
       }
@@ -153,6 +158,7 @@ export async function runLinkBench(o: { modelDir: string; quick: boolean }) {
             cluster,
             base: { ...base, prompt: promptFor(n) },
             recorders: { prefiller: prefillRates, decoder: decodeRates },
+            costs,
             certified: isCertified(cert, family, llamaBuild),
             kvBytesPerToken: bytesPerToken,
           }),
@@ -389,6 +395,7 @@ async function _predictAndRun(
       family: "dense",
       llamaBuild: "bench",
       state: { kvBytesPerToken: x.kvBytesPerToken, recurrentBytes: 0 },
+      costs: x.costs.costs(),
       chunkTokens: RUNTIME_DEFAULTS.chunkTokens,
     }, { links, nowMs: performance.now(), certification: null });
     row.decision = `${d.placement}${x.certified ? "" : " (family not certified)"}: ` +
@@ -407,6 +414,11 @@ async function _predictAndRun(
     const t = r.telemetry;
     if (t.prefillMs) x.recorders.prefiller.recordPrefill(t.promptTokens, t.prefillMs);
     if (t.probeMs) x.recorders.decoder.recordDecode(1, t.probeMs, t.promptTokens);
+    x.costs.record(
+      t,
+      r.ttftMs,
+      d.estimates ? d.estimates.uncoveredKvMs + d.estimates.snapshotTransferMs : null,
+    );
     row.measuredProbeMs = r.telemetry.probeMs;
     row.measuredTtftMs = r.ttftMs;
     row.measuredTailMs = r.telemetry.uncoveredTailMs;
