@@ -20,10 +20,14 @@ import type { PeerAddress } from "../serve/messages.ts";
 /** What every grid point shares. */
 interface _Ctx {
   ceilingBitsPerS: number;
+  /** The native relay (null: the TypeScript relay, no C compiler here). */
+  relayBinary: string | null;
   cluster: LocalCluster;
   base: HandoffRequest;
   /** Each node's own measurements so far (calibration, then every handoff it served). */
   recorders: { prefiller: RateRecorder; decoder: RateRecorder };
+  /** The pair's tail costs from the handoffs served so far (core/link_costs.ts). */
+  costs: HandoffCostRecorder;
   certified: boolean;
   kvBytesPerToken: number;
 }
@@ -31,10 +35,17 @@ import { RUNTIME_DEFAULTS } from "../serve/engine.ts";
 import { LlamaModel, loadLlama } from "../ffi/mod.ts";
 import { handoffTransferSample, LinkEstimator } from "../core/link_estimates.ts";
 import { RateRecorder } from "../core/node_rates.ts";
+import { HandoffCostRecorder } from "../core/link_costs.ts";
 import { placeRequest } from "../core/placement.ts";
 import { isCertified, parseCertification } from "../core/certification.ts";
 import { LinkMonitor } from "../transport/link_monitor.ts";
-import { LinkEmulator, measureRelayCeiling } from "./link_emulator.ts";
+import { measureRelayCeiling } from "./link_emulator.ts";
+import {
+  buildNativeRelay,
+  type EmulatedLink,
+  measureNativeCeiling,
+  openLink,
+} from "./native_relay.ts";
 import { runCcComparison } from "./cc_bench.ts";
 import type { HandoffTelemetry } from "../core/telemetry.ts";
 import type { PeerConnection } from "../transport/mod.ts";
@@ -89,7 +100,10 @@ export async function runLinkBench(o: { modelDir: string; quick: boolean }) {
       for (const lossFraction of LINK_LOSSES) points.push({ rateBitsPerS, rttMs, lossFraction });
     }
   }
-  const ceiling = await measureRelayCeiling(5000);
+  const relayBinary = await buildNativeRelay();
+  const ceiling = relayBinary
+    ? await measureNativeCeiling(relayBinary)
+    : await measureRelayCeiling(5000);
   const perSentence = await _tokensPerSentence(model);
   const cluster = await startLocalCluster({ args: ["--model", model, "--ctx", "2048"] });
   const rows: LinkBenchRow[] = [];
@@ -109,6 +123,7 @@ export async function runLinkBench(o: { modelDir: string; quick: boolean }) {
     let bytesPerToken = 0;
     const prefillRates = new RateRecorder(cluster.prefill.peer.nodeId);
     const decodeRates = new RateRecorder(cluster.decode.peer.nodeId);
+    const costs = new HandoffCostRecorder();
     const promptFor = (n: number) =>
       SENTENCE.repeat(Math.max(1, Math.floor((n - 8) / perSentence)));
     // Calibration on the unshaped path: the warm-up run is discarded.
@@ -126,6 +141,7 @@ export async function runLinkBench(o: { modelDir: string; quick: boolean }) {
         decodeRates.recordPrefill(t.promptTokens, c.ttftMs);
         // The continuation probe is one decode step at this depth: the tail's own term.
         if (t.probeMs) decodeRates.recordDecode(1, t.probeMs, t.promptTokens);
+        costs.record(t, d.ttftMs, 0); // unshaped loopback: the link hides nothing
         // State bytes per prompt token as the runtime exported them (KV, history, framing).
         bytesPerToken = Math.max(bytesPerToken, t.totalBytes / t.promptTokens);
       }
@@ -138,9 +154,11 @@ export async function runLinkBench(o: { modelDir: string; quick: boolean }) {
         rows.push(
           ...await _runPoint(point, n, {
             ceilingBitsPerS: ceiling.bitsPerS,
+            relayBinary,
             cluster,
             base: { ...base, prompt: promptFor(n) },
             recorders: { prefiller: prefillRates, decoder: decodeRates },
+            costs,
             certified: isCertified(cert, family, llamaBuild),
             kvBytesPerToken: bytesPerToken,
           }),
@@ -148,20 +166,34 @@ export async function runLinkBench(o: { modelDir: string; quick: boolean }) {
       }
     }
     calibration = { prefiller: prefillRates.rates(), decoder: decodeRates.rates(), bytesPerToken };
-    degrade = await _degrade(cluster, ceiling.bitsPerS, { ...base, prompt: promptFor(prompts[0]) });
+    degrade = await _degrade(cluster, ceiling.bitsPerS, relayBinary, {
+      ...base,
+      prompt: promptFor(prompts[0]),
+    });
   } finally {
     await cluster.stop();
   }
   // Congestion control under loss, on the fastest rate the relay sustains here.
-  const ccRate = [20e6, 10e6].find((r) => r <= ceiling.bitsPerS * 0.8) ?? null;
+  const ccRate = [1e9, 400e6, 100e6, 20e6, 10e6].find((r) => r <= ceiling.bitsPerS * 0.8) ??
+    null;
   const cc = ccRate === null ? [] : await runCcComparison({
     rateBitsPerS: ccRate,
     rttMs: 10,
     losses: [0, 0.001, 0.01],
-    bytes: 4 << 20,
+    bytes: Math.max(4 << 20, Math.round(ccRate / 8)), // about a second at the line rate
     ceilingBitsPerS: ceiling.bitsPerS,
+    relayBinary,
+    repeats: o.quick ? 1 : 3,
   });
-  return { model: `${MODEL.family} ${MODEL.preset}`, ceiling, calibration, rows, degrade, cc };
+  return {
+    model: `${MODEL.family} ${MODEL.preset}`,
+    relay: relayBinary ? "native" : "typescript",
+    ceiling,
+    calibration,
+    rows,
+    degrade,
+    cc,
+  };
 }
 
 /** What the mid-run degradation showed. */
@@ -182,13 +214,14 @@ export interface DegradeResult {
 async function _degrade(
   cluster: LocalCluster,
   ceilingBitsPerS: number,
+  relayBinary: string | null,
   base: HandoffRequest,
 ): Promise<DegradeResult | null> {
   const rate = 10e6, pingIntervalMs = 100, fromRttMs = 2, toRttMs = 40;
   const decode = cluster.decode.peer;
-  let link: LinkEmulator;
+  let link: EmulatedLink;
   try {
-    link = new LinkEmulator({
+    link = await openLink(relayBinary, {
       target: { hostname: decode.host, port: decode.port },
       rateBitsPerS: rate,
       oneWayDelayMs: fromRttMs / 2,
@@ -214,7 +247,7 @@ async function _degrade(
       await new Promise((r) => setTimeout(r, 25));
     }
     const t0 = performance.now();
-    link.reshape({ oneWayDelayMs: toRttMs / 2 });
+    await link.reshape({ oneWayDelayMs: toRttMs / 2 });
     const inFlight = runHandoff(cluster.client, { ...base, decode: via }).then(
       (r) => ({ placement: r.placement, error: null }),
       (e) => ({ placement: null, error: (e as Error).message }),
@@ -269,9 +302,9 @@ async function _runPoint(
     measuredProbeMs: null,
   };
   const decode = x.cluster.decode.peer;
-  let link: LinkEmulator;
+  let link: EmulatedLink;
   try {
-    link = new LinkEmulator({
+    link = await openLink(x.relayBinary, {
       target: { hostname: decode.host, port: decode.port },
       rateBitsPerS: p.rateBitsPerS,
       oneWayDelayMs: p.rttMs / 2,
@@ -294,7 +327,7 @@ async function _runPoint(
     const conn = await _conn(x, via, conns);
     // The probe lasts about half a second at the emulated rate (bounded both ways).
     const probeBytes = Math.round(
-      Math.min(8 << 20, Math.max(1.5 * (1 << 20), (p.rateBitsPerS / 8) * 0.5)),
+      Math.min(8 << 20, Math.max(3 << 20, (p.rateBitsPerS / 8) * 0.5)),
     );
     const estimate = await monitor.measure(conn, probeBytes);
     // The measurement above ran from this process; it stands for the prefill worker's path.
@@ -339,7 +372,7 @@ async function _predictAndRun(
   x: _Ctx,
   links: LinkEstimator,
   via: PeerAddress,
-  link: LinkEmulator,
+  link: EmulatedLink,
 ): Promise<HandoffTelemetry | null> {
   const decode = x.cluster.decode.peer;
   {
@@ -362,6 +395,7 @@ async function _predictAndRun(
       family: "dense",
       llamaBuild: "bench",
       state: { kvBytesPerToken: x.kvBytesPerToken, recurrentBytes: 0 },
+      costs: x.costs.costs(),
       chunkTokens: RUNTIME_DEFAULTS.chunkTokens,
     }, { links, nowMs: performance.now(), certification: null });
     row.decision = `${d.placement}${x.certified ? "" : " (family not certified)"}: ` +
@@ -380,14 +414,17 @@ async function _predictAndRun(
     const t = r.telemetry;
     if (t.prefillMs) x.recorders.prefiller.recordPrefill(t.promptTokens, t.prefillMs);
     if (t.probeMs) x.recorders.decoder.recordDecode(1, t.probeMs, t.promptTokens);
+    x.costs.record(
+      t,
+      r.ttftMs,
+      d.estimates ? d.estimates.uncoveredKvMs + d.estimates.snapshotTransferMs : null,
+    );
     row.measuredProbeMs = r.telemetry.probeMs;
     row.measuredTtftMs = r.ttftMs;
     row.measuredTailMs = r.telemetry.uncoveredTailMs;
     row.stateBytes = r.telemetry.totalBytes;
     row.achievedBytesPerS = r.telemetry.achievedBytesPerS;
-    const s = link.stats;
-    row.relayDrops = s.forward.lost + s.forward.queueDrops + s.backward.lost +
-      s.backward.queueDrops;
+    row.relayDrops = await link.drops();
     return r.telemetry;
   }
 }

@@ -145,7 +145,7 @@ export class LinkEmulator implements Disposable {
   #closed = false;
 
   constructor(o: LinkEmulatorOptions) {
-    _checkShape(o);
+    checkLinkShape(o);
     const share = o.ceilingShare ?? 0.8;
     if (o.ceilingBitsPerS !== undefined && o.rateBitsPerS > o.ceilingBitsPerS * share) {
       throw new RangeError(
@@ -210,7 +210,7 @@ export class LinkEmulator implements Disposable {
    */
   reshape(change: Partial<LinkShape>): void {
     const next = { ...this.shape, ...change };
-    _checkShape(next);
+    checkLinkShape(next);
     if (this.#ceiling !== undefined && next.rateBitsPerS > this.#ceiling) {
       throw new RangeError(
         `Link rate ${_mbit(next.rateBitsPerS)} is over what this relay sustains`,
@@ -264,7 +264,8 @@ export class LinkEmulator implements Disposable {
   }
 }
 
-function _checkShape(s: LinkShape): void {
+/** Throws a RangeError naming the first invalid field of a link shape. */
+export function checkLinkShape(s: LinkShape): void {
   const bad = (name: string, v: number, what: string) =>
     new RangeError(`Invalid link ${name} ${v}: ${what}`);
   if (!(s.rateBitsPerS > 0 && Number.isFinite(s.rateBitsPerS))) {

@@ -74,9 +74,9 @@ export async function linkSection(o: { modelDir: string; quick: boolean }): Prom
       ]),
     ),
     notes: [
-      `${r.model}; relay ceiling measured at ${
+      `${r.model}; ${r.relay} relay, ceiling measured at ${
         (r.ceiling.bitsPerS / 1e6).toFixed(1)
-      } Mbit/s in this process ` +
+      } Mbit/s ` +
       `(${r.ceiling.packets} packets of ${r.ceiling.packetBytes} B); rates over 0.8 of it are refused.`,
       r.degrade
         ? `Degradation mid-run (RTT ${r.degrade.fromRttMs} -> ${r.degrade.toRttMs} ms, pings every ${r.degrade.pingIntervalMs} ms): flagged after ${
@@ -101,15 +101,15 @@ export async function linkSection(o: { modelDir: string; quick: boolean }): Prom
         }%. Prefill and the probe step are compute, and on this shared 2-core machine their times vary several-fold between identical runs, so TTFT and the whole tail inherit that noise.`;
       })(),
       r.cc.length
-        ? `One raw QUIC stream of 4 MiB at ${r.cc[0].rateBitsPerS / 1e6} Mbit/s, RTT ${
-          r.cc[0].rttMs
-        } ms, share of line rate by loss: ${
+        ? `One raw QUIC stream (about a second of data) at ${
+          r.cc[0].rateBitsPerS / 1e6
+        } Mbit/s, RTT ${r.cc[0].rttMs} ms, share of line rate by loss: ${
           r.cc.map((c) =>
             `${c.congestionControl === "default" ? "Cubic" : "BBR"} ${c.lossFraction * 100}% ${
               c.ofLineRate.toFixed(2)
             }`
           ).join(", ")
-        } (the transport default is unchanged).`
+        } (median of the repeats; see bench/cc_bench.ts for the rates 100M-1G).`
         : "Congestion-control comparison not run (relay ceiling too low).",
       `${ran.length} of ${r.rows.length} points measured. Link figures are measured through the relay (pings + one probe), rates calibrated on the unshaped path; TTFT on the client's clock, tail = prefill end to CommitAck.`,
     ],

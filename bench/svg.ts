@@ -141,3 +141,52 @@ export function barChart(
   body += legend(series.map((s) => s.name), MARGIN.left + pw + 12);
   return frame(o, w, h, body);
 }
+
+/**
+ * Predicted (x) against measured (y), one colour per series, on log axes, with the y = x line
+ * and a band of +-`bandShare` around it: points inside the band are predictions within it.
+ */
+export function scatterChart(
+  series: Series[],
+  o: ChartOptions & { bandShare?: number },
+): string {
+  const w = o.width ?? 720;
+  const h = o.height ?? 560;
+  const pw = w - MARGIN.left - MARGIN.right;
+  const ph = h - MARGIN.top - MARGIN.bottom;
+  const all = series.flatMap((s) => s.points).filter((p) => p.x > 0 && p.y > 0);
+  if (all.length === 0) return frame(o, w, h, "");
+  const vals = all.flatMap((p) => [p.x, p.y]);
+  const lo = Math.log10(Math.min(...vals) / 1.3), hi = Math.log10(Math.max(...vals) * 1.3);
+  const px = (v: number) => MARGIN.left + ((Math.log10(v) - lo) / (hi - lo)) * pw;
+  const py = (v: number) => MARGIN.top + ph - ((Math.log10(v) - lo) / (hi - lo)) * ph;
+  const a = 10 ** lo, b = 10 ** hi, band = o.bandShare ?? 0.15;
+  let body = `<rect x="${MARGIN.left}" y="${MARGIN.top}" width="${pw}" height="${ph}" ` +
+    `fill="none" stroke="#999"/>\n`;
+  body += `<polygon fill="#eef6ee" points="${px(a)},${py(a * (1 + band))} ${px(b / (1 + band))},` +
+    `${py(b)} ${px(b)},${py(b)} ${px(b)},${py(b * (1 - band))} ${px(a)},${py(a * (1 - band))}"/>\n`;
+  body += `<line x1="${px(a)}" y1="${py(a)}" x2="${px(b)}" y2="${py(b)}" stroke="#888" ` +
+    `stroke-dasharray="4 3"/>\n`;
+  for (let e = Math.ceil(lo); e <= Math.floor(hi); e++) {
+    for (const m of [1, 2, 5]) {
+      const t = m * 10 ** e;
+      if (t < a || t > b) continue;
+      body += `<text x="${px(t)}" y="${MARGIN.top + ph + 16}" text-anchor="middle">${fmt(t)}` +
+        `</text><text x="${MARGIN.left - 6}" y="${py(t) + 4}" text-anchor="end">${fmt(t)}</text>\n`;
+    }
+  }
+  series.forEach((s, i) => {
+    const color = COLORS[i % COLORS.length];
+    body += s.points.filter((p) =>
+      p.x > 0 && p.y > 0
+    ).map((p) =>
+      `<circle cx="${px(p.x).toFixed(1)}" cy="${py(p.y).toFixed(1)}" r="3.5" fill="${color}" ` +
+      `fill-opacity="0.8"/>`
+    ).join("") + "\n";
+  });
+  body += legend(
+    [...series.map((s) => s.name), `y = x (band: +-${Math.round(band * 100)}%)`],
+    MARGIN.left + pw + 12,
+  );
+  return frame(o, w, h, body);
+}

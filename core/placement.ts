@@ -12,6 +12,7 @@
 import type { CertificationFile } from "./certification.ts";
 import { isCertified } from "./certification.ts";
 import type { LinkEstimate, LinkEstimator } from "./link_estimates.ts";
+import type { MeasuredHandoffCosts } from "./link_costs.ts";
 import { averagePrefillTokensPerS, msPerTokenAt, type NodeRates } from "./node_rates.ts";
 import { type Plan, plan, type PlanInput, type PlanOptions, type StateSize } from "./planner.ts";
 
@@ -39,6 +40,10 @@ export interface PlacementRequest {
   llamaBuild: string;
   state: StateSize;
   chunkTokens: number;
+  /** The prefiller sends the recurrent state while the last chunk computes (layer capture). */
+  snapshotDuringLastChunk?: boolean;
+  /** Costs measured on the pair's served handoffs (core/link_costs.ts). */
+  costs?: MeasuredHandoffCosts;
 }
 
 export interface PlacementContext {
@@ -51,7 +56,7 @@ export interface PlacementContext {
 
 /** What the decision predicts, to be recorded beside the measurement. */
 export interface PlacementPrediction {
-  /** Client's first token, disaggregated: queue + prefill on the prefiller. */
+  /** Client's first token, disaggregated: queue + prefill on the prefiller + measured overhead. */
   ttftDisaggregatedMs: number;
   /** Client's first token, colocated: the decoder prefilling itself. */
   ttftColocatedMs: number;
@@ -104,7 +109,8 @@ export function placeRequest(r: PlacementRequest, ctx: PlacementContext): Placem
   const e = p.estimates;
   const prediction = e
     ? {
-      ttftDisaggregatedMs: (e.prefillerQueueMs ?? 0) + e.prefillerPrefillMs,
+      ttftDisaggregatedMs: (e.prefillerQueueMs ?? 0) + e.prefillerPrefillMs +
+        (r.costs?.firstTokenOverheadMs ?? 0),
       ttftColocatedMs: e.colocatedMs,
       commitTailMs: e.commitTailMs ?? e.handoffTailMs,
     }
@@ -141,7 +147,10 @@ export function planInputFor(
     prefillerQueueMs: r.prefiller.queueMs ?? 0,
     decoderFreeBytes: r.decoder.freeBytes,
     chunkTokens: r.chunkTokens,
-    probeMs: msPerTokenAt(dr.decode, r.promptTokens),
+    // A measured probe (a first decode in a fresh context) over the decode rate's step.
+    probeMs: r.costs?.probeMs ?? msPerTokenAt(dr.decode, r.promptTokens),
+    snapshotDuringLastChunk: r.snapshotDuringLastChunk ?? false,
+    costs: { importMsPerMiB: r.costs?.importMsPerMiB, prefillerPostMs: r.costs?.prefillerPostMs },
     flags: {
       prefillerHasPrefillRole: r.prefiller.hasRole,
       decoderHasDecodeRole: r.decoder.hasRole,

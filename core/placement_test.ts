@@ -174,3 +174,27 @@ Deno.test("a handoff record carries the prediction beside the measured tail", as
   };
   assert.match(formatTelemetry(t), /predicted tail \d/);
 });
+
+Deno.test("placeRequest() predicts with the pair's measured costs: probe, import, first-token overhead", () => {
+  const plain = placeRequest(request(), ctx());
+  const measured = placeRequest(
+    request({
+      snapshotDuringLastChunk: true,
+      costs: { samples: 4, probeMs: 300, importMsPerMiB: 0, firstTokenOverheadMs: 25 },
+    }),
+    ctx(),
+  );
+  const p = plain.estimates!, m = measured.estimates!;
+  assert.equal(m.probeMs, 300); // the measured probe, not the decode rate's 25 ms step
+  assert.equal(p.probeMs, 25);
+  assert.equal(m.importMs, 0);
+  assert.ok(
+    m.snapshotTransferMs < p.snapshotTransferMs,
+    "recurrent state sent during the last chunk",
+  );
+  assert.equal(
+    measured.prediction!.ttftDisaggregatedMs,
+    plain.prediction!.ttftDisaggregatedMs + 25,
+  );
+  assert.equal(measured.prediction!.commitTailMs, m.handoffTailMs + 300);
+});

@@ -73,6 +73,9 @@ function _tail(e: PlanEstimates, add: Add): void {
   if (e.mtpMode === "reprime") {
     add("tail", "MTP reprime", null, "recomputed on the decoder (in import)");
   }
+  if (e.manifestWaitMs) {
+    add("tail", "prefiller work", e.manifestWaitMs, "tail export and probe beyond the transfer");
+  }
   add("tail", "import", e.importMs, "last page + snapshot into the decoder's context");
   add("tail", "commit round trip", e.commitRoundTripMs, "CommitAck, one RTT");
   add("tail", "= handoff tail", e.handoffTailMs, "");

@@ -8,6 +8,11 @@
  *     handoff_tail = uncovered KV transfer + final snapshot (recurrent, SWA, MTP) transfer
  *                  + import + one commit round trip
  *
+ * With the prefill worker's layer capture the recurrent state joins the page stream during the
+ * last chunk (`snapshotDuringLastChunk`), and the fixed costs (the decoder's probe, the import
+ * left at commit, the prefiller's work before the manifest) come from served handoffs
+ * (`costs`, core/link_costs.ts); the manifest leaves at the later of the link and that work.
+ *
  * Disaggregation is chosen only when every eligibility check passes and the prefiller's
  * prefill plus the tail beats the decoder recomputing the prompt by `benefitMsMin`.
  * Numbers are estimates for a single request; measured values replace them in `bench/`.
@@ -16,6 +21,7 @@
  */
 import { UsageError } from "./errors.ts";
 import { DEFAULT_STATE_BOUNDS, TOKEN_BYTES } from "./schema.ts";
+import { streamFinish } from "./link_stream.ts";
 
 /** State sizes of the model as measured from runtime export (not assumed). */
 export interface StateSize {
@@ -78,6 +84,29 @@ export interface PlanInput {
   mtpReprimeMs?: number;
   /** Decoder's continuation probe (one decode step) before CommitAck, in ms (absent: 0). */
   probeMs?: number;
+  /**
+   * The recurrent state (conv + SSM) leaves layer by layer while the last chunk computes (the
+   * prefill worker's layer capture, ffi/layer_capture.ts), so it joins the page stream during
+   * the last chunk instead of after it. Absent: false (it is sent after prefill ends).
+   */
+  snapshotDuringLastChunk?: boolean;
+  /** Tail costs measured on served handoffs (core/link_costs.ts); absent: the options' rates. */
+  costs?: HandoffCosts;
+}
+
+/** Tail costs the nodes measured on handoffs they served, each with its unit last. */
+export interface HandoffCosts {
+  /**
+   * Decoder: milliseconds per MiB of the import that could not overlap the wire (the last page
+   * and the snapshot, at commit). Replaces `importBytesPerS`; 0 when staging hid it all.
+   */
+  importMsPerMiB?: number;
+  /**
+   * Prefiller: prefill end to the manifest leaving when the link is not what it waits for
+   * (the tail export and its own probe step, which the manifest carries). The bytes flow
+   * meanwhile, so the tail waits for the later of the two.
+   */
+  prefillerPostMs?: number;
 }
 
 /** Thresholds, each with its unit last. */
@@ -142,6 +171,8 @@ export interface PlanEstimates {
   snapshotTransferMs: number;
   mtpTransferMs: number;
   importMs: number;
+  /** The prefiller's own work after prefill end beyond the transfer (0: the link is later). */
+  manifestWaitMs?: number;
   commitRoundTripMs: number;
   handoffTailMs: number;
   disaggregatedMs: number;
@@ -350,17 +381,28 @@ export function estimate(
 ): PlanEstimates {
   const o: PlanOptions = { ...DEFAULT_PLAN_OPTIONS, ...options };
   const bwPerMs = link.bandwidthBytesPerS / 1000;
-  const stream = _streamKv(i, bwPerMs, link.rttMs);
+  const stream = streamFinish(i, bwPerMs, link.rttMs);
   const mtpBytes = _mtpBytes(i.state, i.promptTokens);
   const mtpSendMs = mtpBytes / bwPerMs + (mtpBytes / o.importBytesPerS) * 1000;
   const reprime = mtpBytes > 0 && i.mtpReprimeMs !== undefined && i.mtpReprimeMs < mtpSendMs;
   const mtpMode = mtpBytes === 0 ? "none" : reprime ? "reprime" : "transfer";
   const snapshotBytes = snapshotBytesFor(i.state, i.promptTokens) - (reprime ? mtpBytes : 0);
   const kvBytes = i.promptTokens * i.state.kvBytesPerToken;
-  const snapshotTransferMs = snapshotBytes / bwPerMs;
-  const importMs = ((stream.lastPageBytes + snapshotBytes) / o.importBytesPerS) * 1000 +
-    (reprime ? i.mtpReprimeMs! : 0);
-  const handoffTailMs = stream.uncoveredMs + snapshotTransferMs + importMs + link.rttMs;
+  // With layer capture the recurrent bytes share the stream during the last chunk: what they
+  // add is the combined stream's finish less the pages' own, and the rest follows at the rate.
+  const captured = i.snapshotDuringLastChunk ? i.state.recurrentBytes : 0;
+  const snapshotTransferMs =
+    (captured > 0
+      ? streamFinish(i, bwPerMs, link.rttMs, captured).uncoveredMs - stream.uncoveredMs
+      : 0) + (snapshotBytes - captured) / bwPerMs;
+  const importBytes = stream.lastPageBytes + snapshotBytes;
+  const importMs =
+    (i.costs?.importMsPerMiB !== undefined
+      ? (importBytes / 2 ** 20) * i.costs.importMsPerMiB
+      : (importBytes / o.importBytesPerS) * 1000) + (reprime ? i.mtpReprimeMs! : 0);
+  const linkMs = stream.uncoveredMs + snapshotTransferMs;
+  const manifestWaitMs = Math.max(0, (i.costs?.prefillerPostMs ?? 0) - linkMs);
+  const handoffTailMs = linkMs + manifestWaitMs + importMs + link.rttMs;
   const probeMs = i.probeMs ?? 0;
   const disaggregatedMs = (i.prefillerQueueMs ?? 0) + stream.prefillMs + handoffTailMs;
   const colocatedMs = _colocatedMs(i);
@@ -374,6 +416,7 @@ export function estimate(
     snapshotTransferMs,
     mtpTransferMs: reprime ? 0 : mtpBytes / bwPerMs,
     importMs,
+    manifestWaitMs,
     commitRoundTripMs: link.rttMs,
     handoffTailMs,
     disaggregatedMs,
@@ -387,56 +430,6 @@ export function estimate(
     probeMs,
     commitTailMs: handoffTailMs + probeMs,
     prefillerQueueMs: i.prefillerQueueMs ?? 0,
-  };
-}
-
-// KV pages leave in FIFO order: the cached prefix at once, then one page per computed chunk.
-// The last byte leaves at max over release points r of (r + bytes released from r on / bw);
-// that function is linear between the first, second-to-last and last chunk, so four points
-// suffice. The link only starts once the reservation round trip is done.
-function _streamKv(i: PlanInput, bwPerMs: number, rttMs: number) {
-  const kv = i.state.kvBytesPerToken;
-  const tps = i.prefillerPrefillTokensPerS / 1000;
-  const cached = i.prefillerCachedTokens ?? 0;
-  const computed = i.promptTokens - cached;
-  const n = Math.ceil(computed / i.chunkTokens);
-  const lastTokens = n === 0 ? 0 : computed - (n - 1) * i.chunkTokens;
-  const prefillMs = computed / tps;
-  const firstChunkMs = Math.min(i.chunkTokens, computed) / tps;
-  const cachedBytes = cached * kv;
-  const chunkBytes = i.chunkTokens * kv;
-  const lastPageBytes = n === 0 ? Math.min(cachedBytes, chunkBytes) : lastTokens * kv;
-  const totalBytes = cachedBytes + computed * kv;
-  let finishMs = rttMs + totalBytes / bwPerMs;
-  if (n >= 1) {
-    finishMs = Math.max(
-      finishMs,
-      firstChunkMs + (computed * kv) / bwPerMs,
-      prefillMs + lastPageBytes / bwPerMs,
-    );
-  }
-  if (n >= 2) {
-    finishMs = Math.max(
-      finishMs,
-      prefillMs - lastTokens / tps + (chunkBytes + lastPageBytes) / bwPerMs,
-    );
-  }
-  const nonLastBytes = totalBytes - (n === 0 ? 0 : lastPageBytes);
-  let overlapFraction: number | null = null;
-  if (n >= 1 && nonLastBytes > 0) {
-    const sent = Math.min(
-      nonLastBytes,
-      bwPerMs * Math.max(0, prefillMs - rttMs),
-      n >= 2 ? cachedBytes + bwPerMs * (prefillMs - firstChunkMs) : Infinity,
-      n >= 2 ? nonLastBytes - chunkBytes + bwPerMs * (lastTokens / tps) : Infinity,
-    );
-    overlapFraction = Math.max(0, sent) / nonLastBytes;
-  }
-  return {
-    prefillMs,
-    uncoveredMs: Math.max(0, finishMs - prefillMs),
-    lastPageBytes,
-    overlapFraction,
   };
 }
 

@@ -198,3 +198,98 @@ Deno.test("estimate() agrees with a brute-force FIFO simulation of the page stre
     }
   }
 });
+
+// The same FIFO with layer capture: the recurrent bytes leave in `slices` equal pieces released
+// evenly while the last chunk computes, before the last page.
+function simulateCapture(i: PlanInput, slices: number) {
+  const link = i.link!;
+  const bw = link.bandwidthBytesPerS / 1000;
+  const tps = i.prefillerPrefillTokensPerS / 1000;
+  const cached = i.prefillerCachedTokens ?? 0;
+  const releases: { at: number; bytes: number }[] = [];
+  if (cached > 0) releases.push({ at: 0, bytes: cached * i.state.kvBytesPerToken });
+  let done = 0;
+  for (let t = cached; t < i.promptTokens; t += i.chunkTokens) {
+    const tokens = Math.min(i.chunkTokens, i.promptTokens - t);
+    const start = done / tps;
+    done += tokens;
+    if (done + cached >= i.promptTokens) {
+      for (let k = 1; k <= slices; k++) {
+        const at = start + ((done / tps - start) * k) / slices;
+        releases.push({ at, bytes: i.state.recurrentBytes / slices });
+      }
+    }
+    releases.push({ at: done / tps, bytes: tokens * i.state.kvBytesPerToken });
+  }
+  let clock = link.rttMs;
+  for (const r of releases) clock = Math.max(clock, r.at) + r.bytes / bw;
+  return Math.max(0, clock - done / tps);
+}
+
+Deno.test("estimate() with layer capture agrees with a FIFO simulation of pages and layers", () => {
+  let seed = 11;
+  const random = () => ((seed = (seed * 1103515245 + 12345) % 2 ** 31) / 2 ** 31);
+  for (let k = 0; k < 300; k++) {
+    const promptTokens = 1 + Math.floor(random() * 40_000);
+    const i = input({
+      promptTokens,
+      prefillerCachedTokens: random() < 0.3 ? Math.floor(random() * (promptTokens - 1)) : 0,
+      chunkTokens: 1 + Math.floor(random() * 4096),
+      prefillerPrefillTokensPerS: 500 + random() * 50_000,
+      link: { bandwidthBytesPerS: 1e7 + random() * 1e10, rttMs: random() * 5, ageMs: 0 },
+      snapshotDuringLastChunk: true,
+      state: { kvBytesPerToken: 8192, recurrentBytes: random() * 200 * MIB },
+    });
+    const e = estimate(i, i.link!);
+    // Each slice leaves at the end of its share of the chunk, so the simulation is late by at
+    // most one slice's send time against the even release the model takes.
+    const slices = 2000;
+    const sim = simulateCapture(i, slices);
+    const sliceMs = i.state.recurrentBytes / slices / (i.link!.bandwidthBytesPerS / 1000);
+    const modelled = e.uncoveredKvMs + e.snapshotTransferMs -
+      (e.snapshotBytes - i.state.recurrentBytes) / (i.link!.bandwidthBytesPerS / 1000);
+    assert.ok(
+      modelled <= sim + 1e-6 && sim <= modelled + sliceMs + 1e-6,
+      `${JSON.stringify({ promptTokens, ch: i.chunkTokens })}: ${modelled} vs ${sim}`,
+    );
+  }
+});
+
+Deno.test("estimate() hides the recurrent snapshot in the last chunk's compute with layer capture", () => {
+  // 10 MiB recurrent, 12.5 MB/s: 0.84 s after prefill without capture; a 2 s last chunk hides it.
+  const base = input({
+    promptTokens: 512,
+    chunkTokens: 512,
+    prefillerPrefillTokensPerS: 256,
+    state: { kvBytesPerToken: 512, recurrentBytes: 10 * MIB },
+    link: { bandwidthBytesPerS: 12.5e6, rttMs: 2, ageMs: 0 },
+  });
+  const after = estimate(base, base.link!);
+  const during = estimate({ ...base, snapshotDuringLastChunk: true }, base.link!);
+  assert.ok(after.snapshotTransferMs > 800, `${after.snapshotTransferMs}`);
+  assert.ok(during.snapshotTransferMs < 5, `${during.snapshotTransferMs}`);
+  assert.ok(during.handoffTailMs < after.handoffTailMs - 800);
+});
+
+Deno.test("estimate() takes the decoder's measured import cost over the default rate", () => {
+  const i = input({ promptTokens: 4096 });
+  const byDefault = estimate(i, i.link!);
+  const hidden = estimate({ ...i, costs: { importMsPerMiB: 0 } }, i.link!);
+  const slow = estimate({ ...i, costs: { importMsPerMiB: 2 } }, i.link!);
+  const mib = (byDefault.snapshotBytes + 2048 * 8192) / MIB;
+  assert.equal(hidden.importMs, 0);
+  assert.ok(Math.abs(slow.importMs - 2 * mib) < 1e-6, `${slow.importMs} vs ${2 * mib}`);
+  assert.ok(byDefault.importMs > 0 && byDefault.importMs < slow.importMs);
+});
+
+Deno.test("estimate() waits for the later of the link and the prefiller's own post-prefill work", () => {
+  const i = input({ promptTokens: 4096, snapshotDuringLastChunk: true });
+  const base = estimate(i, i.link!);
+  const linkMs = base.uncoveredKvMs + base.snapshotTransferMs;
+  const slowSender = estimate({ ...i, costs: { prefillerPostMs: linkMs + 300 } }, i.link!);
+  assert.ok(Math.abs(slowSender.handoffTailMs - (base.handoffTailMs + 300)) < 1e-6);
+  assert.ok(Math.abs(slowSender.manifestWaitMs! - 300) < 1e-6);
+  const hidden = estimate({ ...i, costs: { prefillerPostMs: linkMs / 2 } }, i.link!);
+  assert.equal(hidden.handoffTailMs, base.handoffTailMs);
+  assert.equal(hidden.manifestWaitMs, 0);
+});

@@ -1,0 +1,445 @@
+/**
+ * The cost model against emulated links, the issue's whole grid: rates 100 Mbit/s, 400 Mbit/s
+ * and 1 Gbit/s, RTT 0.2, 2 and 10 ms, loss 0 and 0.1%, through the native relay
+ * (native_relay.ts), on `super-mini` (512 to 32K tokens) and `lab-state` (512 to 4K).
+ *
+ *   deno run -A --unstable-net bench/link_matrix.ts --model super-mini|lab-state
+ *     [--prompts 512,2048,8192,32768] [--rates 100,400,1000] [--rtts 0.2,2,10]
+ *     [--losses 0,0.001] [--repeats 1] [--out FILE.json]
+ *
+ * Per link point the link is measured as a live node measures it (pings and one bounded probe
+ * through the relay); node rates and the decoder's commit costs come from the handoffs already
+ * served in this run (calibration in the same run, as the nodes themselves learn them: the
+ * planner never uses constants); then `placeRequest()` predicts TTFT and the tail and one
+ * handoff runs through the relay, whatever the decision, to be compared. Prompts are the outer
+ * loop so the prefill rate a prediction uses was measured minutes, not an hour, before.
+ * Machine load (/proc/loadavg) is recorded with every row.
+ */
+import { ensureModelFile } from "../models/mod.ts";
+import { runHandoff } from "../serve/coordinator.ts";
+import { type LocalCluster, startLocalCluster } from "../serve/local_cluster.ts";
+import type { HandoffRequest } from "../serve/coordinator.ts";
+import { RUNTIME_DEFAULTS } from "../serve/engine.ts";
+import { LlamaModel, loadLlama } from "../ffi/mod.ts";
+import { LinkEstimator } from "../core/link_estimates.ts";
+import { RateRecorder } from "../core/node_rates.ts";
+import { placeRequest } from "../core/placement.ts";
+import { LinkMonitor } from "../transport/link_monitor.ts";
+import { cacheDir } from "../cli/paths.ts";
+import {
+  buildNativeRelay,
+  type EmulatedLink,
+  measureNativeCeiling,
+  type NativeCeiling,
+  NativeLinkRelay,
+  openLink,
+} from "./native_relay.ts";
+import { HandoffCostRecorder } from "../core/link_costs.ts";
+import type { StateSize } from "../core/planner.ts";
+import type { HandoffTelemetry } from "../core/telemetry.ts";
+
+export interface MatrixPoint {
+  rateBitsPerS: number;
+  rttMs: number;
+  lossFraction: number;
+}
+
+/** One handoff through one link point, predicted and measured (milliseconds, bytes). */
+export interface MatrixRow extends MatrixPoint {
+  model: string;
+  promptTokens: number;
+  rep: number;
+  refused: string | null;
+  loadAvg1m: number;
+  link: { rttMs: number | null; bytesPerS: number | null; source: string | null };
+  decision: string | null;
+  predicted: null | {
+    ttftMs: number;
+    tailMs: number;
+    /** Uncovered pages plus the snapshot: what the link adds after prefill ends. */
+    transferMs: number;
+    /** Decoder import left at commit plus the continuation probe. */
+    commitMs: number;
+    rttMs: number;
+    probeMs: number;
+    firstTokenOverheadMs: number;
+  };
+  measured: null | {
+    ttftMs: number | null;
+    tailMs: number | null;
+    prefillMs: number | null;
+    /** Prefill end to the manifest leaving: the rest of the transfer. */
+    transferMs: number | null;
+    /** Decoder: manifest received to commit (validate, tail import, probe). */
+    commitMs: number | null;
+    commitRoundTripMs: number | null;
+    probeMs: number | null;
+    lastImportMs: number;
+    totalBytes: number;
+    wireMs: number;
+    stagedEarly: number | null;
+  };
+  relay: null | { drops: number; lateUsMean: number; lateUsMax: number };
+  /** The handoff's whole record, so predictions can be replayed from what preceded it. */
+  telemetry: HandoffTelemetry | null;
+  /** The link estimate the prediction used (pings and the probe through the relay). */
+  estimate:
+    | { rttMs: number | null; bandwidthBytesPerS: number | null; lossFraction: number | null }
+    | null;
+}
+
+/** One unshaped calibration run at a prompt: the handoff's record and the colocated TTFT. */
+export interface CalibrationRun {
+  promptTokens: number;
+  telemetry: HandoffTelemetry;
+  colocatedTtftMs: number;
+  colocatedTpotMs: number | null;
+  /** The unshaped handoff's TTFT on the client's clock. */
+  clientTtftMs?: number;
+}
+
+const SENTENCE = "the quick brown fox jumps over the lazy dog and ";
+
+const MODELS = {
+  "super-mini": { family: "hybrid", preset: "super-mini", seed: 1 },
+  "lab-state": { family: "hybrid", preset: "lab-state", seed: 1 },
+} as const;
+
+export async function runLinkMatrix(o: {
+  model: keyof typeof MODELS;
+  prompts: number[];
+  points: MatrixPoint[];
+  repeats: number;
+  log?: (row: MatrixRow) => void;
+  /** Written after every row, so a run cut short keeps what it measured. */
+  outFile?: string;
+}): Promise<
+  { ceiling: NativeCeiling | null; relay: string; rows: MatrixRow[]; calibration: CalibrationRun[] }
+> {
+  const model = await ensureModelFile(`${cacheDir()}/models`, MODELS[o.model]);
+  const binary = await buildNativeRelay();
+  const ceiling = binary ? await measureNativeCeiling(binary) : null;
+  const perSentence = await _tokensPerSentence(model);
+  const maxPrompt = Math.max(...o.prompts);
+  const cluster = await startLocalCluster({
+    args: ["--model", model, "--ctx", String(maxPrompt + 512)],
+  });
+  const rows: MatrixRow[] = [];
+  const calibration: CalibrationRun[] = [];
+  try {
+    const base: Omit<HandoffRequest, "prompt"> = {
+      prefill: cluster.prefill.peer,
+      decode: cluster.decode.peer,
+      generateTokens: 4,
+      sampling: { temperature: 0, topK: 40, topP: 0.95, seed: 1 },
+      tenantId: "bench",
+      probe: false,
+      timeoutMs: 600_000,
+    };
+    const promptFor = (n: number) =>
+      SENTENCE.repeat(Math.max(1, Math.floor((n - 8) / perSentence)));
+    const x: _Ctx = {
+      cluster,
+      binary,
+      ceilingBitsPerS: ceiling?.bitsPerS ?? 40e6,
+      // The newest 3 samples per depth bucket: this shared machine's load moves within minutes.
+      prefillRates: new RateRecorder(cluster.prefill.peer.nodeId, 3),
+      decodeRates: new RateRecorder(cluster.decode.peer.nodeId, 3),
+      costs: new HandoffCostRecorder(),
+      state: { kvBytesPerToken: 0, recurrentBytes: 0 },
+      model: o.model,
+    };
+    for (const n of o.prompts) {
+      // Calibration in this run: an unshaped handoff and a colocated run at this prompt, twice
+      // (the first warms both workers up and is not learned from).
+      const request = { ...base, prompt: promptFor(n) } as HandoffRequest;
+      for (let k = 0; k < 2; k++) {
+        const d = await runHandoff(cluster.client, request);
+        const c = await runHandoff(cluster.client, { ...request, colocated: true });
+        if (k === 0) continue;
+        calibration.push({
+          promptTokens: d.telemetry.promptTokens,
+          telemetry: d.telemetry,
+          colocatedTtftMs: c.ttftMs,
+          colocatedTpotMs: c.telemetry.tpotMs,
+          clientTtftMs: d.ttftMs,
+        });
+        _learn(x, d.telemetry, d.ttftMs, 0); // unshaped loopback: the link hides nothing
+        x.decodeRates.recordPrefill(d.telemetry.promptTokens, c.ttftMs);
+        for (const t of [c.telemetry, d.telemetry]) {
+          if (t.tpotMs) x.decodeRates.recordDecode(1, t.tpotMs, d.telemetry.promptTokens);
+        }
+      }
+      const actual = calibration[calibration.length - 1]?.promptTokens ?? n;
+      for (let rep = 0; rep < o.repeats; rep++) {
+        for (const p of o.points) {
+          const row = await _runPoint(x, p, n, actual, rep, request);
+          rows.push(row);
+          o.log?.(row);
+          if (o.outFile) {
+            await Deno.writeTextFile(
+              o.outFile,
+              JSON.stringify({
+                ceiling,
+                relay: binary ? "native" : "typescript",
+                rows,
+                calibration,
+              }),
+            );
+          }
+        }
+      }
+    }
+  } finally {
+    await cluster.stop();
+  }
+  return { ceiling, relay: binary ? "native" : "typescript", rows, calibration };
+}
+
+interface _Ctx {
+  cluster: LocalCluster;
+  binary: string | null;
+  ceilingBitsPerS: number;
+  prefillRates: RateRecorder;
+  decodeRates: RateRecorder;
+  costs: HandoffCostRecorder;
+  /** State sizes as the runtime exported them (largest seen). */
+  state: StateSize;
+  model: string;
+}
+
+/** What a served handoff teaches the nodes: rates, state sizes and the tail's fixed costs. */
+function _learn(
+  x: _Ctx,
+  t: HandoffTelemetry,
+  clientTtftMs: number,
+  predictedLinkMs: number | null,
+): void {
+  if (t.prefillMs) x.prefillRates.recordPrefill(t.promptTokens, t.prefillMs);
+  if (t.tpotMs) x.decodeRates.recordDecode(1, t.tpotMs, t.promptTokens);
+  x.costs.record(t, clientTtftMs, predictedLinkMs);
+  const b = t.bytesByComponent;
+  x.state.kvBytesPerToken = Math.max(x.state.kvBytesPerToken, (b["kv-page"] ?? 0) / t.promptTokens);
+  x.state.recurrentBytes = Math.max(x.state.recurrentBytes, (b.conv ?? 0) + (b.ssm ?? 0));
+}
+
+async function _loadAvg(): Promise<number> {
+  try {
+    return Number((await Deno.readTextFile("/proc/loadavg")).split(" ")[0]);
+  } catch {
+    return NaN;
+  }
+}
+
+async function _runPoint(
+  x: _Ctx,
+  p: MatrixPoint,
+  promptTokens: number,
+  actualTokens: number,
+  rep: number,
+  request: HandoffRequest,
+): Promise<MatrixRow> {
+  const row: MatrixRow = {
+    ...p,
+    model: x.model,
+    promptTokens,
+    rep,
+    refused: null,
+    loadAvg1m: await _loadAvg(),
+    link: { rttMs: null, bytesPerS: null, source: null },
+    decision: null,
+    predicted: null,
+    measured: null,
+    relay: null,
+    telemetry: null,
+    estimate: null,
+  };
+  const decode = x.cluster.decode.peer;
+  let link: EmulatedLink;
+  try {
+    link = await openLink(x.binary, {
+      target: { hostname: decode.host, port: decode.port },
+      rateBitsPerS: p.rateBitsPerS,
+      oneWayDelayMs: p.rttMs / 2,
+      lossFraction: p.lossFraction,
+      // 50 ms of queue at the link rate (at least a few packets).
+      queueBytesMax: Math.max(64 * 1024, (p.rateBitsPerS / 8) * 0.05),
+      ceilingBitsPerS: x.ceilingBitsPerS,
+      seed: 7 + rep,
+    });
+  } catch (error) {
+    row.refused = (error as Error).message.split(":")[0];
+    return row;
+  }
+  try {
+    const via = { ...decode, host: link.endpoint.hostname, port: link.endpoint.port };
+    const links = new LinkEstimator();
+    const monitor = new LinkMonitor(x.cluster.prefill.peer.nodeId, links, {
+      pingsPerMeasure: 10,
+    });
+    const conn = await x.cluster.client.connect(via);
+    // The probe lasts about a quarter second at the emulated rate (bounded both ways).
+    const probeBytes = Math.round(
+      Math.min(16 << 20, Math.max(3 << 20, (p.rateBitsPerS / 8) * 0.25)),
+    );
+    await monitor.measure(conn, probeBytes);
+    await conn.close();
+    const e = links.estimate(
+      { from: x.cluster.prefill.peer.nodeId, to: decode.nodeId },
+      performance.now(),
+    );
+    row.estimate = e
+      ? { rttMs: e.rttMs, bandwidthBytesPerS: e.bandwidthBytesPerS, lossFraction: e.lossFraction }
+      : null;
+    row.link = {
+      rttMs: e?.rttMs ?? null,
+      bytesPerS: e?.bandwidthBytesPerS ?? null,
+      source: e?.bandwidthSource ?? null,
+    };
+    const d = placeRequest({
+      promptTokens: actualTokens,
+      prefiller: {
+        nodeId: x.cluster.prefill.peer.nodeId,
+        rates: x.prefillRates.rates(),
+        hasRole: true,
+      },
+      decoder: {
+        nodeId: decode.nodeId,
+        rates: x.decodeRates.rates(),
+        hasRole: true,
+        freeBytes: 64 * 2 ** 30,
+      },
+      schemaShared: true,
+      identityMatch: true,
+      family: "hybrid",
+      llamaBuild: "bench",
+      state: { ...x.state },
+      chunkTokens: RUNTIME_DEFAULTS.chunkTokens,
+      // The prefill worker's layer capture (on wherever the shim is built) sends the
+      // recurrent state while the last chunk computes.
+      snapshotDuringLastChunk: true,
+      costs: x.costs.costs(),
+    }, { links, nowMs: performance.now(), certification: null });
+    row.decision = `${d.placement}: ${
+      d.reasons.filter((r) => r.code !== "chosen" && r.code !== "not-certified")
+        .map((r) => r.code).join(",")
+    }`;
+    const est = d.estimates;
+    if (d.prediction && est) {
+      row.predicted = {
+        ttftMs: d.prediction.ttftDisaggregatedMs,
+        tailMs: d.prediction.commitTailMs,
+        transferMs: est.uncoveredKvMs + est.snapshotTransferMs,
+        commitMs: est.importMs + (est.probeMs ?? 0),
+        rttMs: est.commitRoundTripMs,
+        probeMs: est.probeMs ?? 0,
+        firstTokenOverheadMs: x.costs.costs().firstTokenOverheadMs ?? 0,
+      };
+    }
+    const r = await runHandoff(x.cluster.client, { ...request, decode: via });
+    row.loadAvg1m = (row.loadAvg1m + await _loadAvg()) / 2;
+    if (r.placement !== "disaggregated") {
+      row.refused = `handoff fell back: ${r.fallbackReason}`;
+      return row;
+    }
+    const t = r.telemetry;
+    row.telemetry = t;
+    row.measured = {
+      ttftMs: r.ttftMs,
+      tailMs: t.uncoveredTailMs,
+      prefillMs: t.prefillMs,
+      transferMs: t.uncoveredTailMs !== null && t.commitRoundTripMs !== null
+        ? t.uncoveredTailMs - t.commitRoundTripMs
+        : null,
+      commitMs: t.commitMs,
+      commitRoundTripMs: t.commitRoundTripMs,
+      probeMs: t.probeMs,
+      lastImportMs: t.lastImportMs,
+      totalBytes: t.totalBytes,
+      wireMs: t.wireMs,
+      stagedEarly: t.stagedBeforePrefillEndFraction,
+    };
+    _learn(x, t, r.ttftMs, row.predicted?.transferMs ?? null);
+    if (link instanceof NativeLinkRelay) {
+      const s = await link.stats();
+      row.relay = {
+        drops: await link.drops(),
+        lateUsMean: (s.forward.lateUsMean + s.backward.lateUsMean) / 2,
+        lateUsMax: Math.max(s.forward.lateUsMax, s.backward.lateUsMax),
+      };
+    }
+    return row;
+  } finally {
+    link.close();
+  }
+}
+
+async function _tokensPerSentence(model: string): Promise<number> {
+  using m = await LlamaModel.load(loadLlama(), model);
+  return m.vocab.tokenize(SENTENCE.repeat(100), false).length / 100;
+}
+
+if (import.meta.main) {
+  const args = Deno.args;
+  const opt = (name: string, dflt: string) => {
+    const k = args.indexOf(name);
+    return k >= 0 ? args[k + 1] : dflt;
+  };
+  if (args.includes("--help")) {
+    console.log(
+      "deno run -A --unstable-net bench/link_matrix.ts --model super-mini|lab-state " +
+        "[--prompts 512,2048,8192,32768] [--rates 100,400,1000] [--rtts 0.2,2,10] " +
+        "[--losses 0,0.001] [--repeats 1] [--out FILE.json]",
+    );
+    Deno.exit(0);
+  }
+  const model = opt("--model", "super-mini") as keyof typeof MODELS;
+  if (!MODELS[model]) {
+    console.error(`error: unknown --model ${model} (use super-mini or lab-state)`);
+    Deno.exit(2);
+  }
+  const nums = (s: string) => s.split(",").map(Number);
+  const points: MatrixPoint[] = [];
+  for (const r of nums(opt("--rates", "100,400,1000"))) {
+    for (const rtt of nums(opt("--rtts", "0.2,2,10"))) {
+      for (const loss of nums(opt("--losses", "0,0.001"))) {
+        points.push({ rateBitsPerS: r * 1e6, rttMs: rtt, lossFraction: loss });
+      }
+    }
+  }
+  const f = (v: number | null | undefined) => (v == null ? "-" : v.toFixed(0));
+  const result = await runLinkMatrix({
+    model,
+    prompts: nums(
+      opt("--prompts", model === "lab-state" ? "512,2048,4096" : "512,2048,8192,32768"),
+    ),
+    points,
+    repeats: Number(opt("--repeats", "1")),
+    outFile: opt("--out", "") || undefined,
+    log: (r) =>
+      console.log(
+        `${r.rateBitsPerS / 1e6}M ${r.rttMs}ms ${r.lossFraction * 100}% n=${r.promptTokens} ` +
+          (r.refused
+            ? `REFUSED ${r.refused}`
+            : `ttft ${f(r.predicted?.ttftMs)}/${f(r.measured?.ttftMs)} ` +
+              `tail ${f(r.predicted?.tailMs)}/${f(r.measured?.tailMs)} ` +
+              `xfer ${f(r.predicted?.transferMs)}/${f(r.measured?.transferMs)} ` +
+              `commit ${f(r.predicted?.commitMs)}/${f(r.measured?.commitMs)} ` +
+              `rtt ${r.predicted?.rttMs?.toFixed(2)}/${
+                r.measured?.commitRoundTripMs?.toFixed(1)
+              } ` +
+              `bw ${((r.link.bytesPerS ?? 0) / 1e6).toFixed(1)}MB/s wire ${
+                f(r.measured?.wireMs)
+              } ` +
+              `bytes ${((r.measured?.totalBytes ?? 0) / 1e6).toFixed(1)}MB staged ${
+                r.measured?.stagedEarly?.toFixed(2)
+              } ` +
+              `prefill ${f(r.measured?.prefillMs)} drops ${r.relay?.drops} late ${
+                r.relay?.lateUsMean.toFixed(0)
+              }us load ${r.loadAvg1m} ${r.decision}`),
+      ),
+  });
+  console.log(
+    `relay ${result.relay}, ceiling ${((result.ceiling?.bitsPerS ?? 0) / 1e6).toFixed(0)} Mbit/s`,
+  );
+}

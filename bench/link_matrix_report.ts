@@ -1,0 +1,221 @@
+/**
+ * The link matrix's report (bench/link_matrix.ts runs it): predictions replayed with the
+ * planner as it now stands, each from only what the run had measured before that row (the
+ * same-run calibration, the handoffs served earlier, the row's own pings and probe), next to
+ * the measurement; a table, the share within 15%, and predicted-against-measured charts.
+ *
+ *   deno run -A bench/link_matrix_report.ts --out DIR run1.json [run2.json ...]
+ */
+import { LinkEstimator } from "../core/link_estimates.ts";
+import { HandoffCostRecorder } from "../core/link_costs.ts";
+import { RateRecorder } from "../core/node_rates.ts";
+import { placeRequest } from "../core/placement.ts";
+import type { StateSize } from "../core/planner.ts";
+import type { HandoffTelemetry } from "../core/telemetry.ts";
+import { RUNTIME_DEFAULTS } from "../serve/engine.ts";
+import type { CalibrationRun, MatrixRow } from "./link_matrix.ts";
+import { writeReport } from "./report.ts";
+import { table } from "./stats.ts";
+import { scatterChart } from "./svg.ts";
+
+interface RunFile {
+  relay: string;
+  ceiling: { bitsPerS: number; rttFloorUsMedian: number; trialsBitsPerS?: number[] } | null;
+  rows: MatrixRow[];
+  calibration: CalibrationRun[];
+}
+
+/** One row's replayed prediction beside its measurement (ms). */
+export interface Replayed {
+  row: MatrixRow;
+  ttft: [pred: number, meas: number] | null;
+  tail: [pred: number, meas: number] | null;
+  /** Prefill end to the manifest reaching the decoder: what the link and the prefiller add. */
+  link: [pred: number, meas: number] | null;
+  probe: [pred: number, meas: number] | null;
+}
+
+/** Replays one run's predictions in row order. */
+export function replay(run: RunFile): Replayed[] {
+  const prefill = new RateRecorder("p", 3), decode = new RateRecorder("d", 3);
+  const costs = new HandoffCostRecorder();
+  const state: StateSize = { kvBytesPerToken: 0, recurrentBytes: 0 };
+  const learn = (t: HandoffTelemetry, ttft: number | null, linkMs: number | null) => {
+    if (t.prefillMs) prefill.recordPrefill(t.promptTokens, t.prefillMs);
+    if (t.tpotMs) decode.recordDecode(1, t.tpotMs, t.promptTokens);
+    costs.record(t, ttft, linkMs);
+    const b = t.bytesByComponent;
+    state.kvBytesPerToken = Math.max(state.kvBytesPerToken, (b["kv-page"] ?? 0) / t.promptTokens);
+    state.recurrentBytes = Math.max(state.recurrentBytes, (b.conv ?? 0) + (b.ssm ?? 0));
+  };
+  // Calibration runs precede their prompt's rows, one per prompt, in the same order.
+  const prompts = [...new Set(run.rows.map((r) => r.promptTokens))];
+  const seen = new Set<number>();
+  const out: Replayed[] = [];
+  for (const row of run.rows) {
+    if (!seen.has(row.promptTokens)) {
+      seen.add(row.promptTokens);
+      const cal = run.calibration[prompts.indexOf(row.promptTokens)];
+      for (const c of cal ? [cal] : []) {
+        learn(c.telemetry, c.clientTtftMs ?? c.telemetry.ttftMs, 0);
+        decode.recordPrefill(c.promptTokens, c.colocatedTtftMs);
+        if (c.colocatedTpotMs) decode.recordDecode(1, c.colocatedTpotMs, c.promptTokens);
+      }
+    }
+    const t = row.telemetry, m = row.measured, e = row.estimate;
+    if (row.refused || !t || !m || !e || e.rttMs === null || e.bandwidthBytesPerS === null) {
+      out.push({ row, ttft: null, tail: null, link: null, probe: null });
+      continue;
+    }
+    const links = new LinkEstimator();
+    const pair = { from: "p", to: "d" };
+    links.recordRtt(pair, e.rttMs, 0);
+    links.recordTransfer(pair, 1e12, 1e15 / e.bandwidthBytesPerS, 0, "probe");
+    const d = placeRequest({
+      promptTokens: t.promptTokens, // the prompt's real token count (the row names the nominal)
+      prefiller: { nodeId: "p", rates: prefill.rates(), hasRole: true },
+      decoder: { nodeId: "d", rates: decode.rates(), hasRole: true, freeBytes: 2 ** 40 },
+      schemaShared: true,
+      identityMatch: true,
+      family: "hybrid",
+      llamaBuild: "bench",
+      state: { ...state },
+      chunkTokens: RUNTIME_DEFAULTS.chunkTokens,
+      snapshotDuringLastChunk: true,
+      costs: costs.costs(),
+    }, { links, nowMs: 0, certification: null });
+    const est = d.estimates!, p = d.prediction!;
+    const predLink = est.handoffTailMs - est.importMs - est.commitRoundTripMs / 2;
+    const measLink = m.tailMs !== null && m.commitMs !== null
+      ? m.tailMs - m.commitMs - e.rttMs / 2
+      : null;
+    out.push({
+      row,
+      ttft: m.ttftMs === null ? null : [p.ttftDisaggregatedMs, m.ttftMs],
+      tail: m.tailMs === null ? null : [p.commitTailMs, m.tailMs],
+      link: measLink === null ? null : [predLink, measLink],
+      probe: m.probeMs === null ? null : [est.probeMs ?? 0, m.probeMs],
+    });
+    learn(t, m.ttftMs, est.uncoveredKvMs + est.snapshotTransferMs);
+  }
+  return out;
+}
+
+const err = (x: [number, number] | null) => (x ? x[0] / x[1] - 1 : null);
+const within = (xs: (number | null)[]) => {
+  const v = xs.filter((x): x is number => x !== null);
+  return `${v.filter((x) => Math.abs(x) <= 0.15).length}/${v.length}`;
+};
+
+if (import.meta.main) {
+  const args = [...Deno.args];
+  const k = args.indexOf("--out");
+  const outDir = k >= 0 ? args.splice(k, 2)[1] : "reports/link-matrix";
+  const all: Replayed[] = [];
+  const notes: string[] = [];
+  for (const f of args) {
+    const run = JSON.parse(await Deno.readTextFile(f)) as RunFile;
+    const r = replay(run);
+    all.push(...r);
+    // The noise floor: "the previous row's measurement, same prompt" as the prediction. On a
+    // quiet machine it would be near-perfect for TTFT (prefill does not depend on the link).
+    const prev = (pick: (x: Replayed) => [number, number] | null) =>
+      r.map((x, k) => {
+        const before = r.slice(0, k).reverse().find((y) =>
+          y.row.promptTokens === x.row.promptTokens && pick(y)
+        );
+        const now = pick(x);
+        return before && now ? pick(before)![1] / now[1] - 1 : null;
+      });
+    const loads = run.rows.map((x) => x.loadAvg1m).filter(Number.isFinite).sort((a, b) => a - b);
+    const c = run.ceiling;
+    notes.push(
+      `${run.rows[0]?.model}: relay ${run.relay}, ceiling ${
+        c ? (c.bitsPerS / 1e6).toFixed(0) : "?"
+      } Mbit/s (best of trials ${
+        (c?.trialsBitsPerS ?? []).map((b) => (b / 1e6).toFixed(0)).join(", ")
+      }), RTT floor ${c?.rttFloorUsMedian.toFixed(0)} us; load average (1 min) over the rows ${
+        loads[0]?.toFixed(1)
+      }-${loads[loads.length - 1]?.toFixed(1)} on 2 cores; TTFT ${
+        within(r.map((x) => err(x.ttft)))
+      }, tail ${within(r.map((x) => err(x.tail)))}, link part ${
+        within(r.map((x) => err(x.link)))
+      } within 15%. Noise floor (previous row's measurement, same prompt, as the prediction): TTFT ${
+        within(prev((x) => x.ttft))
+      }, tail ${within(prev((x) => x.tail))}, link part ${within(prev((x) => x.link))}.`,
+    );
+  }
+  notes.push(
+    "Predictions replayed with the current planner from what each run had measured before the row; what the misses mean, and the Cubic/BBR and link-only checks: FINDINGS.md.",
+  );
+  const f = (v: number | undefined) => (v === undefined ? "-" : v.toFixed(0));
+  const pct = (x: [number, number] | null) => {
+    const e = err(x);
+    return e === null ? "-" : `${(e * 100).toFixed(0)}%`;
+  };
+  const pm = (x: [number, number] | null) => (x ? `${f(x[0])}/${f(x[1])}` : "-");
+  const rows = all.map((x) => [
+    x.row.model,
+    `${x.row.rateBitsPerS / 1e6}M ${x.row.rttMs}ms ${x.row.lossFraction * 100}%`,
+    x.row.promptTokens,
+    x.row.loadAvg1m.toFixed(1),
+    x.row.link.bytesPerS ? (x.row.link.bytesPerS / 1e6).toFixed(1) : "-",
+    pm(x.ttft),
+    pct(x.ttft),
+    pm(x.tail),
+    pct(x.tail),
+    pm(x.link),
+    pct(x.link),
+    pm(x.probe),
+    x.row.relay ? `${x.row.relay.lateUsMean.toFixed(0)}` : "-",
+    x.row.relay?.drops ?? "-",
+    x.row.refused ?? x.row.decision ?? "",
+  ]);
+  const series = (pick: (x: Replayed) => [number, number] | null) =>
+    [...new Set(all.map((x) => x.row.model))].map((model) => ({
+      name: model,
+      points: all.filter((x) => x.row.model === model).map(pick).filter((p) => p !== null)
+        .map((p) => ({ x: p![0], y: p![1] })),
+    }));
+  await writeReport(outDir, "Cost model against emulated links", [{
+    name: "link-matrix",
+    rows: all.map((x) => ({ ...x.row, telemetry: undefined, replay: { ...x, row: undefined } })),
+    table: table([
+      "model",
+      "link",
+      "prompt",
+      "load",
+      "probe MB/s",
+      "TTFT p/m",
+      "err",
+      "tail p/m",
+      "err",
+      "link part p/m",
+      "err",
+      "dec. probe p/m",
+      "relay late us",
+      "drops",
+      "planner / refused",
+    ], rows),
+    notes,
+    charts: {
+      "ttft.svg": scatterChart(series((x) => x.ttft), {
+        title: "TTFT: predicted vs measured (ms)",
+        xLabel: "predicted ms",
+        yLabel: "measured ms",
+      }),
+      "tail.svg": scatterChart(series((x) => x.tail), {
+        title: "Tail (prefill end to CommitAck): predicted vs measured (ms)",
+        xLabel: "predicted ms",
+        yLabel: "measured ms",
+      }),
+      "link-part.svg": scatterChart(series((x) => x.link), {
+        title: "Prefill end to manifest at the decoder: predicted vs measured (ms)",
+        xLabel: "predicted ms",
+        yLabel: "measured ms",
+      }),
+    },
+  }]);
+  console.log(notes.join("\n"));
+  console.log(`report: ${outDir}/README.md`);
+}

@@ -1,0 +1,108 @@
+/**
+ * The fixed costs of a handoff that the link rate does not explain, learned from the handoffs
+ * a pair of nodes served (their telemetry), so the planner predicts with measurements, never
+ * constants: the decoder's continuation probe (a first decode in a freshly imported context,
+ * which costs several decode steps), the import that could not overlap the wire, the
+ * prefiller's own work between prefill end and the manifest (tail export, its probe step), and
+ * what the client waits for beyond the prefill (connection, reservation, the first token's trip).
+ *
+ * Pure: no clock, no I/O. Each term is the median of the newest `samplesMax` samples.
+ *
+ * @module
+ */
+import type { HandoffCosts } from "./planner.ts";
+import { UsageError } from "./errors.ts";
+
+/** The telemetry fields `HandoffCostRecorder.record` reads (core/telemetry.ts). */
+export interface HandoffCostFacts {
+  totalBytes: number;
+  bytesByComponent: Partial<Record<string, number>>;
+  probeMs: number | null;
+  lastImportMs: number;
+  prefillMs: number | null;
+  uncoveredTailMs: number | null;
+  commitRoundTripMs: number | null;
+}
+
+/** What the recorder has learned; a term with no sample is absent. */
+export interface MeasuredHandoffCosts extends HandoffCosts {
+  /** Decoder: the continuation probe before CommitAck. */
+  probeMs?: number;
+  /** Client: TTFT less the prefiller's prefill (setup and the first token's trip). */
+  firstTokenOverheadMs?: number;
+  /** Handoffs learned from. */
+  samples: number;
+}
+
+/**
+ * Learns one peer pair's handoff costs.
+ *
+ * @example
+ * ```ts
+ * const costs = new HandoffCostRecorder();
+ * costs.record(record.telemetry, record.ttftMs);
+ * planInput.costs = costs.costs(); // { probeMs: 41, importMsPerMiB: 0, ... }
+ * ```
+ */
+export class HandoffCostRecorder {
+  readonly samplesMax: number;
+  readonly #probe: number[] = [];
+  readonly #importPerMiB: number[] = [];
+  readonly #firstToken: number[] = [];
+  readonly #prefillerPost: number[] = [];
+  #samples = 0;
+
+  constructor(samplesMax = 8) {
+    if (!(Number.isInteger(samplesMax) && samplesMax > 0)) {
+      throw new UsageError(`Invalid samplesMax ${samplesMax}: must be a positive integer`);
+    }
+    this.samplesMax = samplesMax;
+  }
+
+  /**
+   * One served handoff, the client's TTFT for it when the caller measured one, and the link
+   * time after prefill end the model predicted for it. Prefill end to the manifest leaving is
+   * the prefiller's own work only where the link was not what it waited for, so it is learned
+   * from handoffs whose predicted link time is under a quarter of it (0 on an unshaped link).
+   */
+  record(
+    t: HandoffCostFacts,
+    clientTtftMs: number | null = null,
+    predictedLinkMs: number | null = null,
+  ): void {
+    this.#samples++;
+    if (t.uncoveredTailMs !== null && t.commitRoundTripMs !== null && predictedLinkMs !== null) {
+      const post = t.uncoveredTailMs - t.commitRoundTripMs;
+      if (post >= 0 && predictedLinkMs <= post / 4) this.#push(this.#prefillerPost, post);
+    }
+    if (t.probeMs !== null && t.probeMs >= 0) this.#push(this.#probe, t.probeMs);
+    // What is left to import at commit: everything but the pages staged on arrival.
+    const tailBytes = t.totalBytes - (t.bytesByComponent["kv-page"] ?? 0);
+    if (tailBytes > 0 && t.lastImportMs >= 0) {
+      this.#push(this.#importPerMiB, t.lastImportMs / (tailBytes / 2 ** 20));
+    }
+    if (clientTtftMs !== null && t.prefillMs !== null && clientTtftMs >= t.prefillMs) {
+      this.#push(this.#firstToken, clientTtftMs - t.prefillMs);
+    }
+  }
+
+  costs(): MeasuredHandoffCosts {
+    const out: MeasuredHandoffCosts = { samples: this.#samples };
+    if (this.#probe.length) out.probeMs = _median(this.#probe);
+    if (this.#importPerMiB.length) out.importMsPerMiB = _median(this.#importPerMiB);
+    if (this.#firstToken.length) out.firstTokenOverheadMs = _median(this.#firstToken);
+    if (this.#prefillerPost.length) out.prefillerPostMs = _median(this.#prefillerPost);
+    return out;
+  }
+
+  #push(xs: number[], v: number): void {
+    xs.push(v);
+    if (xs.length > this.samplesMax) xs.shift();
+  }
+}
+
+function _median(xs: number[]): number {
+  const s = [...xs].sort((a, b) => a - b);
+  const m = s.length >> 1;
+  return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2;
+}

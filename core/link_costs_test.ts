@@ -1,0 +1,54 @@
+import assert from "node:assert/strict";
+import { HandoffCostRecorder } from "./link_costs.ts";
+
+const MIB = 2 ** 20;
+
+function facts(probeMs: number | null, lastImportMs: number, prefillMs = 1000) {
+  return {
+    totalBytes: 12 * MIB,
+    bytesByComponent: { "kv-page": 2 * MIB, conv: MIB, ssm: 9 * MIB },
+    probeMs,
+    lastImportMs,
+    prefillMs,
+    uncoveredTailMs: 500,
+    commitRoundTripMs: 300,
+  };
+}
+
+Deno.test("HandoffCostRecorder learns nothing from nothing", () => {
+  assert.deepEqual(new HandoffCostRecorder().costs(), { samples: 0 });
+});
+
+Deno.test("HandoffCostRecorder keeps the median of the newest samples of each term", () => {
+  const r = new HandoffCostRecorder(3);
+  r.record(facts(900, 0), 1100); // pushed out by the three below
+  r.record(facts(40, 5), 1030);
+  r.record(facts(60, 10), 1050);
+  r.record(facts(50, 20), 1040);
+  const c = r.costs();
+  assert.equal(c.samples, 4);
+  assert.equal(c.probeMs, 50);
+  assert.equal(c.importMsPerMiB, 1); // 10 ms over the 10 MiB not staged as pages
+  assert.equal(c.firstTokenOverheadMs, 40);
+  assert.equal(c.prefillerPostMs, undefined); // no predicted link time given: not learned
+});
+
+Deno.test("HandoffCostRecorder learns the prefiller's post-prefill work only where the link hid under it", () => {
+  const r = new HandoffCostRecorder();
+  r.record(facts(40, 0), null, 0); // unshaped: 200 ms from prefill end to the manifest
+  r.record(facts(40, 0), null, 180); // the link took most of those 200 ms: not a sample
+  assert.equal(r.costs().prefillerPostMs, 200);
+  r.record({ ...facts(40, 0), uncoveredTailMs: 420 }, null, 20);
+  assert.equal(r.costs().prefillerPostMs, 160); // median of 200 and 120
+});
+
+Deno.test("HandoffCostRecorder skips a term its record does not carry", () => {
+  const r = new HandoffCostRecorder();
+  r.record(facts(null, 0, 1000), null);
+  r.record({ ...facts(null, 0), prefillMs: null }, 900);
+  const c = r.costs();
+  assert.equal(c.probeMs, undefined);
+  assert.equal(c.firstTokenOverheadMs, undefined);
+  assert.equal(c.importMsPerMiB, 0); // imports all staged on arrival: nothing left at commit
+  assert.throws(() => new HandoffCostRecorder(0), /samplesMax/);
+});

@@ -1,0 +1,86 @@
+/**
+ * When the last byte of a handoff's page stream leaves, for the planner (core/planner.ts): KV
+ * pages released as chunks finish (the cached prefix at once), and with layer capture the
+ * recurrent state released evenly while the last chunk computes, all in one FIFO at the
+ * measured bandwidth, starting once the reservation round trip is done. Pure.
+ *
+ * @module
+ */
+
+/** What the stream depends on (a subset of `PlanInput`). */
+export interface StreamInput {
+  promptTokens: number;
+  prefillerCachedTokens?: number;
+  chunkTokens: number;
+  prefillerPrefillTokensPerS: number;
+  state: { kvBytesPerToken: number };
+}
+
+/** Prefill time, the stream's finish beyond it, the last page, and the share of pages hidden. */
+export interface StreamFinish {
+  prefillMs: number;
+  uncoveredMs: number;
+  lastPageBytes: number;
+  overlapFraction: number | null;
+}
+
+/**
+ * The stream's finish after prefill end, in milliseconds (`bwPerMs`: bytes per millisecond).
+ *
+ * @example
+ * ```ts
+ * streamFinish(input, 125_000, 0.5).uncoveredMs; // 1 Gbit/s, 0.5 ms RTT
+ * streamFinish(input, 125_000, 0.5, recurrentBytes); // with layer capture
+ * ```
+ */
+// KV pages leave in FIFO order: the cached prefix at once, then one page per computed chunk,
+// and, with layer capture, `capturedBytes` released evenly while the last chunk computes. The
+// last byte leaves at max over release points r of (r + bytes released from r on / bw); that
+// function is linear between chunk ends, so evaluating it at the link start and at every chunk
+// end is exact. The link only starts once the reservation round trip is done.
+export function streamFinish(
+  i: StreamInput,
+  bwPerMs: number,
+  rttMs: number,
+  capturedBytes = 0,
+): StreamFinish {
+  const kv = i.state.kvBytesPerToken;
+  const tps = i.prefillerPrefillTokensPerS / 1000;
+  const cached = i.prefillerCachedTokens ?? 0;
+  const computed = i.promptTokens - cached;
+  const n = Math.ceil(computed / i.chunkTokens);
+  const lastTokens = n === 0 ? 0 : computed - (n - 1) * i.chunkTokens;
+  const prefillMs = computed / tps;
+  const firstChunkMs = Math.min(i.chunkTokens, computed) / tps;
+  const cachedBytes = cached * kv;
+  const chunkBytes = i.chunkTokens * kv;
+  const lastPageBytes = n === 0 ? Math.min(cachedBytes, chunkBytes) : lastTokens * kv;
+  const totalBytes = cachedBytes + computed * kv;
+  const captured = n === 0 ? 0 : capturedBytes; // nothing computes: nothing to capture
+  let finishMs = rttMs + (totalBytes + captured) / bwPerMs;
+  // Chunk j (1..n) ends at its tokens / tps; at that point its page and every later one, and
+  // the captured bytes not yet released (all of them before the last chunk), are to leave.
+  for (let j = 1; j <= n; j++) {
+    const atMs = j === n ? prefillMs : (j * i.chunkTokens) / tps;
+    const pagesFrom = (computed - (j - 1) * i.chunkTokens) * kv;
+    const capturedLeft = j === n ? 0 : captured;
+    finishMs = Math.max(finishMs, atMs + (pagesFrom + capturedLeft) / bwPerMs);
+  }
+  const nonLastBytes = totalBytes - (n === 0 ? 0 : lastPageBytes);
+  let overlapFraction: number | null = null;
+  if (n >= 1 && nonLastBytes > 0) {
+    const sent = Math.min(
+      nonLastBytes,
+      bwPerMs * Math.max(0, prefillMs - rttMs),
+      n >= 2 ? cachedBytes + bwPerMs * (prefillMs - firstChunkMs) : Infinity,
+      n >= 2 ? nonLastBytes - chunkBytes + bwPerMs * (lastTokens / tps) : Infinity,
+    );
+    overlapFraction = Math.max(0, sent) / nonLastBytes;
+  }
+  return {
+    prefillMs,
+    uncoveredMs: Math.max(0, finishMs - prefillMs),
+    lastPageBytes,
+    overlapFraction,
+  };
+}
