@@ -45,8 +45,6 @@ export function usesSuffix(mode: SpeculationMode): boolean {
  * named in output and telemetry: there is no silent fallback.
  */
 export type SpeculationFallback =
-  /** Temperature > 0: only greedy acceptance is implemented, so drafts are not used. */
-  | "sampled-not-supported"
   /** MTP asked for, but the model has no MTP layers (or they were not loaded). */
   | "mtp-unavailable"
   /** MTP asked for, but the draft state did not verify (position or pending row missing). */

@@ -3,13 +3,17 @@
  * path): propose drafts (an MTP prefix, then a suffix-proposer tail), verify them with one
  * target decode of 1 + k positions, accept the longest prefix the target agrees with, roll the
  * rest back in the target (ffi/verify.ts) and in the MTP draft (ffi/mtp.ts), and continue
- * from the last kept row. Greedy sampling only: with temperature > 0 it decodes target-only
- * and names the fallback (`sampled-not-supported`), so the sampler state stays the
- * project's own exportable `{ seed, draws }`.
+ * from the last kept row. Acceptance is the request's sampler's (core/speculative_sampling.ts):
+ * argmax agreement when greedy; with temperature > 0 the standard speculative rule (accept a
+ * draft with the target's probability of it, on rejection draw from the residual), which
+ * keeps every token distributed as target-only sampling and the sampler state the project's
+ * own exportable `{ seed, draws }`.
  *
- * The tokens equal target-only greedy decoding's; the logits they are taken from may differ
+ * Greedy tokens equal target-only greedy decoding's; the logits they are taken from may differ
  * from a single-token decode's in the last bits (a verify batch rounds differently), which is
- * why equality is asserted on tokens.
+ * why equality is asserted on tokens. Sampled runs consume draws differently from target-only
+ * sampling (one per tested draft), so a seeded stream equals the same mode's stream, colocated
+ * or after a handoff, not target-only sampling's; its distribution equals target-only's.
  *
  * The loop starts from "logits after the last committed token, which the target has
  * decoded", the state both a committed handoff (after its probe step) and colocated
@@ -17,7 +21,6 @@
  * the colocated ones, bit for bit.
  */
 import {
-  acceptGreedy,
   countRound,
   emptyCounters,
   type SpeculationCounters,
@@ -26,7 +29,8 @@ import {
   usesMtp,
   usesSuffix,
 } from "../core/speculation.ts";
-import { argmax, type SamplerState, sampleToken, type SamplingParams } from "../core/sampling.ts";
+import { type SamplerState, sampleToken, type SamplingParams } from "../core/sampling.ts";
+import { acceptDrafts, sampleAfter } from "../core/speculative_sampling.ts";
 import { type SuffixOptions, SuffixProposer } from "../core/suffix.ts";
 import type { MtpDraft, MtpReadiness } from "../ffi/mtp.ts";
 import { type RollbackKind, rollbackKind, Verifier } from "../ffi/verify.ts";
@@ -108,9 +112,7 @@ export class SpeculativeDecoder {
     };
     this.report = report;
     this.#lastToken = history.length > 0 ? history[history.length - 1] : -1;
-    const greedy = sampling.temperature <= 0;
-    if (config.mode !== "none" && !greedy) report.fallback = "sampled-not-supported";
-    const active = config.mode !== "none" && greedy;
+    const active = config.mode !== "none";
     this.#mtp = null;
     if (active && usesMtp(config.mode)) {
       if (draft === null) report.fallback = "mtp-unavailable";
@@ -159,9 +161,12 @@ export class SpeculativeDecoder {
       await this.#mtp.catchUp(Int32Array.of(this.#lastToken), pos);
     }
     let current = logits;
+    // The draft the row `current` came from turned down (null: none); the next token is then
+    // drawn from the residual (core/speculative_sampling.ts).
+    let rejected: number | null = null;
     let emitted = 0;
     while (emitted < n) {
-      const t = argmax(current);
+      const t = sampleAfter(current, this.sampling, sampler, rejected);
       yield { token: t, logits: current };
       emitted++;
       if (vocab.isEog(t) || emitted === n) return;
@@ -174,7 +179,7 @@ export class SpeculativeDecoder {
       const { mtpTokens, suffixTokens } = await this.#propose(t, pos, room);
       const drafts = [...mtpTokens, ...suffixTokens];
       const rows = await this.#verifier.verify([t, ...drafts], pos);
-      const a = acceptGreedy(rows.logits.map(argmax), drafts);
+      const a = acceptDrafts(rows.logits, drafts, this.sampling, sampler);
       countRound(this.report.counters, mtpTokens.length, suffixTokens.length, a);
       const replayed = await this.#verifier.keep(a + 1);
       this.engine.adoptPosition(pos + a + 1);
@@ -186,7 +191,12 @@ export class SpeculativeDecoder {
         emitted++;
         if (vocab.isEog(accepted[i]) || emitted === n) return;
       }
-      current = replayed ?? rows.logits[a];
+      rejected = a < drafts.length ? drafts[a] : null;
+      // Greedy continues from the replayed row where the rollback recomputed it (checkpoint);
+      // sampled draws the residual from the row the acceptance test used, so the rule's p
+      // and the residual's p are the same distribution bit for bit.
+      const greedy = this.sampling.temperature <= 0;
+      current = greedy ? replayed ?? rows.logits[a] : rows.logits[a];
     }
   }
 
