@@ -26,6 +26,7 @@ import {
   type SpeculationCounters,
   type SpeculationFallback,
   type SpeculationMode,
+  type SpeculationRoute,
   usesMtp,
   usesSuffix,
 } from "../core/speculation.ts";
@@ -64,6 +65,8 @@ export interface SpeculationReport {
   mtpReadiness: MtpReadiness | null;
   /** Why a source (or all speculation) was not used; null when everything asked for ran. */
   fallback: SpeculationFallback | null;
+  /** Why the loop ran on another context than the session's own; null: it did not. */
+  route: SpeculationRoute | null;
   counters: SpeculationCounters;
 }
 
@@ -108,6 +111,7 @@ export class SpeculativeDecoder {
       rollback: null,
       mtpReadiness: null,
       fallback: null,
+      route: null,
       counters: emptyCounters(),
     };
     this.report = report;
@@ -237,6 +241,7 @@ export function speculationEvent(report: SpeculationReport, atMs: number) {
     rollback: report.rollback,
     mtpReadiness: report.mtpReadiness,
     fallback: report.fallback,
+    route: report.route,
     ...report.counters,
   };
 }
