@@ -1,8 +1,8 @@
 /**
  * `--speculation none|mtp|suffix|mtp+suffix` and its bounds, shared by `generate`, `serve`
  * and `handoff`. Speculation runs on per-session contexts (serve/speculative.ts); it never
- * changes the tokens of greedy decoding, and with sampling it keeps each token's distribution
- * (the speculative acceptance rule, core/speculative_sampling.ts).
+ * changes the tokens of greedy or seeded sampled decoding (the speculative acceptance rule,
+ * core/speculative_sampling.ts).
  */
 import { type Command, InvalidArgumentError, Option } from "commander";
 import { parseSpeculationMode, SPECULATION_MODES } from "../core/speculation.ts";
@@ -34,7 +34,7 @@ export function addSpeculationOptions(cmd: Command): Command {
     .addOption(
       new Option(
         "--speculation <mode>",
-        "speculative decoding: none, mtp, suffix or mtp+suffix (greedy: tokens unchanged; sampled: same distribution)",
+        "speculative decoding: none, mtp, suffix or mtp+suffix (tokens unchanged, greedy or seeded sampling)",
       ).argParser(modeArg).default(SPECULATION_DEFAULTS.mode),
     )
     .option(

@@ -3,7 +3,7 @@
  * of the hybrid-moe-mtp model with MTP and suffix speculation; the tokens equal colocated
  * target-only generation and colocated speculation, MTP readiness is the verified one, and
  * the decoder's telemetry carries the acceptance counters per source. A seeded sampled request
- * continues the same sampled stream as colocated speculation.
+ * continues the same sampled stream as colocated speculation, which is target-only sampling's.
  */
 import assert from "node:assert/strict";
 import { startLocalCluster } from "../serve/local_cluster.ts";
@@ -76,6 +76,8 @@ Deno.test("handoff to a speculating decoder keeps the tokens and reports accepta
     const cs = await generate("--speculation", "mtp+suffix", ...sampled);
     assert.equal(hsj.placement, "disaggregated");
     assert.deepEqual(hsj.tokens, cs.tokens, "the same sampled stream after the handoff");
+    // ...which is target-only sampling's stream of the same seed (one draw per token).
+    assert.deepEqual(hsj.tokens, (await generate(...sampled)).tokens);
     assert.notDeepEqual(hsj.tokens, plain.tokens, "sampled, not greedy");
     const ss = hsj.telemetry.speculation;
     assert.equal(ss.fallback, null, "sampled requests speculate");

@@ -95,30 +95,18 @@ export function sampleToken(
   state: SamplerState,
 ): number {
   if (params.temperature <= 0) return argmax(logits);
-  return drawFrom(samplingDistribution(logits, params), state, -1);
+  return drawFrom(samplingDistribution(logits, params), state);
 }
 
-/**
- * Draws one token from `d` with one random draw, leaving out `excluded` (-1: none) and
- * renormalizing over the rest.
- */
-export function drawFrom(d: TokenDistribution, state: SamplerState, excluded: number): number {
-  let total = d.total;
-  let last = d.ids.length - 1;
-  if (excluded >= 0) {
-    total = 0;
-    for (let i = 0; i < d.ids.length; i++) if (d.ids[i] !== excluded) total += d.weights[i];
-    if (!(total > 0)) throw new Error("Internal error: nothing left to draw after exclusion");
-    while (d.ids[last] === excluded) last--;
-  }
-  const u = uniform(state.seed, state.draws++) * total;
+/** Draws one token from `d` with one random draw (inverse CDF over the kept ids). */
+function drawFrom(d: TokenDistribution, state: SamplerState): number {
+  const u = uniform(state.seed, state.draws++) * d.total;
   let acc = 0;
   for (let i = 0; i < d.ids.length; i++) {
-    if (d.ids[i] === excluded) continue;
     acc += d.weights[i];
     if (u < acc) return d.ids[i];
   }
-  return d.ids[last];
+  return d.ids[d.ids.length - 1];
 }
 
 function topCandidates(logits: Float32Array, k: number): number[] {

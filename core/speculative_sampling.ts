@@ -7,33 +7,38 @@
  * probability min(1, p(d) / q(d)), else draw from max(0, p - q) normalized" then reads:
  * - accept d with probability p(d), where p is the target's processed distribution
  *   (temperature, top-k, top-p: `samplingDistribution`) at that row;
- * - on the first rejection, draw the next token from p with d left out, renormalized (the
+ * - on the first rejection, the next token is drawn from p with d left out, renormalized (the
  *   residual max(0, p - q): p(x) for x != d, and 0 for d since p(d) <= 1);
  * - after a fully accepted proposal, the bonus token is drawn from p at the last row.
- * Each emitted token is then distributed exactly as sampling the target alone.
  *
- * Greedy (temperature 0) is argmax agreement and draws nothing. Otherwise every accept test
- * and every token draw takes one draw of the project's counter-based generator, so the
- * sampler's state stays `{ seed, draws }`: a seeded run is reproducible, and a decoder that
- * receives the state continues the same stream.
+ * It is carried out by sampling the target at each row exactly as target-only decoding would,
+ * with that position's draw, and accepting the draft when the sample equals it: the sample is
+ * d with probability p(d) (the acceptance), a sample that is not d is distributed as the
+ * residual, and it becomes the next token (`speculativeRound`). So every token is distributed
+ * as target-only sampling, and more: token i always takes draw i, whatever was drafted, so a
+ * seeded speculative stream is the target-only stream of the same seed (given the same logits;
+ * a verify batch may round the last bits differently from a one-token decode, which moves a
+ * token only when its draw falls that close to a boundary of the distribution). The sampler's
+ * state stays `{ seed, draws }` with draws = tokens sampled: a decoder that receives it after a
+ * handoff, or a worker that resumes a lost request by recomputing target-only, continues the
+ * same stream.
+ *
+ * Greedy (temperature 0) is the same rule with argmax for the sample, and draws nothing.
  *
  * @example
  * ```ts
- * const state = { seed: 1, draws: 0 };
- * const a = acceptDrafts(rows, drafts, { temperature: 0.8 }, state); // drafts[0..a) kept
- * const next = sampleAfter(rows[a], { temperature: 0.8 }, state, a < drafts.length ? drafts[a] : null);
+ * const state = { seed: 1, draws: 1 };
+ * const { accepted, next } = speculativeRound(rows, drafts, { temperature: 0.8 }, state);
+ * // drafts[0..accepted) are kept, `next` follows them; state.draws grew by accepted + 1
  * ```
  *
  * @module
  */
 import {
-  argmax,
-  drawFrom,
   type SamplerState,
-  samplingDistribution,
+  sampleToken,
   type SamplingParams,
   type TokenDistribution,
-  uniform,
 } from "./sampling.ts";
 
 /** p(token) under `d` (0 for a token outside the kept set). */
@@ -42,57 +47,19 @@ export function probabilityOf(d: TokenDistribution, token: number): number {
   return i < 0 ? 0 : d.weights[i] / d.total;
 }
 
-/**
- * How many leading drafts the target accepts. `rows[i]` are the target's logits after the
- * committed token and drafts[0..i) (so `rows.length >= drafts.length`); draft i is tested
- * only when every earlier one was accepted. Sampled: one draw per tested draft.
- */
-export function acceptDrafts(
-  rows: readonly Float32Array[],
-  drafts: readonly number[],
-  params: SamplingParams,
-  state: SamplerState,
-): number {
-  if (rows.length < drafts.length) {
-    throw new Error(`Internal error: ${rows.length} rows for ${drafts.length} drafts`);
-  }
-  let a = 0;
-  while (a < drafts.length) {
-    const ok = params.temperature <= 0
-      ? argmax(rows[a]) === drafts[a]
-      : uniform(state.seed, state.draws++) < probabilityOf(
-        samplingDistribution(rows[a], params),
-        drafts[a],
-      );
-    if (!ok) break;
-    a++;
-  }
-  return a;
-}
-
-/**
- * The token after a verify round, from the logits of the first row not accepted: with
- * `rejected` (the draft that row turned down), a draw from the residual, p without
- * `rejected`; with null (every draft accepted, or none proposed), a plain draw from p.
- * Greedy: argmax (which a rejected draft never is). Sampled: one draw.
- */
-export function sampleAfter(
-  logits: Float32Array,
-  params: SamplingParams,
-  state: SamplerState,
-  rejected: number | null,
-): number {
-  if (params.temperature <= 0) return argmax(logits);
-  return drawFrom(samplingDistribution(logits, params), state, rejected ?? -1);
-}
-
 /** One verify round's outcome: `accepted` leading drafts, then `next`. */
 export interface RoundOutcome {
   accepted: number;
+  /** The target's sample at the first row not accepted (the residual or the bonus token). */
   next: number;
 }
 
-/** `acceptDrafts` then `sampleAfter` on the same rows: a whole round, for callers without rollback replay. */
+/**
+ * A verify round under the sampler. `rows[i]` are the target's logits after the committed
+ * token and drafts[0..i), one more row than drafts. The target is sampled at row 0, 1, ... with
+ * one draw each (greedy: argmax, no draw) while its sample equals the draft of that row; the
+ * first sample that differs, or the one after the last draft, is `next`.
+ */
 export function speculativeRound(
   rows: readonly Float32Array[],
   drafts: readonly number[],
@@ -102,7 +69,10 @@ export function speculativeRound(
   if (rows.length !== drafts.length + 1) {
     throw new Error(`Internal error: ${rows.length} rows for ${drafts.length} drafts`);
   }
-  const accepted = acceptDrafts(rows, drafts, params, state);
-  const rejected = accepted < drafts.length ? drafts[accepted] : null;
-  return { accepted, next: sampleAfter(rows[accepted], params, state, rejected) };
+  let accepted = 0;
+  for (;;) {
+    const next = sampleToken(rows[accepted], params, state);
+    if (accepted === drafts.length || next !== drafts[accepted]) return { accepted, next };
+    accepted++;
+  }
 }

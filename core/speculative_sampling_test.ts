@@ -5,12 +5,7 @@ import {
   samplingDistribution,
   type SamplingParams,
 } from "./sampling.ts";
-import {
-  acceptDrafts,
-  probabilityOf,
-  sampleAfter,
-  speculativeRound,
-} from "./speculative_sampling.ts";
+import { probabilityOf, speculativeRound } from "./speculative_sampling.ts";
 
 const close = (a: number, b: number, msg?: string) => assert.ok(Math.abs(a - b) < 1e-12, msg);
 
@@ -32,44 +27,40 @@ Deno.test("samplingDistribution() gives the exact processed probabilities", () =
   close(probabilityOf(p, 0), 1 / (1 + Math.exp(-1)));
 });
 
-Deno.test("greedy acceptance is argmax agreement and draws nothing", () => {
+Deno.test("greedy rounds are argmax agreement and draw nothing", () => {
   const rows = [
     new Float32Array([0, 5, 1]),
     new Float32Array([3, 0, 1]),
     new Float32Array([0, 0, 9]),
   ];
   const state = { seed: 3, draws: 0 };
-  assert.equal(acceptDrafts(rows, [1, 0], { temperature: 0 }, state), 2);
-  assert.equal(acceptDrafts(rows, [1, 2], { temperature: 0 }, state), 1);
-  assert.equal(sampleAfter(rows[1], { temperature: 0 }, state, 2), 0);
+  const greedy = { temperature: 0 };
+  assert.deepEqual(speculativeRound(rows, [1, 0], greedy, state), { accepted: 2, next: 2 });
+  assert.deepEqual(speculativeRound(rows, [1, 2], greedy, state), { accepted: 1, next: 0 });
+  assert.deepEqual(speculativeRound(rows, [2, 2], greedy, state), { accepted: 0, next: 1 });
   assert.equal(state.draws, 0);
 });
 
-Deno.test("sampled acceptance: p = 0 always rejects, p = 1 always accepts, one draw per test", () => {
+Deno.test("sampled rounds: p = 0 never accepts, p = 1 always does, one draw per token", () => {
   const row = new Float32Array([4, 3, 0, -2]);
   const topTwo = { temperature: 1, topK: 2 };
   const state = { seed: 9, draws: 0 };
+  const seen = new Set<number>();
   for (let i = 0; i < 200; i++) {
-    // Token 2 is outside the top 2: p = 0, so it is never accepted...
-    assert.equal(acceptDrafts([row, row], [2], topTwo, state), 0);
-    // ...and the residual after rejecting token 0 is token 1 (the only other one kept).
-    assert.equal(sampleAfter(row, topTwo, state, 0), 1);
+    // Token 2 is outside the top 2: p = 0, so it is never accepted, and `next` is a top-2 token.
+    const r = speculativeRound([row, row], [2], topTwo, state);
+    assert.equal(r.accepted, 0);
+    assert.ok(r.next === 0 || r.next === 1);
+    seen.add(r.next);
   }
-  assert.equal(state.draws, 400);
+  assert.equal(seen.size, 2, "both kept tokens are drawn");
+  assert.equal(state.draws, 200, "one draw per emitted token");
   const onlyOne = { temperature: 1, topK: 1 };
-  assert.equal(acceptDrafts([row, row, row], [0, 0], onlyOne, state), 2);
-  assert.equal(state.draws, 402);
-});
-
-Deno.test("sampleAfter() without a rejection is sampleToken, draw for draw", () => {
-  const logits = new Float32Array(40).map((_, i) => Math.cos(i * 1.3) * 2);
-  const params = { temperature: 0.7, topK: 12, topP: 0.95 };
-  const a = { seed: 5, draws: 0 };
-  const b = { seed: 5, draws: 0 };
-  for (let i = 0; i < 100; i++) {
-    assert.equal(sampleAfter(logits, params, a, null), sampleToken(logits, params, b));
-  }
-  assert.deepEqual(a, b);
+  assert.deepEqual(speculativeRound([row, row, row], [0, 0], onlyOne, state), {
+    accepted: 2,
+    next: 0,
+  });
+  assert.equal(state.draws, 203);
 });
 
 // A toy target over a 6-token vocabulary whose logits depend on the last two tokens, and a
@@ -115,6 +106,18 @@ function speculativeSample(state: SamplerState, round: Round = speculativeRound)
     }
   }
   return out.slice(0, LENGTH);
+}
+
+/** The first LENGTH tokens sampled from the target alone, one draw each. */
+function targetOnlySample(state: SamplerState): number[] {
+  const ctx = [1, 2];
+  const out: number[] = [];
+  while (out.length < LENGTH) {
+    const t = sampleToken(target(ctx), PARAMS, state);
+    out.push(t);
+    ctx.push(t);
+  }
+  return out;
 }
 
 /** Exact probability of each LENGTH-token sequence under plain sampling of the target. */
@@ -176,14 +179,32 @@ Deno.test("speculative sampling draws each sequence with the target's exact prob
   assert.ok(stat < critical, `chi-square ${stat} >= ${critical}: not the target's distribution`);
 });
 
-Deno.test("the same test rejects a residual that keeps the rejected draft (the test has power)", () => {
+Deno.test("the same test rejects a residual that may redraw the rejected draft (it has power)", () => {
+  // After a rejection, a fresh draw from p instead of the sample that differed: the rejected
+  // draft gets p(d) + (1 - p(d)) p(d) instead of p(d).
   const wrong: Round = (rows, drafts, params, state) => {
-    const accepted = acceptDrafts(rows, drafts, params, state);
-    return { accepted, next: sampleAfter(rows[accepted], params, state, null) };
+    const { accepted } = speculativeRound(rows, drafts, params, state);
+    return { accepted, next: sampleToken(rows[accepted], params, state) };
   };
   const { stat, critical } = chiSquare(TRIALS, wrong);
   console.log(`biased rule: chi-square ${stat.toFixed(1)} (critical ${critical.toFixed(1)})`);
   assert.ok(stat > critical, `a biased rule passed: chi-square ${stat} < ${critical}`);
+});
+
+Deno.test("a speculative stream is the target-only stream of the same seed, token for token", () => {
+  // Each run starts at draw 16 r: a last round may draw past the LENGTH tokens it keeps.
+  let accepted = 0;
+  for (const seed of [1, 2, 3]) {
+    for (let r = 0; r < 100; r++) {
+      const spec = speculativeSample({ seed, draws: 16 * r }, (rows, drafts, params, state) => {
+        const out = speculativeRound(rows, drafts, params, state);
+        accepted += out.accepted;
+        return out;
+      });
+      assert.deepEqual(spec, targetOnlySample({ seed, draws: 16 * r }), `seed ${seed} run ${r}`);
+    }
+  }
+  assert.ok(accepted > 0, "drafts were accepted along the way");
 });
 
 Deno.test("seeded speculative sampling is reproducible and resumes from (seed, draws)", () => {

@@ -4,16 +4,15 @@
  * target decode of 1 + k positions, accept the longest prefix the target agrees with, roll the
  * rest back in the target (ffi/verify.ts) and in the MTP draft (ffi/mtp.ts), and continue
  * from the last kept row. Acceptance is the request's sampler's (core/speculative_sampling.ts):
- * argmax agreement when greedy; with temperature > 0 the standard speculative rule (accept a
- * draft with the target's probability of it, on rejection draw from the residual), which
- * keeps every token distributed as target-only sampling and the sampler state the project's
- * own exportable `{ seed, draws }`.
+ * argmax agreement when greedy; with temperature > 0 the standard speculative rule for
+ * deterministic drafts (accept a draft with the target's probability of it, on rejection draw
+ * from the residual), carried out by sampling the target at each row with that position's
+ * draw and accepting a draft equal to the sample. The sampler state stays the project's own
+ * exportable `{ seed, draws }`, one draw per token.
  *
- * Greedy tokens equal target-only greedy decoding's; the logits they are taken from may differ
- * from a single-token decode's in the last bits (a verify batch rounds differently), which is
- * why equality is asserted on tokens. Sampled runs consume draws differently from target-only
- * sampling (one per tested draft), so a seeded stream equals the same mode's stream, colocated
- * or after a handoff, not target-only sampling's; its distribution equals target-only's.
+ * Tokens equal target-only decoding's, greedy or seeded sampling; the logits they are taken
+ * from may differ from a single-token decode's in the last bits (a verify batch rounds
+ * differently), which is why equality is asserted on tokens.
  *
  * The loop starts from "logits after the last committed token, which the target has
  * decoded", the state both a committed handoff (after its probe step) and colocated
@@ -31,7 +30,7 @@ import {
   usesSuffix,
 } from "../core/speculation.ts";
 import { type SamplerState, sampleToken, type SamplingParams } from "../core/sampling.ts";
-import { acceptDrafts, sampleAfter } from "../core/speculative_sampling.ts";
+import { speculativeRound } from "../core/speculative_sampling.ts";
 import { type SuffixOptions, SuffixProposer } from "../core/suffix.ts";
 import type { MtpDraft, MtpReadiness } from "../ffi/mtp.ts";
 import { type RollbackKind, rollbackKind, Verifier } from "../ffi/verify.ts";
@@ -165,12 +164,12 @@ export class SpeculativeDecoder {
       await this.#mtp.catchUp(Int32Array.of(this.#lastToken), pos);
     }
     let current = logits;
-    // The draft the row `current` came from turned down (null: none); the next token is then
-    // drawn from the residual (core/speculative_sampling.ts).
-    let rejected: number | null = null;
+    // The token already sampled from `current` by the last round (sampled mode), else null.
+    let pending: number | null = null;
     let emitted = 0;
     while (emitted < n) {
-      const t = sampleAfter(current, this.sampling, sampler, rejected);
+      const t = pending ?? sampleToken(current, this.sampling, sampler);
+      pending = null;
       yield { token: t, logits: current };
       emitted++;
       if (vocab.isEog(t) || emitted === n) return;
@@ -183,7 +182,7 @@ export class SpeculativeDecoder {
       const { mtpTokens, suffixTokens } = await this.#propose(t, pos, room);
       const drafts = [...mtpTokens, ...suffixTokens];
       const rows = await this.#verifier.verify([t, ...drafts], pos);
-      const a = acceptDrafts(rows.logits, drafts, this.sampling, sampler);
+      const { accepted: a, next } = speculativeRound(rows.logits, drafts, this.sampling, sampler);
       countRound(this.report.counters, mtpTokens.length, suffixTokens.length, a);
       const replayed = await this.#verifier.keep(a + 1);
       this.engine.adoptPosition(pos + a + 1);
@@ -195,12 +194,12 @@ export class SpeculativeDecoder {
         emitted++;
         if (vocab.isEog(accepted[i]) || emitted === n) return;
       }
-      rejected = a < drafts.length ? drafts[a] : null;
-      // Greedy continues from the replayed row where the rollback recomputed it (checkpoint);
-      // sampled draws the residual from the row the acceptance test used, so the rule's p
-      // and the residual's p are the same distribution bit for bit.
+      // Sampled: `next` took its draw from row a (the draw of its position), so it is kept.
+      // Greedy: argmax again at the top, of the replayed row where the rollback recomputed it
+      // (checkpoint), as before.
       const greedy = this.sampling.temperature <= 0;
       current = greedy ? replayed ?? rows.logits[a] : rows.logits[a];
+      pending = greedy ? null : next;
     }
   }
 

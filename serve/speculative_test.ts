@@ -135,7 +135,7 @@ for (const mode of ["mtp", "mtp+suffix"] as const) {
 }
 
 for (const family of ["hybrid", "recurrent"]) {
-  Deno.test(`${family}: sampled suffix speculation is seeded, reproducible and draws from the target`, async () => {
+  Deno.test(`${family}: sampled suffix speculation keeps the seeded target-only stream`, async () => {
     const prompt = await repetitivePrompt(family);
     // Random-weight logits are nearly flat (the top token has p = 0.25 at temperature 0.2 on
     // the tiny hybrid), so a low temperature keeps the stream on the repeating text where the
@@ -153,6 +153,8 @@ for (const family of ["hybrid", "recurrent"]) {
     for (const s of a.steps) {
       assert.ok(samplingDistribution(s.logits, sampling).ids.includes(s.token));
     }
+    // Token for token the target-only stream of the same seed (one draw per token).
+    assert.deepEqual(a.steps.map((s) => s.token), await targetOnly(family, prompt, sampling));
     // The same seed gives the same stream and the same rounds; another seed another stream.
     const again = await run(7);
     assert.deepEqual(again.steps.map((s) => s.token), a.steps.map((s) => s.token));
