@@ -51,7 +51,8 @@ export async function* continueSpeculative(
   try {
     own = await routeToOwnContext(engine, config);
   } catch {
-    // No context could be opened (memory): decode target-only in the batch, and say so.
+    // No context of its own (out of memory, or an ISWA session, which is not routed): decode
+    // target-only in the batch, and name the fallback.
     session.speculation = {
       mode: config.mode,
       rollback: null,
