@@ -1,7 +1,8 @@
 /**
  * `--speculation none|mtp|suffix|mtp+suffix` and its bounds, shared by `generate`, `serve`
  * and `handoff`. Speculation runs on per-session contexts (serve/speculative.ts); it never
- * changes the tokens of greedy decoding, and with sampling it names its fallback.
+ * changes the tokens of greedy or seeded sampled decoding (the speculative acceptance rule,
+ * core/speculative_sampling.ts).
  */
 import { type Command, InvalidArgumentError, Option } from "commander";
 import { parseSpeculationMode, SPECULATION_MODES } from "../core/speculation.ts";
@@ -33,7 +34,7 @@ export function addSpeculationOptions(cmd: Command): Command {
     .addOption(
       new Option(
         "--speculation <mode>",
-        "speculative decoding: none, mtp, suffix or mtp+suffix (greedy only; tokens unchanged)",
+        "speculative decoding: none, mtp, suffix or mtp+suffix (tokens unchanged, greedy or seeded sampling)",
       ).argParser(modeArg).default(SPECULATION_DEFAULTS.mode),
     )
     .option(

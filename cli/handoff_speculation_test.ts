@@ -2,7 +2,8 @@
  * Two processes: a decode worker started with `--speculation mtp+suffix` continues a handoff
  * of the hybrid-moe-mtp model with MTP and suffix speculation; the tokens equal colocated
  * target-only generation and colocated speculation, MTP readiness is the verified one, and
- * the decoder's telemetry carries the acceptance counters per source.
+ * the decoder's telemetry carries the acceptance counters per source. A seeded sampled request
+ * continues the same sampled stream as colocated speculation, which is target-only sampling's.
  */
 import assert from "node:assert/strict";
 import { startLocalCluster } from "../serve/local_cluster.ts";
@@ -65,6 +66,24 @@ Deno.test("handoff to a speculating decoder keeps the tokens and reports accepta
     // The same loop colocated: the same rounds and acceptance.
     for (const k of ["rounds", "mtpDrafted", "mtpAccepted", "suffixDrafted", "suffixAccepted"]) {
       assert.equal(s[k], colocated.speculation[k], k);
+    }
+    // Sampled: the decoder continues the prefiller's sampler state ({ seed, draws }) with the
+    // speculative acceptance rule, so the stream equals colocated sampled speculation's.
+    const sampled = ["--temperature", "0.5", "--top-k", "20", "--seed", "7"];
+    const hs = await handoffCli(...sampled);
+    assert.equal(hs.code, 0, hs.stderr);
+    const hsj = JSON.parse(hs.stdout);
+    const cs = await generate("--speculation", "mtp+suffix", ...sampled);
+    assert.equal(hsj.placement, "disaggregated");
+    assert.deepEqual(hsj.tokens, cs.tokens, "the same sampled stream after the handoff");
+    // ...which is target-only sampling's stream of the same seed (one draw per token).
+    assert.deepEqual(hsj.tokens, (await generate(...sampled)).tokens);
+    assert.notDeepEqual(hsj.tokens, plain.tokens, "sampled, not greedy");
+    const ss = hsj.telemetry.speculation;
+    assert.equal(ss.fallback, null, "sampled requests speculate");
+    assert.ok(ss.rounds > 0 && ss.mtpDrafted > 0);
+    for (const k of ["rounds", "mtpDrafted", "mtpAccepted", "suffixDrafted", "suffixAccepted"]) {
+      assert.equal(ss[k], cs.speculation[k], k);
     }
     // A request can override the worker's mode: here, target-only.
     const off = await handoffCli("--speculation", "none");

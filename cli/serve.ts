@@ -219,9 +219,8 @@ async function runServe(flags: ServeFlags): Promise<void> {
     // Named, not silent: what speculation costs the handoff on this worker.
     console.error(
       `speculation ${speculation.mode}: up to ${speculation.draftTokensMax} drafts per step on ` +
-        `per-session contexts; greedy requests only (sampled ones decode target-only); ` +
-        `hybrid contexts keep ${speculation.draftTokensMax} recurrent snapshots, so their ` +
-        `recurrent state is imported whole at commit rather than layer by layer`,
+        `per-session contexts (greedy and sampled requests); hybrid contexts keep ` +
+        `${speculation.draftTokensMax} recurrent snapshots per sequence`,
     );
   }
   // The first SIGINT/SIGTERM stops cleanly: the listener and its endpoint close (freeing the

@@ -40,13 +40,33 @@ export function argmax(values: Float32Array): number {
   return best;
 }
 
-/** Picks the next token; advances `state.draws` by one for non-greedy sampling. */
-export function sampleToken(
+/**
+ * The distribution a sampled token is drawn from, after temperature, top-k and top-p: the
+ * kept token ids, most likely first, with unnormalized weights; `p(ids[i]) = weights[i] /
+ * total`. Tokens outside `ids` have probability 0.
+ */
+export interface TokenDistribution {
+  ids: number[];
+  weights: number[];
+  total: number;
+}
+
+/**
+ * The processed distribution of `logits` under `params` (temperature > 0).
+ *
+ * @example
+ * ```ts
+ * const d = samplingDistribution(new Float32Array([2, 1, 0]), { temperature: 1, topK: 2 });
+ * // d.ids = [0, 1]; d.weights[1] / d.total = e / (e^2 + e)
+ * ```
+ */
+export function samplingDistribution(
   logits: Float32Array,
   params: SamplingParams,
-  state: SamplerState,
-): number {
-  if (params.temperature <= 0) return argmax(logits);
+): TokenDistribution {
+  if (!(params.temperature > 0)) {
+    throw new Error(`Internal error: samplingDistribution(temperature ${params.temperature})`);
+  }
   const candidates = topCandidates(logits, params.topK ?? 0);
   const t = params.temperature;
   const maxLogit = logits[candidates[0]];
@@ -65,13 +85,28 @@ export function sampleToken(
     }
     total = weights.slice(0, keep).reduce((a, b) => a + b, 0);
   }
-  const u = uniform(state.seed, state.draws++) * total;
+  return { ids: candidates.slice(0, keep), weights: weights.slice(0, keep), total };
+}
+
+/** Picks the next token; advances `state.draws` by one for non-greedy sampling. */
+export function sampleToken(
+  logits: Float32Array,
+  params: SamplingParams,
+  state: SamplerState,
+): number {
+  if (params.temperature <= 0) return argmax(logits);
+  return drawFrom(samplingDistribution(logits, params), state);
+}
+
+/** Draws one token from `d` with one random draw (inverse CDF over the kept ids). */
+function drawFrom(d: TokenDistribution, state: SamplerState): number {
+  const u = uniform(state.seed, state.draws++) * d.total;
   let acc = 0;
-  for (let i = 0; i < keep; i++) {
-    acc += weights[i];
-    if (u < acc) return candidates[i];
+  for (let i = 0; i < d.ids.length; i++) {
+    acc += d.weights[i];
+    if (u < acc) return d.ids[i];
   }
-  return candidates[keep - 1];
+  return d.ids[d.ids.length - 1];
 }
 
 function topCandidates(logits: Float32Array, k: number): number[] {

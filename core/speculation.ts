@@ -45,16 +45,26 @@ export function usesSuffix(mode: SpeculationMode): boolean {
  * named in output and telemetry: there is no silent fallback.
  */
 export type SpeculationFallback =
-  /** Temperature > 0: only greedy acceptance is implemented, so drafts are not used. */
-  | "sampled-not-supported"
   /** MTP asked for, but the model has no MTP layers (or they were not loaded). */
   | "mtp-unavailable"
   /** MTP asked for, but the draft state did not verify (position or pending row missing). */
   | "mtp-not-ready"
   /** The target's recurrent memory has neither native rollback nor a checkpoint path. */
   | "rollback-unavailable"
-  /** The session runs in the decode worker's shared batched context (speculation is per session). */
+  /**
+   * The session was committed in the decode worker's shared batched context and no context of
+   * its own could be opened to speculate on (see `SpeculationRoute`): it decodes target-only
+   * in the batch.
+   */
   | "batched-decode";
+
+/**
+ * Why the speculative loop ran on a context other than the one the session was committed in.
+ * `batch-to-session`: the session was committed in the shared batched context, where a verify
+ * of k+1 rows and a per-sequence rollback are not available, so its sequence state (KV and
+ * recurrent state) was copied into a context of its own, which speculates and decodes alone.
+ */
+export type SpeculationRoute = "batch-to-session";
 
 /** Acceptance counters per source; token counts, never token values. */
 export interface SpeculationCounters {

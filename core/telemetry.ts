@@ -281,7 +281,8 @@ export function overlapFraction(
 
 /** "speculation mtp+suffix: mtp 3/40, suffix 5/6 accepted in 25 rounds (native rollback)". */
 function _speculation(s: SpeculationSummary): string {
-  const fallback = s.fallback ? `, fallback ${s.fallback}` : "";
+  const fallback = (s.fallback ? `, fallback ${s.fallback}` : "") +
+    (s.route ? `, route ${s.route}` : "");
   return `speculation ${s.mode}: mtp ${s.mtpAccepted}/${s.mtpDrafted}, suffix ` +
     `${s.suffixAccepted}/${s.suffixDrafted} accepted in ${s.rounds} rounds ` +
     `(${s.rollback ?? "no"} rollback${fallback})`;

@@ -86,6 +86,8 @@ export interface SpeculationSummary {
   rollback: "attention" | "native" | "checkpoint" | null;
   mtpReadiness: "ready" | "lagging-one" | "not-ready" | null;
   fallback: string | null;
+  /** Why the loop ran on another context than the session's own (null or absent: it did not). */
+  route?: string | null;
   rounds: number;
   mtpDrafted: number;
   mtpAccepted: number;

@@ -52,6 +52,9 @@ export interface SpeculationCaseResult extends SpeculationCase {
   /** Tokens per second of the loop after the first token (benchmarks only; null: n/a). */
   colocatedTokensPerSec: number | null;
   movedTokensPerSec: number | null;
+  /** Tokens per CPU-second of the same loops (null: no `cpuSeconds` clock given, or n/a). */
+  colocatedTokensPerCpuSec: number | null;
+  movedTokensPerCpuSec: number | null;
 }
 
 /** What one side's speculative continuation produced. */
@@ -62,6 +65,8 @@ export interface SpeculativeContinuation {
   report: SpeculationReport;
   /** Wall time of the loop after the first token's step (for benchmarks, never asserted). */
   loopMs: number;
+  /** CPU seconds of the same loop, when a clock was given (benchmarks only). */
+  loopCpuSec: number | null;
 }
 
 function bytesOf(f: Float32Array): Uint8Array {
@@ -81,6 +86,7 @@ export async function continueSpeculating(
   prompt: Int32Array,
   first: number,
   steps: number,
+  cpuSeconds: () => number | null = () => null,
 ): Promise<SpeculativeContinuation> {
   const logits = await side.engine.step(first);
   const drafts: Uint8Array[][] = [];
@@ -93,11 +99,15 @@ export async function continueSpeculating(
     { onMtpDraft: (_t, rows) => drafts.push(rows.map(bytesOf)) },
   );
   const tokens = [first];
+  const cpu0 = cpuSeconds();
   const t0 = performance.now();
   for await (const s of decoder.generate(logits, steps - 1, { seed: 0, draws: 0 })) {
     tokens.push(s.token);
   }
-  return { tokens, drafts, report: decoder.report, loopMs: performance.now() - t0 };
+  const loopMs = performance.now() - t0;
+  const cpu1 = cpuSeconds();
+  const loopCpuSec = cpu0 === null || cpu1 === null ? null : cpu1 - cpu0;
+  return { tokens, drafts, report: decoder.report, loopMs, loopCpuSec };
 }
 
 export interface SpeculationOptions {
@@ -105,6 +115,13 @@ export interface SpeculationOptions {
   modelFor: (family: Family, preset: Preset) => Promise<string>;
   threads?: number;
   digestCacheFile?: string;
+  /**
+   * Tokens of the target's own continuation copied into the prompt's head (default 8): what
+   * the suffix proposer can match once generation reaches the repeat.
+   */
+  copyTokens?: number;
+  /** CPU seconds used by this process so far (benchmarks: tokens per CPU-second). */
+  cpuSeconds?: () => number | null;
 }
 
 export async function runSpeculationCase(
@@ -122,12 +139,14 @@ export async function runSpeculationCase(
     steps: options.steps,
     colocatedTokensPerSec: null,
     movedTokensPerSec: null,
+    colocatedTokensPerCpuSec: null,
+    movedTokensPerCpuSec: null,
   };
   if (!hasMtp && (c.mode === "mtp" || c.mode === "mtp+suffix")) {
     return { ...base, verdict: "n/a", ok: true };
   }
   const modelPath = await options.modelFor(c.family, c.preset);
-  const copyTokens = 8;
+  const copyTokens = options.copyTokens ?? 8;
   const config: RuntimeConfig = {
     ...RUNTIME_DEFAULTS,
     modelPath,
@@ -157,8 +176,9 @@ export async function runSpeculationCase(
   const imp = await openHandoff(b, a.identity, prompt.length, options.steps);
   const { mtpHidden } = await stageAndCommit(imp, state);
   adoptHandoff(b, prompt.length, mtpHidden);
-  const colocated = await continueSpeculating(a, prompt, firstToken, options.steps);
-  const moved = await continueSpeculating(b, prompt, firstToken, options.steps);
+  const clock = options.cpuSeconds;
+  const colocated = await continueSpeculating(a, prompt, firstToken, options.steps, clock);
+  const moved = await continueSpeculating(b, prompt, firstToken, options.steps, clock);
   const same = (x: number[], y: number[]) => x.length === y.length && x.every((t, i) => t === y[i]);
   const tokensEqual = same(moved.tokens, colocated.tokens);
   const targetEqual = same(moved.tokens, want);
@@ -179,7 +199,13 @@ export async function runSpeculationCase(
     moved: moved.report,
     colocatedTokensPerSec: (colocated.tokens.length - 1) / (colocated.loopMs / 1000),
     movedTokensPerSec: (moved.tokens.length - 1) / (moved.loopMs / 1000),
+    colocatedTokensPerCpuSec: perCpuSec(colocated),
+    movedTokensPerCpuSec: perCpuSec(moved),
   };
+}
+
+function perCpuSec(c: SpeculativeContinuation): number | null {
+  return c.loopCpuSec === null || c.loopCpuSec <= 0 ? null : (c.tokens.length - 1) / c.loopCpuSec;
 }
 
 /** One printable row per case: verdict and acceptance per source after the handoff. */

@@ -5,8 +5,8 @@
  * its layers (so a sender's bytes land only where this model keeps them, and a run of the
  * wrong size is refused); on the public path runs are held and joined into one snapshot for
  * llama.cpp's own import. A decoder context that keeps rollback snapshots (`n_rs_seq > 0`,
- * speculation) also takes the public path: the shim refuses to window that layout, so its
- * recurrent import happens whole at commit.
+ * speculation) is windowed the same way: its snapshot bytes are those of a context without
+ * them (ffi/recurrent_window_test.ts).
  */
 import { StateValidationError } from "../core/errors.ts";
 import { firstTilingFault, formatRange, type Range } from "../core/schema.ts";
@@ -72,10 +72,7 @@ export class RecurrentRuns {
     if (!pieceOk) {
       throw new StateValidationError(`Cannot stage ${what}: not within a run of ${p.of} bytes`);
     }
-    // A context that keeps rollback snapshots (n_rs_seq > 0, for speculation) has several
-    // rows per layer, which the shim does not window: its runs are joined and imported whole.
-    const windowable = this.ctx.model.lib.symbols.llama_n_rs_seq(this.ctx.ptr) === 0;
-    const shim = this.backend.path === "shim" && windowable ? this.backend.shim : null;
+    const shim = this.backend.path === "shim" ? this.backend.shim : null;
     if (!shim) {
       // A copy: the caller may recycle its buffers once this returns.
       this.#held.push({ part, r0, r1, piece: p, payload: payload.slice() });

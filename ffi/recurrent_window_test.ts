@@ -8,8 +8,10 @@ import assert from "node:assert/strict";
 import { LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY } from "./llama.ts";
 import { loadLlama } from "./library.ts";
 import { loadShim } from "./shim/shim.ts";
-import { bits, HandoffPair, prompt } from "./_state_testing.ts";
-import { greedyLogits, prefillAndExport } from "./state_driver.ts";
+import { bits, HandoffPair, prompt, TEST_CONTEXT } from "./_state_testing.ts";
+import { argmax, greedyLogits, prefillAndExport } from "./state_driver.ts";
+import { LlamaContext } from "./context.ts";
+import { Verifier } from "./verify.ts";
 import { StagedImport } from "./staged_import.ts";
 import { entrySpans, exportRecurrentWindow, recurrentLayout, splitRecurrent } from "./state.ts";
 
@@ -121,4 +123,55 @@ Deno.test("[public] recurrent runs are held and joined into llama.cpp's own impo
   await imp.addRecurrentLayers("conv", 0, R, split.conv);
   await imp.commit();
   assert.deepEqual(await pair.b.stateSeqGet(0, 0), await pair.a.stateSeqGet(0, 0));
+});
+
+Deno.test({
+  name:
+    "a decoder keeping rollback snapshots (n_rs_seq 4) imports runs windowed, as the whole import does",
+  ignore: !shimOk,
+  fn: async () => {
+    // B keeps speculation's rollback snapshots; C is the same context importing whole (public).
+    using pair = await HandoffPair.open("hybrid", {}, { nRsSeq: 4 });
+    const c = await LlamaContext.create(pair.models[1], { ...TEST_CONTEXT, nRsSeq: 4 });
+    try {
+      assert.equal(pair.b.model.lib.symbols.llama_n_rs_seq(pair.b.ptr), 4, "snapshots kept");
+      const state = await prefillAndExport(pair.a, prompt(N), { chunkTokens: CHUNK });
+      const layout = (await recurrentLayout(pair.a))!;
+      const window = (from: number, to: number) => exportRecurrentWindow(pair.a, from, to);
+      const R = layout.conv.length;
+      const windowed = await StagedImport.open(pair.b, { nTokens: N });
+      const whole = await StagedImport.open(c, { nTokens: N, path: "public" });
+      for (const page of state.pages) {
+        await windowed.addPage(page);
+        await whole.addPage(page);
+      }
+      for (const [part, a, b] of [["conv", 0, R], ["ssm", 0, R]] as const) {
+        const list = layout[part];
+        const from = part === "conv" ? 0 : list[a].start;
+        const bytes = await window(from, list[b - 1].end);
+        await windowed.addRecurrentLayers(part, a, b, bytes);
+        await whole.addRecurrentLayers(part, a, b, bytes);
+      }
+      assert.equal((await recurrentLayout(pair.b))?.bytes, layout.bytes, "written into B already");
+      await windowed.commit();
+      await whole.commit();
+      const full = (ctx: LlamaContext) => ctx.stateSeqGet(0, 0);
+      assert.deepEqual(await full(pair.b), await full(pair.a));
+      assert.deepEqual(await full(c), await full(pair.a));
+      // A verify of three rows, two of them rolled back through the snapshots, then two greedy
+      // steps: bitwise the same on the windowed and the whole import.
+      const first = 7;
+      const after = async (ctx: LlamaContext) => {
+        const v = new Verifier(ctx, 4);
+        assert.equal(v.kind, "native");
+        const rows = await v.verify([first, 11, 13], N);
+        await v.keep(1);
+        const next = argmax(rows.logits[0]);
+        return [rows.logits[0], ...await greedyLogits(ctx, next, N + 1, 2)].map(bits);
+      };
+      assert.deepEqual(await after(pair.b), await after(c));
+    } finally {
+      c.free();
+    }
+  },
 });

@@ -8,7 +8,7 @@ import type { DecoderTelemetryEvent } from "../core/telemetry.ts";
 import type { DecodeEngine } from "./engine.ts";
 import type { MtpDraft } from "../ffi/mtp.ts";
 import { SPECULATION_DEFAULTS, type SpeculationReport } from "./speculative.ts";
-import { emptyCounters, type SpeculationMode } from "../core/speculation.ts";
+import type { SpeculationMode } from "../core/speculation.ts";
 import { continueSpeculative } from "./speculative_session.ts";
 
 /** A committed session, ready to generate: everything the decode loop continues from. */
@@ -44,17 +44,9 @@ export async function* continueSession(
   if (n <= 0) return;
   const base = session.engine.config.speculation ?? SPECULATION_DEFAULTS;
   const mode = session.speculationMode ?? base.mode;
-  if (mode !== "none" && session.engine.path === "batched") {
-    // Speculation verifies and rolls back on a context of its own; a session in the shared
-    // batched context decodes target-only, and says so.
-    session.speculation = {
-      mode,
-      rollback: null,
-      mtpReadiness: null,
-      fallback: "batched-decode",
-      counters: emptyCounters(),
-    };
-  } else if (mode !== "none") return yield* continueSpeculative(session, n, { ...base, mode });
+  // Speculation verifies and rolls back on a context of its own: a session of the shared
+  // batched context is routed to one (serve/speculative_session.ts).
+  if (mode !== "none") return yield* continueSpeculative(session, n, { ...base, mode });
   const vocab = session.engine.model.vocab;
   yield { token: session.firstToken, logits: null };
   if (vocab.isEog(session.firstToken)) return;

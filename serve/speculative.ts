@@ -3,13 +3,16 @@
  * path): propose drafts (an MTP prefix, then a suffix-proposer tail), verify them with one
  * target decode of 1 + k positions, accept the longest prefix the target agrees with, roll the
  * rest back in the target (ffi/verify.ts) and in the MTP draft (ffi/mtp.ts), and continue
- * from the last kept row. Greedy sampling only: with temperature > 0 it decodes target-only
- * and names the fallback (`sampled-not-supported`), so the sampler state stays the
- * project's own exportable `{ seed, draws }`.
+ * from the last kept row. Acceptance is the request's sampler's (core/speculative_sampling.ts):
+ * argmax agreement when greedy; with temperature > 0 the standard speculative rule for
+ * deterministic drafts (accept a draft with the target's probability of it, on rejection draw
+ * from the residual), carried out by sampling the target at each row with that position's
+ * draw and accepting a draft equal to the sample. The sampler state stays the project's own
+ * exportable `{ seed, draws }`, one draw per token.
  *
- * The tokens equal target-only greedy decoding's; the logits they are taken from may differ
- * from a single-token decode's in the last bits (a verify batch rounds differently), which is
- * why equality is asserted on tokens.
+ * Tokens equal target-only decoding's, greedy or seeded sampling; the logits they are taken
+ * from may differ from a single-token decode's in the last bits (a verify batch rounds
+ * differently), which is why equality is asserted on tokens.
  *
  * The loop starts from "logits after the last committed token, which the target has
  * decoded", the state both a committed handoff (after its probe step) and colocated
@@ -17,16 +20,17 @@
  * the colocated ones, bit for bit.
  */
 import {
-  acceptGreedy,
   countRound,
   emptyCounters,
   type SpeculationCounters,
   type SpeculationFallback,
   type SpeculationMode,
+  type SpeculationRoute,
   usesMtp,
   usesSuffix,
 } from "../core/speculation.ts";
-import { argmax, type SamplerState, sampleToken, type SamplingParams } from "../core/sampling.ts";
+import { type SamplerState, sampleToken, type SamplingParams } from "../core/sampling.ts";
+import { speculativeRound } from "../core/speculative_sampling.ts";
 import { type SuffixOptions, SuffixProposer } from "../core/suffix.ts";
 import type { MtpDraft, MtpReadiness } from "../ffi/mtp.ts";
 import { type RollbackKind, rollbackKind, Verifier } from "../ffi/verify.ts";
@@ -60,6 +64,8 @@ export interface SpeculationReport {
   mtpReadiness: MtpReadiness | null;
   /** Why a source (or all speculation) was not used; null when everything asked for ran. */
   fallback: SpeculationFallback | null;
+  /** Why the loop ran on another context than the session's own; null: it did not. */
+  route: SpeculationRoute | null;
   counters: SpeculationCounters;
 }
 
@@ -104,13 +110,12 @@ export class SpeculativeDecoder {
       rollback: null,
       mtpReadiness: null,
       fallback: null,
+      route: null,
       counters: emptyCounters(),
     };
     this.report = report;
     this.#lastToken = history.length > 0 ? history[history.length - 1] : -1;
-    const greedy = sampling.temperature <= 0;
-    if (config.mode !== "none" && !greedy) report.fallback = "sampled-not-supported";
-    const active = config.mode !== "none" && greedy;
+    const active = config.mode !== "none";
     this.#mtp = null;
     if (active && usesMtp(config.mode)) {
       if (draft === null) report.fallback = "mtp-unavailable";
@@ -159,9 +164,12 @@ export class SpeculativeDecoder {
       await this.#mtp.catchUp(Int32Array.of(this.#lastToken), pos);
     }
     let current = logits;
+    // The token already sampled from `current` by the last round (sampled mode), else null.
+    let pending: number | null = null;
     let emitted = 0;
     while (emitted < n) {
-      const t = argmax(current);
+      const t = pending ?? sampleToken(current, this.sampling, sampler);
+      pending = null;
       yield { token: t, logits: current };
       emitted++;
       if (vocab.isEog(t) || emitted === n) return;
@@ -174,7 +182,7 @@ export class SpeculativeDecoder {
       const { mtpTokens, suffixTokens } = await this.#propose(t, pos, room);
       const drafts = [...mtpTokens, ...suffixTokens];
       const rows = await this.#verifier.verify([t, ...drafts], pos);
-      const a = acceptGreedy(rows.logits.map(argmax), drafts);
+      const { accepted: a, next } = speculativeRound(rows.logits, drafts, this.sampling, sampler);
       countRound(this.report.counters, mtpTokens.length, suffixTokens.length, a);
       const replayed = await this.#verifier.keep(a + 1);
       this.engine.adoptPosition(pos + a + 1);
@@ -186,7 +194,12 @@ export class SpeculativeDecoder {
         emitted++;
         if (vocab.isEog(accepted[i]) || emitted === n) return;
       }
-      current = replayed ?? rows.logits[a];
+      // Sampled: `next` took its draw from row a (the draw of its position), so it is kept.
+      // Greedy: argmax again at the top, of the replayed row where the rollback recomputed it
+      // (checkpoint), as before.
+      const greedy = this.sampling.temperature <= 0;
+      current = greedy ? replayed ?? rows.logits[a] : rows.logits[a];
+      pending = greedy ? null : next;
     }
   }
 
@@ -227,6 +240,7 @@ export function speculationEvent(report: SpeculationReport, atMs: number) {
     rollback: report.rollback,
     mtpReadiness: report.mtpReadiness,
     fallback: report.fallback,
+    route: report.route,
     ...report.counters,
   };
 }
