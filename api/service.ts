@@ -43,6 +43,8 @@ export interface RunInput {
   endpoint: RequestRecord["endpoint"];
   params: GenerationParams;
   prompt: string;
+  /** Chat: the template's special-token markers in `prompt` (api/template_markers.ts). */
+  promptSpecialSpans?: number[];
   tenantId: string;
   /** Aborts when the client goes away. */
   signal: AbortSignal;
@@ -122,7 +124,7 @@ export class ApiService {
         { code: "prompt_too_large", param: "prompt" },
       );
     }
-    const promptTokens = o.model.countTokens(input.prompt);
+    const promptTokens = o.model.countTokens(input.prompt, input.promptSpecialSpans);
     const room = o.model.nCtx - promptTokens;
     const maxTokens = input.params.maxTokens ?? defaultMaxTokens(input.endpoint, room);
     if (maxTokens < 1 || promptTokens + maxTokens > o.model.nCtx) {
@@ -234,6 +236,7 @@ export class ApiService {
         decode: picked.decode.peer,
         colocated: planned.placement === "colocated",
         prompt: input.prompt,
+        promptSpecialSpans: input.promptSpecialSpans,
         generateTokens: maxTokens,
         sampling: {
           temperature: input.params.temperature,

@@ -60,6 +60,8 @@ export interface HandoffRequest {
   prefill: PeerAddress;
   decode: PeerAddress;
   prompt: string;
+  /** The chat template's special-token markers in `prompt` (see serve/prompt_tokens.ts). */
+  promptSpecialSpans?: number[];
   generateTokens: number;
   sampling: SamplingSpec;
   tenantId: string;
@@ -404,6 +406,9 @@ function generateRequest(
     generateTokens: req.generateTokens,
     mode,
     prompt: mode === "local" ? req.prompt : null,
+    ...(mode === "local" && req.promptSpecialSpans?.length
+      ? { promptSpecialSpans: req.promptSpecialSpans }
+      : {}),
     sampling: mode === "local" ? req.sampling : null,
     probe: req.probe,
     sentTokens: [...sent],
@@ -422,6 +427,7 @@ async function prefillAndHandOff(
     handoffId,
     tenantId: req.tenantId,
     prompt: req.prompt,
+    ...(req.promptSpecialSpans?.length ? { promptSpecialSpans: req.promptSpecialSpans } : {}),
     generateTokens: req.generateTokens,
     sampling: req.sampling,
     decode: req.decode,

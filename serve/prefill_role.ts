@@ -11,6 +11,7 @@
  * `queued: true` so the coordinator's idle timeout holds while they wait; beyond its bounds
  * the answer is `busy` (the coordinator then recomputes colocated, a named fallback).
  */
+import { tokenizePrompt } from "./prompt_tokens.ts";
 import type { HandoffTiming } from "../core/mod.ts";
 import { deriveTelemetry, formatTelemetry } from "../core/telemetry.ts";
 import {
@@ -195,7 +196,16 @@ export class PrefillRole {
     if (cancel.aborted) {
       return { ...failed(request, "The request was cancelled", 0), reason: "cancelled" };
     }
-    const prompt = pooled.engine.model.vocab.tokenize(request.prompt);
+    let prompt: Int32Array;
+    try {
+      prompt = tokenizePrompt(
+        pooled.engine.model.vocab,
+        request.prompt,
+        request.promptSpecialSpans,
+      );
+    } catch (error) {
+      return failed(request, (error as Error).message, 0);
+    }
     let decoder: DecoderChannel | null = null;
     let firstTokenSent: Promise<void> = Promise.resolve();
     const stopProgress = reportProgress(
@@ -368,6 +378,7 @@ function localRequest(request: PrefillRequest): GenerateRequest {
     generateTokens: request.generateTokens,
     mode: "local",
     prompt: request.prompt,
+    ...(request.promptSpecialSpans ? { promptSpecialSpans: request.promptSpecialSpans } : {}),
     sampling: request.sampling,
     probe: request.probe,
   };
