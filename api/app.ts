@@ -137,7 +137,7 @@ export function createApp(service: ApiService, keys: ApiKeys | null): Hono<Env> 
         .finally(client.done);
       c.header("x-skippy-placement", out.placement);
       if (out.fallbackReason) c.header("x-skippy-fallback", headerSafe(out.fallbackReason));
-      return c.json(wholeResponse(endpoint, params.model, out));
+      return c.json(wholeResponse(endpoint, params.model, out, (t) => model.pieceBytes(t)));
     }
     const requestId = crypto.randomUUID();
     const chunks = new ChunkWriter(endpoint, params.model, requestId);

@@ -34,6 +34,8 @@ export interface ServedModel {
   addsBos: boolean;
   family: string;
   state: StateSize;
+  /** A token's piece, as bytes (for log probabilities' token strings). */
+  pieceBytes(token: number): Uint8Array;
   /** The vocabulary's control tokens: what a chat template's markers become. */
   markers: MarkerSet;
   /**
@@ -78,6 +80,7 @@ export async function openServedModel(path: string, nCtx: number): Promise<Serve
       swaBytes: sizes.swaKvBytesPerToken * sizes.slidingWindow,
       mtpBytesPerToken: sizes.mtpKvBytesPerToken,
     },
+    pieceBytes: (token) => model.vocab.pieceBytes(token),
     markers: new MarkerSet(controlTokenTexts(meta)),
     countTokens: (text, spans) => tokenizePrompt(model.vocab, text, spans).length,
     close: () => model.free(),

@@ -4,6 +4,7 @@
  * (and cancel the request on the workers once one matches), and record metrics and telemetry.
  * Endpoints (app.ts) only shape what goes in and comes out.
  */
+import type { TokenLogprob } from "../core/logprobs.ts";
 import { HandoffAbortedError, WorkerBusyError } from "../core/mod.ts";
 import { runHandoff } from "../serve/coordinator.ts";
 import { PROMPT_BYTES_MAX } from "../serve/messages.ts";
@@ -69,6 +70,12 @@ export interface RunOutput {
   plannedPlacement: PlacementDecision;
   fallbackReason: string | null;
   chatFormat: ChatFormat | null;
+  /**
+   * With `logprobs`: each generated token (as far as the client got it, a stop sequence's
+   * batch included, like completionTokens) and its log probabilities (null where no worker
+   * had its logits). Null without `logprobs`.
+   */
+  logprobs: { tokens: number[]; logprobs: (TokenLogprob | null)[] } | null;
 }
 
 /** completions: OpenAI's default of 16; chat: the rest of the context (llama-server's). */
@@ -230,6 +237,9 @@ export class ApiService {
       planned.placement === "colocated" ? null : picked.prefill,
     ]);
     let result: HandoffResult | null = null;
+    const logprobs = input.params.logprobs === null
+      ? null
+      : { tokens: [] as number[], logprobs: [] as (TokenLogprob | null)[] };
     try {
       result = await runHandoff(o.node, {
         prefill: (picked.prefill ?? picked.decode).peer,
@@ -249,7 +259,12 @@ export class ApiService {
         timeoutMs: o.workerIdleTimeoutMs,
         handoffId,
         signal: AbortSignal.any([input.signal, stopper.signal]),
-        onTokens: (tokens) => {
+        ...(input.params.logprobs !== null ? { logprobs: input.params.logprobs } : {}),
+        onTokens: (tokens, lps) => {
+          if (logprobs) {
+            logprobs.tokens.push(...tokens);
+            logprobs.logprobs.push(...(lps ?? tokens.map(() => null)));
+          }
           const now = performance.now();
           if (lastTokenAt === null) {
             record.ttftMs = now - t0;
@@ -310,6 +325,7 @@ export class ApiService {
       plannedPlacement: planned,
       fallbackReason,
       chatFormat: input.chatFormat ?? null,
+      logprobs,
     };
   }
 

@@ -9,6 +9,7 @@
 import { type AbortReason, isAbortReason, ProtocolError } from "../core/mod.ts";
 import type { DecoderTelemetrySummary, PrefillerTelemetrySummary } from "../core/telemetry.ts";
 import { SPECULATION_MODES, type SpeculationMode } from "../core/speculation.ts";
+import { type TokenLogprob, TOP_LOGPROBS_MAX } from "../core/logprobs.ts";
 import { COUNTER_FIELDS, type WorkerCounters } from "./worker_counters.ts";
 export * from "./worker_counters.ts";
 
@@ -77,6 +78,8 @@ export interface PrefillRequest {
   prompt: string;
   /** The chat template's special-token markers in `prompt` (see serve/prompt_tokens.ts). */
   promptSpecialSpans?: number[];
+  /** With log probabilities: the FirstToken carries its own and this many alternatives. */
+  logprobs?: number;
   /** Tokens the decoder will generate (sizes the decoder's context). */
   generateTokens: number;
   sampling: SamplingSpec;
@@ -141,6 +144,8 @@ export interface FirstToken {
   sentAfterPrefillMs: number;
   /** Prefiller's wall clock at the end of prefill (ms since the epoch; same-host telemetry). */
   prefillEndEpochMs: number;
+  /** When the request asked for log probabilities. */
+  logprob?: TokenLogprob;
 }
 
 /**
@@ -186,6 +191,8 @@ export interface GenerateRequest {
    * `--speculation` (its draft bounds stay the worker's). Absent: the worker's own.
    */
   speculation?: SpeculationMode;
+  /** Log probabilities in each TokenBatch, with this many alternatives per token (0..20). */
+  logprobs?: number;
 }
 
 /** Decode worker -> coordinator: generated tokens, in order. */
@@ -196,6 +203,11 @@ export interface TokenBatch {
   text: string;
   /** With `probe`: SHA-256 (hex) of the logits each token was sampled from. */
   logitsSha256: string[];
+  /**
+   * When the request asked for log probabilities: one per token (null for a token whose
+   * logits this worker does not have, e.g. one sampled by the prefill worker).
+   */
+  logprobs?: (TokenLogprob | null)[];
 }
 
 /** Decode worker -> coordinator: generation finished (or failed). */
@@ -258,6 +270,14 @@ function samplingOk(v: unknown): boolean {
     num(s.topP) && count(s.seed, 0xffffffff);
 }
 
+/** A TokenLogprob: a finite log probability and at most TOP_LOGPROBS_MAX alternatives. */
+function logprobOk(v: unknown): boolean {
+  if (typeof v !== "object" || v === null) return false;
+  const x = v as Record<string, unknown>;
+  return num(x.logprob) && Array.isArray(x.top) && x.top.length <= TOP_LOGPROBS_MAX &&
+    x.top.every((p) => Array.isArray(p) && p.length === 2 && count(p[0], 0x7fffffff) && num(p[1]));
+}
+
 /** Absent, or an even list of byte offsets (their order is checked where they are used). */
 function spansOk(v: unknown): boolean {
   return v === undefined || (Array.isArray(v) && v.length % 2 === 0 &&
@@ -288,6 +308,8 @@ const CHECKS: Record<ServeMessage["type"], Checker> = {
       ? "completeOnDecoderLoss"
       : !spansOk(m.promptSpecialSpans)
       ? "promptSpecialSpans"
+      : m.logprobs !== undefined && !count(m.logprobs, TOP_LOGPROBS_MAX)
+      ? "logprobs"
       : null,
   CancelRequest: (m) =>
     !str(m.handoffId, 64)
@@ -320,6 +342,8 @@ const CHECKS: Record<ServeMessage["type"], Checker> = {
       ? "sentAfterPrefillMs"
       : !num(m.prefillEndEpochMs)
       ? "prefillEndEpochMs"
+      : m.logprob !== undefined && !logprobOk(m.logprob)
+      ? "logprob"
       : null,
   Progress: (m) => !str(m.handoffId, 64) ? "handoffId" : !count(m.done) ? "done" : null,
   GenerateRequest: (m) =>
@@ -342,6 +366,8 @@ const CHECKS: Record<ServeMessage["type"], Checker> = {
       ? "speculation"
       : !spansOk(m.promptSpecialSpans)
       ? "promptSpecialSpans"
+      : m.logprobs !== undefined && !count(m.logprobs, TOP_LOGPROBS_MAX)
+      ? "logprobs"
       : null,
   TokenBatch: (m) =>
     !str(m.handoffId, 64)
@@ -354,6 +380,11 @@ const CHECKS: Record<ServeMessage["type"], Checker> = {
       : !Array.isArray(m.logitsSha256) || m.logitsSha256.length > m.tokens.length ||
           !m.logitsSha256.every(hex64)
       ? "logitsSha256"
+      : m.logprobs !== undefined && (!Array.isArray(m.logprobs) ||
+          m.logprobs.length !== m.tokens.length || !m.logprobs.every((x) =>
+            x === null || logprobOk(x)
+          ))
+      ? "logprobs"
       : null,
   GenerateDone: (m) =>
     !str(m.handoffId, 64)

@@ -12,6 +12,7 @@
  * the answer is `busy` (the coordinator then recomputes colocated, a named fallback).
  */
 import { tokenizePrompt } from "./prompt_tokens.ts";
+import { tokenLogprob } from "../core/logprobs.ts";
 import type { HandoffTiming } from "../core/mod.ts";
 import { deriveTelemetry, formatTelemetry } from "../core/telemetry.ts";
 import {
@@ -364,6 +365,9 @@ async function sendFirstToken(
     logitsSha256,
     sentAfterPrefillMs: performance.now() - first.prefillEndMs,
     prefillEndEpochMs: performance.timeOrigin + first.prefillEndMs,
+    ...(request.logprobs !== undefined
+      ? { logprob: tokenLogprob(first.logits, first.token, request.logprobs) }
+      : {}),
   };
   await peer.send(message as unknown as Record<string, unknown>).catch(() => {});
   faultPoint("first-token-sent");
@@ -379,6 +383,7 @@ function localRequest(request: PrefillRequest): GenerateRequest {
     mode: "local",
     prompt: request.prompt,
     ...(request.promptSpecialSpans ? { promptSpecialSpans: request.promptSpecialSpans } : {}),
+    ...(request.logprobs !== undefined ? { logprobs: request.logprobs } : {}),
     sampling: request.sampling,
     probe: request.probe,
   };
