@@ -12,6 +12,7 @@ import {
   PrefillerTelemetry,
 } from "../core/mod.ts";
 import { encodeFrame } from "../transport/mod.ts";
+import { TOP_LOGPROBS_MAX } from "../core/logprobs.ts";
 import {
   CONTROL_FRAME_LIMITS,
   decodeRequestPayload,
@@ -129,6 +130,14 @@ Deno.test("GenerateDone of a 2^20-token generation is as small as an 8-token one
   assert.equal(done(GENERATE_TOKENS_MAX).telemetry!.tokens, GENERATE_TOKENS_MAX);
 });
 
+const FULLEST_LOGPROB = {
+  logprob: -Math.PI,
+  top: Array.from(
+    { length: TOP_LOGPROBS_MAX },
+    () => [TOKEN_MAX, -Math.E] as [number, number],
+  ),
+};
+
 Deno.test("the fullest TokenBatch and FirstToken encode within the control frame limits", () => {
   // A batch is sent once its text reaches TOKEN_BATCH_TEXT_BYTES_MAX, so its text is at most
   // that plus one more piece; 4-byte characters, and a piece as long as the whole bound.
@@ -139,6 +148,8 @@ Deno.test("the fullest TokenBatch and FirstToken encode within the control frame
     tokens: new Array(TOKEN_BATCH_TOKENS_MAX).fill(TOKEN_MAX),
     text,
     logitsSha256: new Array(TOKEN_BATCH_TOKENS_MAX).fill(DIGEST),
+    // Log probabilities with the most alternatives, as float64 values that need 9 bytes.
+    logprobs: new Array(TOKEN_BATCH_TOKENS_MAX).fill(FULLEST_LOGPROB),
   };
   assert.ok(headerBytes(batch) <= CONTROL_FRAME_LIMITS.headerBytesMax);
   assert.equal(parseMessage<TokenBatch>({ ...batch }).tokens.length, TOKEN_BATCH_TOKENS_MAX);
@@ -150,6 +161,7 @@ Deno.test("the fullest TokenBatch and FirstToken encode within the control frame
     logitsSha256: DIGEST,
     sentAfterPrefillMs: 1e9,
     prefillEndEpochMs: 4e12,
+    logprob: FULLEST_LOGPROB,
   };
   assert.ok(headerBytes(first) <= CONTROL_FRAME_LIMITS.headerBytesMax);
   assert.equal(parseMessage<FirstToken>({ ...first }).token, TOKEN_MAX);
