@@ -49,6 +49,8 @@ export interface BatchBenchRow {
   nodeTokensPerSec: number | null;
   nodeTokensPerCpuSec: number | null;
   nodeRatio: number | null;
+  /** Ours batched over node-llama-cpp, per CPU-second of each process (robust to other load). */
+  nodeCpuRatio: number | null;
   nodeTokenAgreement: number | null;
 }
 
@@ -225,7 +227,7 @@ export async function runBatchBench(o: {
         tokenAgreement: agree / total,
         logitsBitwiseEqual: bitwise / total,
         stepsPerDecodeToken: steps / Math.max(1, decoded),
-        ...nodeColumns(node, c, median(rates), batchedTokens),
+        ...nodeColumns(node, c, median(rates), median(cpuRates), batchedTokens),
       });
     }
   }
@@ -236,10 +238,11 @@ function nodeColumns(
   node: NodeLlamaCppResult,
   concurrency: number,
   batchedTokensPerSec: number,
+  batchedTokensPerCpuSec: number,
   ours: number[][],
 ): Pick<
   BatchBenchRow,
-  "nodeTokensPerSec" | "nodeTokensPerCpuSec" | "nodeRatio" | "nodeTokenAgreement"
+  "nodeTokensPerSec" | "nodeTokensPerCpuSec" | "nodeRatio" | "nodeCpuRatio" | "nodeTokenAgreement"
 > {
   const row = node.ok ? node.rows.find((r) => r.concurrency === concurrency) : undefined;
   if (!row) {
@@ -247,6 +250,7 @@ function nodeColumns(
       nodeTokensPerSec: null,
       nodeTokensPerCpuSec: null,
       nodeRatio: null,
+      nodeCpuRatio: null,
       nodeTokenAgreement: null,
     };
   }
@@ -263,6 +267,7 @@ function nodeColumns(
     nodeTokensPerSec: row.tokensPerSec,
     nodeTokensPerCpuSec: row.tokensPerCpuSec,
     nodeRatio: batchedTokensPerSec / row.tokensPerSec,
+    nodeCpuRatio: batchedTokensPerCpuSec / row.tokensPerCpuSec,
     nodeTokenAgreement: total > 0 ? agree / total : null,
   };
 }

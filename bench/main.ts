@@ -179,6 +179,7 @@ const SECTIONS: Record<string, Section> = {
           "node-llama-cpp tok/s",
           "node-llama-cpp tok/CPU-s",
           "ours / node-llama-cpp",
+          "ours / node-llama-cpp per CPU-s",
           "agreement with node-llama-cpp",
         ],
         rows.map((r) => [
@@ -196,6 +197,7 @@ const SECTIONS: Record<string, Section> = {
           r.nodeTokensPerSec ?? "skipped",
           r.nodeTokensPerCpuSec ?? "skipped",
           r.nodeRatio ?? "skipped",
+          r.nodeCpuRatio ?? "skipped",
           r.nodeTokenAgreement ?? "skipped",
         ]),
       ),
