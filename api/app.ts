@@ -95,8 +95,8 @@ export function createApp(service: ApiService, keys: ApiKeys | null): Hono<Env> 
   app.post("/v1/chat/completions", async (c) => {
     const body = parseBody(ChatBody, await readJson(c.req.raw));
     const params = checkModel(toGenerationParams(body));
-    const { prompt, format } = renderChat(model, chatMessages(body));
-    return await respond(c, "chat.completions", params, prompt, format);
+    const { prompt, format, specialSpans } = renderChat(model, chatMessages(body));
+    return await respond(c, "chat.completions", params, prompt, format, specialSpans);
   });
 
   function checkModel(params: GenerationParams): GenerationParams {
@@ -119,16 +119,25 @@ export function createApp(service: ApiService, keys: ApiKeys | null): Hono<Env> 
     params: GenerationParams,
     prompt: string,
     chatFormat?: ChatFormat,
+    promptSpecialSpans?: number[],
   ) {
     const tenantId: string = c.get("tenant");
     const client = watchClient(c.req.raw);
     if (!params.stream) {
       const out = await service
-        .run({ endpoint, params, prompt, tenantId, signal: client.signal, chatFormat })
+        .run({
+          endpoint,
+          params,
+          prompt,
+          promptSpecialSpans,
+          tenantId,
+          signal: client.signal,
+          chatFormat,
+        })
         .finally(client.done);
       c.header("x-skippy-placement", out.placement);
       if (out.fallbackReason) c.header("x-skippy-fallback", headerSafe(out.fallbackReason));
-      return c.json(wholeResponse(endpoint, params.model, out));
+      return c.json(wholeResponse(endpoint, params.model, out, (t) => model.pieceBytes(t)));
     }
     const requestId = crypto.randomUUID();
     const chunks = new ChunkWriter(endpoint, params.model, requestId);
@@ -144,6 +153,7 @@ export function createApp(service: ApiService, keys: ApiKeys | null): Hono<Env> 
         endpoint,
         params,
         prompt,
+        promptSpecialSpans,
         tenantId,
         signal,
         requestId,

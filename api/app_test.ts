@@ -2,13 +2,15 @@
  * The official `openai` client, unchanged, against the API in this process over one shared
  * local cluster (a prefill and a decode worker as child processes, real llama.cpp, the tiny
  * hybrid model, which has no chat template: the plain fallback). Greedy text is compared with
- * local `generate`, token counts with its token list.
+ * local `generate`, token counts with its token list, log probabilities with log-softmax of
+ * local generation's logits.
  */
 import assert from "node:assert/strict";
 import OpenAI from "openai";
 import { startLocalCluster } from "../serve/local_cluster.ts";
 import { queryStats } from "../serve/stats.ts";
-import { RUNTIME_DEFAULTS } from "../serve/engine.ts";
+import { Engine, RUNTIME_DEFAULTS } from "../serve/engine.ts";
+import { type TokenLogprob, tokenLogprob } from "../core/logprobs.ts";
 import { HANG_MS } from "../testing/bounds.ts";
 import { runCliProcess } from "../testing/cli.ts";
 import { testModel } from "../testing/models.ts";
@@ -36,6 +38,21 @@ async function localGenerate(model: string, prompt: string, n: number) {
   ]);
   assert.equal(r.code, 0, r.stderr);
   return JSON.parse(r.stdout) as { text: string; tokens: number[]; promptTokens: number };
+}
+
+/** Batched decode's logits differ from decoding alone in the last bits (docs/BATCHING.md). */
+const LOGPROB_TOLERANCE = 1e-3;
+
+/** Log-softmax of the logits of local greedy generation, per token, with `k` alternatives. */
+async function localLogprobs(modelPath: string, prompt: string, n: number, k: number) {
+  using engine = await Engine.open({ ...RUNTIME_DEFAULTS, modelPath });
+  const logits = await engine.prefill(engine.model.vocab.tokenize(prompt));
+  const out: TokenLogprob[] = [];
+  const greedy = { temperature: 0, topK: 40, topP: 0.95 };
+  for await (const s of engine.generate(logits, n, greedy, { seed: 1, draws: 0 })) {
+    out.push(tokenLogprob(s.logits, s.token, k));
+  }
+  return out;
 }
 
 /** Polls until `check` holds (a hang bound only: nothing here is timed). */
@@ -293,6 +310,76 @@ Deno.test("the openai client gets local generate's text from the API over a disa
         }
       },
     );
+
+    await t.step("logprobs: completions and chat in OpenAI's shape, from the logits", async () => {
+      // The first token's log probabilities come from the prefill worker, the rest from the
+      // decode worker; both equal log-softmax of local generation's logits (within batched
+      // decode's last-bit differences, docs/BATCHING.md), the chosen token compared exactly.
+      const K = 3;
+      const lps = await localLogprobs(modelPath, PROMPT, N, K);
+      const r = await client.completions.create({
+        model,
+        prompt: PROMPT,
+        max_tokens: N,
+        temperature: 0,
+        logprobs: K,
+      });
+      assert.equal(
+        (r as unknown as { skippy: { placement: string } }).skippy.placement,
+        "disaggregated",
+      );
+      const lp = r.choices[0].logprobs!;
+      assert.equal(lp.tokens!.length, r.usage!.completion_tokens);
+      assert.equal(lp.tokens!.join(""), r.choices[0].text);
+      assert.equal(lp.text_offset![0], 0);
+      lp.token_logprobs!.forEach((v, i) => {
+        assert.ok(Math.abs(v - lps[i].logprob) < LOGPROB_TOLERANCE, `token ${i}: ${v}`);
+        // Sorted: a JS object lists integer-like keys (a token "12") first.
+        const top = Object.values(lp.top_logprobs![i]).sort((a, b) => b - a);
+        assert.equal(top.length, K);
+        assert.ok(Math.abs(Math.max(...top) - v) < 1e-9); // greedy: the most likely token
+        lps[i].top.forEach(([, want], j) =>
+          assert.ok(
+            Math.abs(top[j] - want) < LOGPROB_TOLERANCE,
+            `alternative ${j} of token ${i}: ${top[j]} vs ${want}`,
+          )
+        );
+      });
+      const chat = await client.chat.completions.create({
+        model,
+        messages: [{ role: "user", content: "hello there" }],
+        max_tokens: N,
+        temperature: 0,
+        logprobs: true,
+        top_logprobs: 2,
+      });
+      const content = chat.choices[0].logprobs!.content!;
+      assert.equal(content.length, chat.usage!.completion_tokens);
+      const bytes = new Uint8Array(content.flatMap((c) => c.bytes!));
+      assert.equal(new TextDecoder().decode(bytes), chat.choices[0].message.content);
+      for (const c of content) {
+        assert.equal(c.top_logprobs.length, 2);
+        assert.ok(c.top_logprobs[0].logprob >= c.top_logprobs[1].logprob);
+        assert.equal(c.top_logprobs[0].token, c.token); // greedy
+      }
+      const streamed = await client.completions.create({
+        model,
+        prompt: PROMPT,
+        max_tokens: 2,
+        logprobs: 1,
+        stream: true,
+      }).catch((e) => e);
+      assert.ok(streamed instanceof OpenAI.BadRequestError, String(streamed));
+      assert.match(streamed.message, /logprobs.*non-streaming/);
+      const top = await client.chat.completions.create({
+        model,
+        messages: [{ role: "user", content: "hi" }],
+        max_tokens: 2,
+        top_logprobs: 2,
+      }).catch((e) => e);
+      assert.ok(top instanceof OpenAI.BadRequestError, String(top));
+      assert.match(top.message, /top_logprobs.*"logprobs": true/);
+    });
 
     await t.step(
       "models lists the model; handoffs shows a tenant only its own records",

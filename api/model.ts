@@ -16,6 +16,8 @@ import {
 } from "../models/mod.ts";
 import { familyOf } from "../serve/identity.ts";
 import type { StateSize } from "../core/planner.ts";
+import { tokenizePrompt } from "../serve/prompt_tokens.ts";
+import { MarkerSet } from "./template_markers.ts";
 
 export interface ServedModel {
   /** What `/v1/models` lists and requests name: the GGUF file name without `.gguf`. */
@@ -32,8 +34,15 @@ export interface ServedModel {
   addsBos: boolean;
   family: string;
   state: StateSize;
-  /** Prompt tokens as the workers will count them (BOS included when the model adds it). */
-  countTokens(text: string): number;
+  /** A token's piece, as bytes (for log probabilities' token strings). */
+  pieceBytes(token: number): Uint8Array;
+  /** The vocabulary's control tokens: what a chat template's markers become. */
+  markers: MarkerSet;
+  /**
+   * Prompt tokens as the workers will count them (BOS included when the model adds it; a
+   * chat template's marker spans as one special token each, see serve/prompt_tokens.ts).
+   */
+  countTokens(text: string, specialSpans?: number[]): number;
   close(): void;
 }
 
@@ -71,9 +80,20 @@ export async function openServedModel(path: string, nCtx: number): Promise<Serve
       swaBytes: sizes.swaKvBytesPerToken * sizes.slidingWindow,
       mtpBytesPerToken: sizes.mtpKvBytesPerToken,
     },
-    countTokens: (text) => model.vocab.tokenize(text).length,
+    pieceBytes: (token) => model.vocab.pieceBytes(token),
+    markers: new MarkerSet(controlTokenTexts(meta)),
+    countTokens: (text, spans) => tokenizePrompt(model.vocab, text, spans).length,
     close: () => model.free(),
   };
+}
+
+/** CONTROL tokens (`tokenizer.ggml.token_type` 3) of the GGUF vocabulary, by text. */
+function controlTokenTexts(meta: ReadonlyMap<string, GgufReadValue>): string[] {
+  const tokens = meta.get("tokenizer.ggml.tokens")?.value;
+  const types = meta.get("tokenizer.ggml.token_type")?.value;
+  if (!Array.isArray(tokens) || !Array.isArray(types)) return [];
+  const CONTROL = 3;
+  return tokens.filter((t, i) => types[i] === CONTROL && typeof t === "string") as string[];
 }
 
 /** Whether a request's `model` names this model. */

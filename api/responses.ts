@@ -30,16 +30,66 @@ export function skippyField(out: RunOutput) {
   };
 }
 
+/** A token's piece as bytes (may be part of a UTF-8 character), from the model's vocabulary. */
+export type PieceBytes = (token: number) => Uint8Array;
+
+/**
+ * OpenAI's `logprobs` of a choice: completions' legacy shape (`tokens`, `token_logprobs`,
+ * `top_logprobs` as objects, `text_offset`) or chat's (`content`: token, logprob, bytes,
+ * `top_logprobs`). Token strings are the pieces decoded as UTF-8 (a piece holding part of a
+ * character shows U+FFFD; chat's `bytes` are exact). A token no worker had logits for has a
+ * null logprob and no alternatives.
+ */
+export function logprobsField(endpoint: Endpoint, out: RunOutput, piece: PieceBytes) {
+  if (out.logprobs === null) return null;
+  const { tokens, logprobs } = out.logprobs;
+  const text = (t: number) => new TextDecoder().decode(piece(t));
+  if (endpoint === "completions") {
+    let offset = 0;
+    const textOffset = tokens.map((t) => {
+      const at = offset;
+      offset += text(t).length;
+      return at;
+    });
+    return {
+      tokens: tokens.map(text),
+      token_logprobs: logprobs.map((lp) => lp?.logprob ?? null),
+      top_logprobs: logprobs.map((lp) =>
+        lp ? Object.fromEntries(lp.top.map(([t, v]) => [text(t), v])) : null
+      ),
+      text_offset: textOffset,
+    };
+  }
+  const entry = (t: number, logprob: number | null) => ({
+    token: text(t),
+    logprob,
+    bytes: [...piece(t)],
+  });
+  return {
+    content: tokens.map((t, i) => ({
+      ...entry(t, logprobs[i]?.logprob ?? null),
+      top_logprobs: (logprobs[i]?.top ?? []).map(([a, v]) => entry(a, v)),
+    })),
+    refusal: null,
+  };
+}
+
 /** The non-streaming body. */
-export function wholeResponse(endpoint: Endpoint, model: string, out: RunOutput) {
+export function wholeResponse(
+  endpoint: Endpoint,
+  model: string,
+  out: RunOutput,
+  piece: PieceBytes = () => new Uint8Array(0),
+) {
   const base = { id: idFor(endpoint, out.requestId), created: out.created, model };
+  const logprobs = logprobsField(endpoint, out, piece);
   const choice = endpoint === "completions"
-    ? { index: 0, text: out.text, finish_reason: out.finishReason, logprobs: null }
+    ? { index: 0, text: out.text, finish_reason: out.finishReason, logprobs }
     : {
       index: 0,
       message: { role: "assistant", content: out.text },
       finish_reason: out.finishReason,
-      logprobs: null,
+      logprobs,
     };
   return {
     ...base,

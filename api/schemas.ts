@@ -75,6 +75,8 @@ export interface GenerationParams {
   topK: number;
   /** Null: the server draws one. */
   seed: number | null;
+  /** Log probabilities with this many alternatives per token (0..20); null: none. */
+  logprobs: number | null;
 }
 
 /** Defaults when a field is absent: OpenAI's temperature and top_p, llama-server's top_k. */
@@ -97,11 +99,17 @@ export function toGenerationParams(body: CompletionBody | ChatBody): GenerationP
   }
   if ("echo" in body && body.echo) refuse("echo", "echoing the prompt is not supported");
   if ("suffix" in body && body.suffix) refuse("suffix", "insertion (suffix) is not supported");
-  if ("prompt" in body && typeof body.logprobs === "number" && body.logprobs > 0) {
-    refuse("logprobs", "log probabilities are not returned by this server");
+  const logprobs = "messages" in body
+    ? (body.logprobs ? body.top_logprobs ?? 0 : null)
+    : body.logprobs ?? null;
+  if ("messages" in body && !body.logprobs && body.top_logprobs != null) {
+    refuse("top_logprobs", 'it needs "logprobs": true');
   }
-  if ("messages" in body && (body.logprobs || body.top_logprobs)) {
-    refuse(body.logprobs ? "logprobs" : "top_logprobs", "log probabilities are not returned");
+  if (logprobs !== null && body.stream) {
+    refuse(
+      "logprobs",
+      "log probabilities are returned for non-streaming requests only; set stream to false",
+    );
   }
   const stop = body.stop == null ? [] : typeof body.stop === "string" ? [body.stop] : body.stop;
   return {
@@ -114,6 +122,7 @@ export function toGenerationParams(body: CompletionBody | ChatBody): GenerationP
     topP: body.top_p ?? SAMPLING_DEFAULTS.topP,
     topK: body.top_k ?? SAMPLING_DEFAULTS.topK,
     seed: body.seed ?? null,
+    logprobs,
   };
 }
 

@@ -4,6 +4,7 @@
  * (and cancel the request on the workers once one matches), and record metrics and telemetry.
  * Endpoints (app.ts) only shape what goes in and comes out.
  */
+import type { TokenLogprob } from "../core/logprobs.ts";
 import { HandoffAbortedError, WorkerBusyError } from "../core/mod.ts";
 import { runHandoff } from "../serve/coordinator.ts";
 import { PROMPT_BYTES_MAX } from "../serve/messages.ts";
@@ -43,6 +44,8 @@ export interface RunInput {
   endpoint: RequestRecord["endpoint"];
   params: GenerationParams;
   prompt: string;
+  /** Chat: the template's special-token markers in `prompt` (api/template_markers.ts). */
+  promptSpecialSpans?: number[];
   tenantId: string;
   /** Aborts when the client goes away. */
   signal: AbortSignal;
@@ -67,6 +70,12 @@ export interface RunOutput {
   plannedPlacement: PlacementDecision;
   fallbackReason: string | null;
   chatFormat: ChatFormat | null;
+  /**
+   * With `logprobs`: each generated token (as far as the client got it, a stop sequence's
+   * batch included, like completionTokens) and its log probabilities (null where no worker
+   * had its logits). Null without `logprobs`.
+   */
+  logprobs: { tokens: number[]; logprobs: (TokenLogprob | null)[] } | null;
 }
 
 /** completions: OpenAI's default of 16; chat: the rest of the context (llama-server's). */
@@ -122,7 +131,7 @@ export class ApiService {
         { code: "prompt_too_large", param: "prompt" },
       );
     }
-    const promptTokens = o.model.countTokens(input.prompt);
+    const promptTokens = o.model.countTokens(input.prompt, input.promptSpecialSpans);
     const room = o.model.nCtx - promptTokens;
     const maxTokens = input.params.maxTokens ?? defaultMaxTokens(input.endpoint, room);
     if (maxTokens < 1 || promptTokens + maxTokens > o.model.nCtx) {
@@ -228,12 +237,16 @@ export class ApiService {
       planned.placement === "colocated" ? null : picked.prefill,
     ]);
     let result: HandoffResult | null = null;
+    const logprobs = input.params.logprobs === null
+      ? null
+      : { tokens: [] as number[], logprobs: [] as (TokenLogprob | null)[] };
     try {
       result = await runHandoff(o.node, {
         prefill: (picked.prefill ?? picked.decode).peer,
         decode: picked.decode.peer,
         colocated: planned.placement === "colocated",
         prompt: input.prompt,
+        promptSpecialSpans: input.promptSpecialSpans,
         generateTokens: maxTokens,
         sampling: {
           temperature: input.params.temperature,
@@ -246,7 +259,12 @@ export class ApiService {
         timeoutMs: o.workerIdleTimeoutMs,
         handoffId,
         signal: AbortSignal.any([input.signal, stopper.signal]),
-        onTokens: (tokens) => {
+        ...(input.params.logprobs !== null ? { logprobs: input.params.logprobs } : {}),
+        onTokens: (tokens, lps) => {
+          if (logprobs) {
+            logprobs.tokens.push(...tokens);
+            logprobs.logprobs.push(...(lps ?? tokens.map(() => null)));
+          }
           const now = performance.now();
           if (lastTokenAt === null) {
             record.ttftMs = now - t0;
@@ -307,6 +325,7 @@ export class ApiService {
       plannedPlacement: planned,
       fallbackReason,
       chatFormat: input.chatFormat ?? null,
+      logprobs,
     };
   }
 

@@ -17,6 +17,8 @@ const { values } = parseArgs({
     "prompt-tokens-max": { type: "string", default: "7000" },
     placement: { type: "string", default: "disaggregated" },
     "requests-in-flight-max": { type: "string", default: "2" },
+    // The openai client's own default is 10 minutes; a loaded machine queues longer than that.
+    "client-timeout-ms": { type: "string", default: "1800000" },
   },
 });
 const clients = Number(values.clients);
@@ -72,7 +74,12 @@ const reader = child.stdout.pipeThrough(new TextDecoderStream()).getReader();
 let line = "";
 while (!line.includes("\n")) line += (await reader.read()).value ?? "";
 const ready = JSON.parse(line.split("\n")[0]);
-const client = new OpenAI({ baseURL: `${ready.url}/v1`, apiKey: "none", maxRetries: 0 });
+const client = new OpenAI({
+  baseURL: `${ready.url}/v1`,
+  apiKey: "none",
+  maxRetries: 0,
+  timeout: Number(values["client-timeout-ms"]),
+});
 const before = memory(child.pid);
 const words = "the quick brown fox jumps over the lazy dog and ";
 const results = await Promise.all(Array.from({ length: clients }, async (_, i) => {

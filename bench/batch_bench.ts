@@ -18,6 +18,7 @@ import {
 } from "../serve/engine.ts";
 import { testTokens } from "../testing/models.ts";
 import { median } from "./stats.ts";
+import { type NodeLlamaCppResult, runNodeLlamaCpp } from "./node_llama_cpp.ts";
 
 export interface BatchBenchRow {
   family: string;
@@ -39,6 +40,18 @@ export interface BatchBenchRow {
   logitsBitwiseEqual: number;
   /** Steps of the batch loop per decode token (1/concurrency when every step is full). */
   stepsPerDecodeToken: number;
+  /**
+   * node-llama-cpp on the same model, requests and llama.cpp build, `concurrency` sequences of
+   * one context (null: skipped, see the section's notes): decode tokens/s summed over streams,
+   * per CPU-second, ours batched over it, and greedy tokens equal to ours (batched, up to each
+   * stream's first divergence).
+   */
+  nodeTokensPerSec: number | null;
+  nodeTokensPerCpuSec: number | null;
+  nodeRatio: number | null;
+  /** Ours batched over node-llama-cpp, per CPU-second of each process (robust to other load). */
+  nodeCpuRatio: number | null;
+  nodeTokenAgreement: number | null;
 }
 
 interface Run {
@@ -109,8 +122,11 @@ export async function runBatchBench(o: {
   decodeTokens: number;
   repeats: number;
   threads: number;
-}): Promise<BatchBenchRow[]> {
+  /** Also run node-llama-cpp side by side (installed into a scratch folder at bench time). */
+  nodeLlamaCpp?: boolean;
+}): Promise<{ rows: BatchBenchRow[]; nodeSkipped: string | null }> {
   const rows: BatchBenchRow[] = [];
+  let nodeSkipped: string | null = o.nodeLlamaCpp ? null : "not asked for";
   const lib = loadLlama();
   for (const family of o.families) {
     const modelPath = await ensureModelFile(o.modelDir, { family, preset: "tiny", seed: 0 });
@@ -141,7 +157,21 @@ export async function runBatchBench(o: {
       const tokens = runs.reduce((a, x) => a + x.tokens.length, 0);
       return { rate: tokens / (ms / 1000), cpuRate: perCpu(tokens, runs), runs };
     };
+    // Same model, requests, threads and per-sequence context in node-llama-cpp.
+    const node: NodeLlamaCppResult = o.nodeLlamaCpp && nodeSkipped === null
+      ? await runNodeLlamaCpp({
+        modelPath,
+        prompts,
+        concurrency: o.concurrency,
+        decodeTokens: o.decodeTokens,
+        threads: config.threads,
+        contextSize: config.nCtx,
+        repeats: o.repeats,
+      })
+      : { ok: false, skipped: nodeSkipped ?? "skipped" };
+    if (!node.ok) nodeSkipped = node.skipped;
     for (const c of o.concurrency) {
+      const batchedTokens: number[][] = [];
       using pool = await SequencePool.open(model, config, { sequencesMax: c, stepTokensMax: 512 });
       const rates: number[] = [];
       const seqRates: number[] = [];
@@ -167,6 +197,7 @@ export async function runBatchBench(o: {
           waves.push(runs[0]);
           for (const [i, run] of runs.entries()) {
             const ref = reference.runs[w + i];
+            batchedTokens[w + i] = run.tokens;
             tokens += run.tokens.length;
             const diverged = run.tokens.findIndex((t, k) => t !== ref.tokens[k]);
             agree += diverged < 0 ? run.tokens.length : diverged;
@@ -196,8 +227,47 @@ export async function runBatchBench(o: {
         tokenAgreement: agree / total,
         logitsBitwiseEqual: bitwise / total,
         stepsPerDecodeToken: steps / Math.max(1, decoded),
+        ...nodeColumns(node, c, median(rates), median(cpuRates), batchedTokens),
       });
     }
   }
-  return rows;
+  return { rows, nodeSkipped };
+}
+
+function nodeColumns(
+  node: NodeLlamaCppResult,
+  concurrency: number,
+  batchedTokensPerSec: number,
+  batchedTokensPerCpuSec: number,
+  ours: number[][],
+): Pick<
+  BatchBenchRow,
+  "nodeTokensPerSec" | "nodeTokensPerCpuSec" | "nodeRatio" | "nodeCpuRatio" | "nodeTokenAgreement"
+> {
+  const row = node.ok ? node.rows.find((r) => r.concurrency === concurrency) : undefined;
+  if (!row) {
+    return {
+      nodeTokensPerSec: null,
+      nodeTokensPerCpuSec: null,
+      nodeRatio: null,
+      nodeCpuRatio: null,
+      nodeTokenAgreement: null,
+    };
+  }
+  let agree = 0;
+  let total = 0;
+  row.tokens.forEach((theirs, i) => {
+    const mine = ours[i] ?? [];
+    const n = Math.min(theirs.length, mine.length);
+    const diverged = theirs.slice(0, n).findIndex((t, k) => t !== mine[k]);
+    agree += diverged < 0 ? n : diverged;
+    total += n;
+  });
+  return {
+    nodeTokensPerSec: row.tokensPerSec,
+    nodeTokensPerCpuSec: row.tokensPerCpuSec,
+    nodeRatio: batchedTokensPerSec / row.tokensPerSec,
+    nodeCpuRatio: batchedTokensPerCpuSec / row.tokensPerCpuSec,
+    nodeTokenAgreement: total > 0 ? agree / total : null,
+  };
 }

@@ -70,6 +70,11 @@ export class Vocab {
     return big.slice(0, Math.max(0, n));
   }
 
+  /** Whether `token` is a control token (what a chat template's markers are). */
+  isControl(token: number): boolean {
+    return this.lib.symbols.llama_vocab_is_control(this.ptr, token);
+  }
+
   isEog(token: number): boolean {
     return this.lib.symbols.llama_vocab_is_eog(this.ptr, token);
   }

@@ -11,6 +11,7 @@ import {
   WorkerBusyError,
 } from "../core/mod.ts";
 import type { DecoderTelemetrySummary } from "../core/telemetry.ts";
+import type { TokenLogprob } from "../core/logprobs.ts";
 import {
   encodeRequestPayload,
   type GenerateDone,
@@ -156,6 +157,8 @@ export interface ClientStream {
   tokens: number[];
   text: string;
   logitsSha256: string[];
+  /** With `logprobs`: one per token (null where the worker had no logits for it). */
+  logprobs: (TokenLogprob | null)[];
   /** Coordinator's clock, request start to the first token received; null before it. */
   ttftMs: number | null;
 }
@@ -175,7 +178,7 @@ export async function readGeneration(
   t0: number,
   on: {
     onText?: (text: string) => void;
-    onTokens?: (tokens: number[]) => void;
+    onTokens?: (tokens: number[], logprobs?: (TokenLogprob | null)[]) => void;
   },
 ): Promise<Generation> {
   for (;;) {
@@ -186,7 +189,8 @@ export async function readGeneration(
       out.tokens.push(...batch.tokens);
       out.text += batch.text;
       out.logitsSha256.push(...(batch.logitsSha256 ?? []));
-      if (batch.tokens.length > 0) on.onTokens?.(batch.tokens);
+      if (batch.logprobs) out.logprobs.push(...batch.logprobs);
+      if (batch.tokens.length > 0) on.onTokens?.(batch.tokens, batch.logprobs);
       if (batch.text) on.onText?.(batch.text);
       continue;
     }

@@ -30,6 +30,7 @@
  * reports and outcomes push it back, so the bound holds a silent worker to account without
  * capping a long valid request.
  */
+import type { TokenLogprob } from "../core/logprobs.ts";
 import { HandoffAbortedError, PeerError } from "../core/mod.ts";
 import { deriveTelemetry, type FallbackRecord, type HandoffTelemetry } from "../core/telemetry.ts";
 import { eligibleForHandoff, roleCovers } from "../transport/mod.ts";
@@ -60,6 +61,10 @@ export interface HandoffRequest {
   prefill: PeerAddress;
   decode: PeerAddress;
   prompt: string;
+  /** The chat template's special-token markers in `prompt` (see serve/prompt_tokens.ts). */
+  promptSpecialSpans?: number[];
+  /** Log probabilities of each token, with this many alternatives (0..20); absent: none. */
+  logprobs?: number;
   generateTokens: number;
   sampling: SamplingSpec;
   tenantId: string;
@@ -71,8 +76,11 @@ export interface HandoffRequest {
   timeoutMs: number;
   /** Called with each piece of generated text as it arrives. */
   onText?: (text: string) => void;
-  /** Called with each run of generated token ids as it arrives (before its onText). */
-  onTokens?: (tokens: number[]) => void;
+  /**
+   * Called with each run of generated token ids as it arrives (before its onText), and their
+   * log probabilities when `logprobs` asked for them.
+   */
+  onTokens?: (tokens: number[], logprobs?: (TokenLogprob | null)[]) => void;
   /** Cancels the request (client gave up). */
   signal?: AbortSignal;
   /** Skip the handoff: the decode worker prefills the prompt itself (the baseline). */
@@ -98,6 +106,8 @@ export interface HandoffResult {
   tokens: number[];
   /** With `probe`: SHA-256 of each token's logits (first from the prefill worker). */
   logitsSha256: string[];
+  /** With `logprobs`: one per token, in order (null where no worker had its logits). */
+  logprobs: (TokenLogprob | null)[] | null;
   promptTokens: number;
   telemetry: HandoffTelemetry;
   /** On the coordinator's clock: request sent to first token received, and to the end. */
@@ -145,7 +155,7 @@ export async function runHandoff(node: Node, req: HandoffRequest): Promise<Hando
     t0,
     wait: { deadline, idle, timeoutMs: req.timeoutMs },
     peers: new RequestPeers(node, handoffId),
-    out: { tokens: [], text: "", logitsSha256: [], ttftMs: null },
+    out: { tokens: [], text: "", logitsSha256: [], logprobs: [], ttftMs: null },
     fallbacks: [],
     first: null,
     outcome: null,
@@ -240,8 +250,12 @@ function onFirstToken(r: Running, message: FirstToken): void {
   r.out.tokens.push(message.token);
   r.out.text += message.text;
   if (r.req.probe && message.logitsSha256) r.out.logitsSha256.push(message.logitsSha256);
+  if (r.req.logprobs !== undefined) r.out.logprobs.push(message.logprob ?? null);
   r.out.ttftMs = r.first.ttftMs;
-  r.req.onTokens?.([message.token]);
+  r.req.onTokens?.(
+    [message.token],
+    r.req.logprobs !== undefined ? [message.logprob ?? null] : undefined,
+  );
   if (message.text) r.req.onText?.(message.text);
 }
 
@@ -263,6 +277,7 @@ function resultOf(r: Running, generation: Generation, channel: RequestChannel): 
     text: out.text,
     tokens: out.tokens,
     logitsSha256: req.probe ? out.logitsSha256 : [],
+    logprobs: req.logprobs !== undefined ? out.logprobs : null,
     promptTokens: outcome?.promptTokens ?? 0,
     telemetry: {
       ...deriveTelemetry({
@@ -404,9 +419,13 @@ function generateRequest(
     generateTokens: req.generateTokens,
     mode,
     prompt: mode === "local" ? req.prompt : null,
+    ...(mode === "local" && req.promptSpecialSpans?.length
+      ? { promptSpecialSpans: req.promptSpecialSpans }
+      : {}),
     sampling: mode === "local" ? req.sampling : null,
     probe: req.probe,
     sentTokens: [...sent],
+    ...(req.logprobs !== undefined ? { logprobs: req.logprobs } : {}),
     ...(req.speculation ? { speculation: req.speculation } : {}),
   };
 }
@@ -422,11 +441,13 @@ async function prefillAndHandOff(
     handoffId,
     tenantId: req.tenantId,
     prompt: req.prompt,
+    ...(req.promptSpecialSpans?.length ? { promptSpecialSpans: req.promptSpecialSpans } : {}),
     generateTokens: req.generateTokens,
     sampling: req.sampling,
     decode: req.decode,
     probe: req.probe,
     completeOnDecoderLoss: true,
+    ...(req.logprobs !== undefined ? { logprobs: req.logprobs } : {}),
   };
   const onAbort = () =>
     channel.send({ type: "CancelRequest", handoffId, tenantId: req.tenantId }).catch(() => {});

@@ -10,6 +10,7 @@
  * a retry (the prefiller never saw the earlier attempt's CommitAck, so the coordinator never
  * moved the request here) and the earlier attempt is cancelled or released first.
  */
+import { tokenizePrompt } from "./prompt_tokens.ts";
 import { type HandoffTiming, LimitExceededError, type ReserveRequest } from "../core/mod.ts";
 import type { PeerConnection } from "../transport/mod.ts";
 import { DecodeHandoff, type DecodeLimits } from "./decode_session.ts";
@@ -409,7 +410,11 @@ export class DecodeRole {
     const stopProgress = reportProgress(peer, request.handoffId, () => engine.position);
     const stopDrop = dropQueuedOnCancel(engine, cancel);
     try {
-      const prompt = engine.model.vocab.tokenize(request.prompt!);
+      const prompt = tokenizePrompt(
+        engine.model.vocab,
+        request.prompt!,
+        request.promptSpecialSpans,
+      );
       // Refused before any decode: an admitted request never runs out of cells mid-stream.
       const needed = prompt.length + request.generateTokens;
       if (needed > engine.contextTokens) {

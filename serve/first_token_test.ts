@@ -43,8 +43,11 @@ interface Setup {
   client: Node;
   prefill: TestWorker;
   decode: TestWorker;
-  /** Set: every handoff stream the prefill worker opens is corrupted (each attempt fails). */
-  corrupt: { on: boolean };
+  /**
+   * On: every handoff stream on the prefill worker's next link is corrupted (each attempt
+   * fails). The prefill worker keeps one link per decode worker, so each switch drops it.
+   */
+  corruptNext(on: boolean): void;
   run(over?: Partial<HandoffRequest>): ReturnType<typeof runHandoff>;
 }
 
@@ -70,7 +73,11 @@ async function setup(dir: string, nodes: Map<string, Node>): Promise<Setup> {
       timeoutMs: ANSWER_WAIT_MS,
       ...over,
     });
-  return { client, prefill, decode, corrupt, run };
+  const corruptNext = (on: boolean) => {
+    corrupt.on = on;
+    prefill.worker!.prefill!.links.dropAll("test: the next link is (or is not) faulty");
+  };
+  return { client, prefill, decode, corruptNext, run };
 }
 
 Deno.test({
@@ -123,10 +130,10 @@ Deno.test({
       });
 
       await t.step("handoff fails after the first token: same tokens, greedy", async () => {
-        s.corrupt.on = true;
+        s.corruptNext(true);
         const texts: string[] = [];
         const r = await s.run({ onText: (text) => texts.push(text) });
-        s.corrupt.on = false;
+        s.corruptNext(false);
         assert.equal(r.placement, "colocated");
         assert.match(r.fallbackReason!, /invalid/);
         // The first token came from the prefill worker before the handoff failed.
@@ -141,9 +148,9 @@ Deno.test({
         const seeded = await s.run({ sampling: SEEDED });
         assert.equal(seeded.placement, "disaggregated");
         assert.notDeepEqual(seeded.tokens, greedy.tokens); // sampling, not argmax
-        s.corrupt.on = true;
+        s.corruptNext(true);
         const r = await s.run({ sampling: SEEDED });
-        s.corrupt.on = false;
+        s.corruptNext(false);
         assert.equal(r.placement, "colocated");
         assert.ok(r.firstTokenAfterPrefillMs !== null);
         assert.deepEqual(r.tokens, seeded.tokens);

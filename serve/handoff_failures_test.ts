@@ -320,6 +320,9 @@ Deno.test({
       await bothIdle(s);
 
       for (const [name, step] of Object.entries(STEPS)) {
+        // The prefill worker keeps one link per decode peer; the faults wrap a connection as
+        // it opens, so each case starts the prefill worker on a fresh one.
+        s.prefill.worker!.prefill!.links.dropAll("test: a fresh connection per case");
         await t.step(name, () => step(s, baseline));
       }
     } finally {

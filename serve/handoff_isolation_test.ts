@@ -348,6 +348,9 @@ const STEPS: Record<string, (c: Ctx) => Promise<void>> = {
       },
     ];
     for (const c of cases) {
+      // A worker checks trust as a connection opens: the prefill worker's link made before
+      // is dropped so this handoff connects while the entry is missing.
+      s.prefill.worker!.prefill!.links.dropAll("test: connect afresh");
       const out = await timed(() => untrusted(c.trust, c.who, () => s.run()));
       assert.ifError(out.error);
       assert.equal(out.value!.placement, "colocated");

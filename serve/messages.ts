@@ -9,6 +9,7 @@
 import { type AbortReason, isAbortReason, ProtocolError } from "../core/mod.ts";
 import type { DecoderTelemetrySummary, PrefillerTelemetrySummary } from "../core/telemetry.ts";
 import { SPECULATION_MODES, type SpeculationMode } from "../core/speculation.ts";
+import { type TokenLogprob, TOP_LOGPROBS_MAX } from "../core/logprobs.ts";
 import { COUNTER_FIELDS, type WorkerCounters } from "./worker_counters.ts";
 export * from "./worker_counters.ts";
 
@@ -34,12 +35,17 @@ export const GENERATE_TOKENS_MAX = 1 << 20;
  * generation). More than SENT_TOKENS_HEADER_MAX travel in the frame's payload.
  */
 export const SENT_TOKENS_MAX = GENERATE_TOKENS_MAX;
+/**
+ * Special-token spans a prompt may carry (two byte offsets each, in the payload): each is one
+ * prompt token, so no valid prompt has more.
+ */
+export const PROMPT_SPECIAL_SPANS_MAX = PROMPT_TOKENS_MAX;
 /** Sent tokens that may travel in a GenerateRequest's header (the header is small). */
 export const SENT_TOKENS_HEADER_MAX = 16;
 /** Control frames: small headers (fixed-size messages), payloads up to a prompt and its sent tokens. */
 export const CONTROL_FRAME_LIMITS = {
   headerBytesMax: 64 * 1024,
-  payloadBytesMax: PROMPT_BYTES_MAX + 4 * SENT_TOKENS_MAX,
+  payloadBytesMax: PROMPT_BYTES_MAX + 8 * PROMPT_SPECIAL_SPANS_MAX + 4 * SENT_TOKENS_MAX,
 };
 /** Tokens in one TokenBatch message. */
 export const TOKEN_BATCH_TOKENS_MAX = 16;
@@ -70,6 +76,10 @@ export interface PrefillRequest {
   handoffId: string;
   tenantId: string;
   prompt: string;
+  /** The chat template's special-token markers in `prompt` (see serve/prompt_tokens.ts). */
+  promptSpecialSpans?: number[];
+  /** With log probabilities: the FirstToken carries its own and this many alternatives. */
+  logprobs?: number;
   /** Tokens the decoder will generate (sizes the decoder's context). */
   generateTokens: number;
   sampling: SamplingSpec;
@@ -134,6 +144,8 @@ export interface FirstToken {
   sentAfterPrefillMs: number;
   /** Prefiller's wall clock at the end of prefill (ms since the epoch; same-host telemetry). */
   prefillEndEpochMs: number;
+  /** When the request asked for log probabilities. */
+  logprob?: TokenLogprob;
 }
 
 /**
@@ -162,6 +174,8 @@ export interface GenerateRequest {
   /** `committed`: continue the imported session. `local`: prefill `prompt` here (fallback). */
   mode: "committed" | "local";
   prompt: string | null;
+  /** The chat template's special-token markers in `prompt` (see serve/prompt_tokens.ts). */
+  promptSpecialSpans?: number[];
   sampling: SamplingSpec | null;
   /** Return the SHA-256 of every step's logits (probe mode). */
   probe: boolean;
@@ -177,6 +191,8 @@ export interface GenerateRequest {
    * `--speculation` (its draft bounds stay the worker's). Absent: the worker's own.
    */
   speculation?: SpeculationMode;
+  /** Log probabilities in each TokenBatch, with this many alternatives per token (0..20). */
+  logprobs?: number;
 }
 
 /** Decode worker -> coordinator: generated tokens, in order. */
@@ -187,6 +203,11 @@ export interface TokenBatch {
   text: string;
   /** With `probe`: SHA-256 (hex) of the logits each token was sampled from. */
   logitsSha256: string[];
+  /**
+   * When the request asked for log probabilities: one per token (null for a token whose
+   * logits this worker does not have, e.g. one sampled by the prefill worker).
+   */
+  logprobs?: (TokenLogprob | null)[];
 }
 
 /** Decode worker -> coordinator: generation finished (or failed). */
@@ -249,6 +270,20 @@ function samplingOk(v: unknown): boolean {
     num(s.topP) && count(s.seed, 0xffffffff);
 }
 
+/** A TokenLogprob: a finite log probability and at most TOP_LOGPROBS_MAX alternatives. */
+function logprobOk(v: unknown): boolean {
+  if (typeof v !== "object" || v === null) return false;
+  const x = v as Record<string, unknown>;
+  return num(x.logprob) && Array.isArray(x.top) && x.top.length <= TOP_LOGPROBS_MAX &&
+    x.top.every((p) => Array.isArray(p) && p.length === 2 && count(p[0], 0x7fffffff) && num(p[1]));
+}
+
+/** Absent, or an even list of byte offsets (their order is checked where they are used). */
+function spansOk(v: unknown): boolean {
+  return v === undefined || (Array.isArray(v) && v.length % 2 === 0 &&
+    v.length <= 2 * PROMPT_SPECIAL_SPANS_MAX && v.every((x) => count(x, PROMPT_BYTES_MAX)));
+}
+
 function addressOk(v: unknown): boolean {
   if (typeof v !== "object" || v === null) return false;
   const a = v as Record<string, unknown>;
@@ -271,6 +306,10 @@ const CHECKS: Record<ServeMessage["type"], Checker> = {
       ? "decode"
       : m.completeOnDecoderLoss !== undefined && typeof m.completeOnDecoderLoss !== "boolean"
       ? "completeOnDecoderLoss"
+      : !spansOk(m.promptSpecialSpans)
+      ? "promptSpecialSpans"
+      : m.logprobs !== undefined && !count(m.logprobs, TOP_LOGPROBS_MAX)
+      ? "logprobs"
       : null,
   CancelRequest: (m) =>
     !str(m.handoffId, 64)
@@ -303,6 +342,8 @@ const CHECKS: Record<ServeMessage["type"], Checker> = {
       ? "sentAfterPrefillMs"
       : !num(m.prefillEndEpochMs)
       ? "prefillEndEpochMs"
+      : m.logprob !== undefined && !logprobOk(m.logprob)
+      ? "logprob"
       : null,
   Progress: (m) => !str(m.handoffId, 64) ? "handoffId" : !count(m.done) ? "done" : null,
   GenerateRequest: (m) =>
@@ -323,6 +364,10 @@ const CHECKS: Record<ServeMessage["type"], Checker> = {
       ? "sentTokens"
       : m.speculation !== undefined && !SPECULATION_MODES.includes(m.speculation as SpeculationMode)
       ? "speculation"
+      : !spansOk(m.promptSpecialSpans)
+      ? "promptSpecialSpans"
+      : m.logprobs !== undefined && !count(m.logprobs, TOP_LOGPROBS_MAX)
+      ? "logprobs"
       : null,
   TokenBatch: (m) =>
     !str(m.handoffId, 64)
@@ -335,6 +380,11 @@ const CHECKS: Record<ServeMessage["type"], Checker> = {
       : !Array.isArray(m.logitsSha256) || m.logitsSha256.length > m.tokens.length ||
           !m.logitsSha256.every(hex64)
       ? "logitsSha256"
+      : m.logprobs !== undefined && (!Array.isArray(m.logprobs) ||
+          m.logprobs.length !== m.tokens.length || !m.logprobs.every((x) =>
+            x === null || logprobOk(x)
+          ))
+      ? "logprobs"
       : null,
   GenerateDone: (m) =>
     !str(m.handoffId, 64)
@@ -385,64 +435,4 @@ export function parseMessage<T extends ServeMessage>(header: Record<string, unkn
   return header as unknown as T;
 }
 
-/**
- * The payload of a PrefillRequest or GenerateRequest: the prompt (UTF-8), then, for a
- * GenerateRequest with more than SENT_TOKENS_HEADER_MAX sent tokens, those tokens as int32
- * little-endian (the header then says how many in `sentTokensInPayload`). Returns the header
- * to send (without prompt and sent tokens) and the payload.
- */
-export function encodeRequestPayload(
-  request: PrefillRequest | GenerateRequest,
-): { header: Record<string, unknown>; payload: Uint8Array | undefined } {
-  const prompt = request.prompt;
-  const header: Record<string, unknown> = { ...request, prompt: null };
-  const text = prompt === null ? new Uint8Array(0) : new TextEncoder().encode(prompt);
-  const sent = request.type === "GenerateRequest" ? request.sentTokens ?? [] : [];
-  if (sent.length <= SENT_TOKENS_HEADER_MAX) {
-    return { header, payload: prompt === null ? undefined : text };
-  }
-  delete header.sentTokens;
-  header.sentTokensInPayload = sent.length;
-  header.promptBytesInPayload = prompt === null ? null : text.length;
-  const payload = new Uint8Array(text.length + 4 * sent.length);
-  payload.set(text);
-  const view = new DataView(payload.buffer, text.length);
-  sent.forEach((t, i) => view.setInt32(4 * i, t, true));
-  return { header, payload };
-}
-
-/**
- * The receiving side of `encodeRequestPayload`: sets `prompt` (and `sentTokens` when they
- * travelled in the payload) on a received request header, in place. Throws ProtocolError
- * when the payload is shorter than the header says.
- */
-export function decodeRequestPayload(header: Record<string, unknown>, payload: Uint8Array): void {
-  const n = header.sentTokensInPayload;
-  if (n === undefined) {
-    header.prompt = payload.length > 0 ? new TextDecoder().decode(payload) : null;
-    return;
-  }
-  const promptBytes = header.promptBytesInPayload;
-  const cut = promptBytes === null ? 0 : promptBytes;
-  if (!count(cut, PROMPT_BYTES_MAX)) {
-    throw new ProtocolError('Malformed request: field "promptBytesInPayload" is invalid');
-  }
-  if (!count(n, SENT_TOKENS_MAX) || payload.length !== (cut as number) + 4 * (n as number)) {
-    throw new ProtocolError(
-      'Malformed request: field "sentTokensInPayload" does not match the payload',
-    );
-  }
-  const view = new DataView(
-    payload.buffer,
-    payload.byteOffset + (cut as number),
-    4 * (n as number),
-  );
-  const tokens: number[] = [];
-  for (let i = 0; i < (n as number); i++) tokens.push(view.getInt32(4 * i, true));
-  header.sentTokens = tokens;
-  header.prompt = promptBytes === null
-    ? null
-    : new TextDecoder().decode(payload.subarray(0, cut as number));
-  delete header.sentTokensInPayload;
-  delete header.promptBytesInPayload;
-}
+export { decodeRequestPayload, encodeRequestPayload } from "./request_payload.ts";

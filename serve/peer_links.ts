@@ -104,6 +104,36 @@ export class PeerLinks {
     }
   }
 
+  /**
+   * A fresh link to `to` after `stale` failed a request (a handoff stream or a send broke):
+   * `stale` is dropped if it is still the current link (a connection that failed once is not
+   * trusted again), and a connect is tried now, whatever the backoff says, because the caller
+   * retries one request once and bounds that itself. Concurrent callers share one connect.
+   */
+  async reconnect(to: PeerAddress, stale: PeerLink | null): Promise<PeerLink> {
+    if (this.#closed) throw new PeerError("The node is closing: no new connections");
+    const entry = this.#entry(to);
+    if (stale !== null && entry.link === stale) this.markDead(to, "a request on it failed");
+    if (entry.link && !entry.link.lost.aborted) return entry.link;
+    if (entry.connecting) return await entry.connecting;
+    entry.connecting = this.#open(to, entry);
+    try {
+      return await entry.connecting;
+    } finally {
+      entry.connecting = null;
+    }
+  }
+
+  /** Drops every link without waiting (tests: the next request connects afresh). */
+  dropAll(reason: string): void {
+    for (const entry of this.#entries.values()) {
+      const link = entry.link;
+      entry.link = null;
+      link?.drop(reason);
+    }
+    this.#entries.clear();
+  }
+
   /** Health of one peer (unknown if never used). */
   health(to: PeerAddress): PeerHealth {
     const entry = this.#entry(to);

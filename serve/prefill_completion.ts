@@ -13,6 +13,7 @@
  *
  * Both answer exactly as a decode worker does: TokenBatch messages, then GenerateDone.
  */
+import { tokenizePrompt } from "./prompt_tokens.ts";
 import {
   type AbortReason,
   type SamplerState,
@@ -126,7 +127,7 @@ export async function generateHere(
 ): Promise<void> {
   const stopProgress = reportProgress(peer, request.handoffId, () => engine.position);
   try {
-    const prompt = engine.model.vocab.tokenize(request.prompt!);
+    const prompt = tokenizePrompt(engine.model.vocab, request.prompt!, request.promptSpecialSpans);
     const { seed, ...params } = request.sampling!;
     const logits = await engine.prefill(prompt);
     const n = request.generateTokens;

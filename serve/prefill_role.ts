@@ -11,6 +11,8 @@
  * `queued: true` so the coordinator's idle timeout holds while they wait; beyond its bounds
  * the answer is `busy` (the coordinator then recomputes colocated, a named fallback).
  */
+import { tokenizePrompt } from "./prompt_tokens.ts";
+import { tokenLogprob } from "../core/logprobs.ts";
 import type { HandoffTiming } from "../core/mod.ts";
 import { deriveTelemetry, formatTelemetry } from "../core/telemetry.ts";
 import {
@@ -39,6 +41,8 @@ import type { Engine } from "./engine.ts";
 import { logitsDigest } from "./probe.ts";
 import { reportProgress, sendOrExplain } from "./token_stream.ts";
 import { PrefillQueue, type PrefillQueueOptions } from "./prefill_queue.ts";
+import { type PeerLink, PeerLinks } from "./peer_links.ts";
+import { DecoderChannel } from "./decoder_channel.ts";
 import { DEFAULT_PREFIX_CACHE, PrefixCache } from "./prefix_cache.ts";
 
 /** Tests only: hooks into a request's life on this worker. Nothing in the product sets them. */
@@ -60,6 +64,11 @@ interface Active {
 export class PrefillRole {
   readonly #active = new Map<string, Active>();
   readonly #queue: PrefillQueue<PooledEngine>;
+  /**
+   * One authenticated link per decode peer, shared by every handoff to it (each handoff has
+   * its own mailbox and handoff stream on it), with the peer's health and reconnect backoff.
+   */
+  readonly links: PeerLinks;
 
   constructor(
     readonly node: Node,
@@ -78,6 +87,12 @@ export class PrefillRole {
     ),
   ) {
     this.#queue = new PrefillQueue(queue, () => pool.tryAcquire(), (p) => pool.release(p));
+    this.links = new PeerLinks((to) => node.connect(to, capabilities), node.link.peerLinks);
+  }
+
+  /** Closes the links to decode workers (each bounded by its close timeout). */
+  async close(): Promise<void> {
+    await this.links.close();
   }
 
   onPrefillRequest(peer: PeerConnection, request: PrefillRequest): void {
@@ -182,8 +197,17 @@ export class PrefillRole {
     if (cancel.aborted) {
       return { ...failed(request, "The request was cancelled", 0), reason: "cancelled" };
     }
-    const prompt = pooled.engine.model.vocab.tokenize(request.prompt);
-    let decoder: PeerConnection | null = null;
+    let prompt: Int32Array;
+    try {
+      prompt = tokenizePrompt(
+        pooled.engine.model.vocab,
+        request.prompt,
+        request.promptSpecialSpans,
+      );
+    } catch (error) {
+      return failed(request, (error as Error).message, 0);
+    }
+    let decoder: DecoderChannel | null = null;
     let firstTokenSent: Promise<void> = Promise.resolve();
     const stopProgress = reportProgress(
       active.peer,
@@ -194,6 +218,8 @@ export class PrefillRole {
       // State goes only to a peer trusted here as a decode worker (an untrusted one fails to
       // connect below, with its own message).
       const target = this.node.trust.lookup(request.decode.nodeId);
+      // No longer trusted here: a link made before is not used (the connect below refuses).
+      if (!target) this.links.forget(request.decode);
       if (target && !rolesOf(target).has("decode")) {
         const message = `the decode worker ${request.decode.nodeId} is trusted on the prefill ` +
           `worker, but not as "decode": add the role there with \`skippy-disagg trust add ` +
@@ -205,8 +231,9 @@ export class PrefillRole {
           reason: "capability-missing",
         } satisfies PrefillOutcome;
       }
+      let link: PeerLink;
       try {
-        decoder = await this.node.connect(request.decode, this.capabilities);
+        link = await this.links.get(request.decode);
       } catch (error) {
         if (request.completeOnDecoderLoss) {
           // Nothing was prefilled yet: run the whole request here (colocated on this worker).
@@ -233,7 +260,7 @@ export class PrefillRole {
           reason: "connection-lost",
         } satisfies PrefillOutcome;
       }
-      const eligible = eligibleForHandoff(this.capabilities, decoder.peerCapabilities, "decode");
+      const eligible = eligibleForHandoff(this.capabilities, link.peerCapabilities, "decode");
       if (!eligible.ok) {
         this.log(`handoff ${request.handoffId}: decode worker not eligible: ${eligible.reason}`);
         return {
@@ -242,7 +269,7 @@ export class PrefillRole {
           reason: "capability-missing",
         } satisfies PrefillOutcome;
       }
-      let first: PeerConnection | null = decoder;
+      let first: PeerLink | null = link;
       // A cached prefix of this tenant is restored into the context; only the rest computes.
       const prefix = await this.prefixCache.prepare(
         request.tenantId,
@@ -260,13 +287,10 @@ export class PrefillRole {
         engine: pooled.engine,
         draft: pooled.draft,
         identity: this.identity,
-        connectDecoder: async () => {
-          if (first) {
-            const c = first;
-            first = null;
-            return c;
-          }
-          decoder = await this.node.connect(request.decode, this.capabilities);
+        connectDecoder: async (failed) => {
+          const next = first ?? await this.links.reconnect(request.decode, failed?.link ?? null);
+          first = null;
+          decoder = new DecoderChannel(next, request.handoffId);
           return decoder;
         },
         sourceNodeId: this.node.identity.nodeId,
@@ -307,9 +331,8 @@ export class PrefillRole {
     } finally {
       stopProgress();
       await firstTokenSent;
-      // Not awaited: a decoder that just died would hold the outcome (and this context) for
-      // its whole close timeout; the close needs neither. The context goes back in #run.
-      (decoder as PeerConnection | null)?.close().catch(() => {});
+      // The handoff leaves the shared link (which stays open for the next handoff).
+      (decoder as DecoderChannel | null)?.close();
     }
   }
 
@@ -342,6 +365,9 @@ async function sendFirstToken(
     logitsSha256,
     sentAfterPrefillMs: performance.now() - first.prefillEndMs,
     prefillEndEpochMs: performance.timeOrigin + first.prefillEndMs,
+    ...(request.logprobs !== undefined
+      ? { logprob: tokenLogprob(first.logits, first.token, request.logprobs) }
+      : {}),
   };
   await peer.send(message as unknown as Record<string, unknown>).catch(() => {});
   faultPoint("first-token-sent");
@@ -356,6 +382,8 @@ function localRequest(request: PrefillRequest): GenerateRequest {
     generateTokens: request.generateTokens,
     mode: "local",
     prompt: request.prompt,
+    ...(request.promptSpecialSpans ? { promptSpecialSpans: request.promptSpecialSpans } : {}),
+    ...(request.logprobs !== undefined ? { logprobs: request.logprobs } : {}),
     sampling: request.sampling,
     probe: request.probe,
   };

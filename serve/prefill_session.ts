@@ -32,7 +32,8 @@ import {
 } from "../core/mod.ts";
 import type { BindingContext } from "../core/binding.ts";
 import { PrefillerTelemetry } from "../core/telemetry.ts";
-import type { HandoffSender, PeerConnection } from "../transport/mod.ts";
+import type { HandoffSender } from "../transport/mod.ts";
+import type { DecoderChannel } from "./decoder_channel.ts";
 import type { Engine } from "./engine.ts";
 import {
   DEFAULT_EXPORT_LIMITS,
@@ -83,8 +84,11 @@ export interface PrefillHandoffInput {
   engine: Engine;
   draft: MtpDraft | null;
   identity: ResolvedIdentity;
-  /** Opens (or reopens, for a retry) an authenticated connection to the decode worker. */
-  connectDecoder: () => Promise<PeerConnection>;
+  /**
+   * This handoff's channel on the link to the decode worker; called again for a retry after
+   * a connection loss, with the channel that failed (its link is not trusted again).
+   */
+  connectDecoder: (failed: DecoderChannel | null) => Promise<DecoderChannel>;
   sourceNodeId: string;
   timing: HandoffTiming;
   limits: PrefillLimits;
@@ -106,7 +110,7 @@ export class PrefillHandoff {
   #exportDone: { manifest: Omit<FinalManifest, "tag"> } | null = null;
   #exportError: unknown = null;
   #manifestFed = false;
-  #decoder: PeerConnection | null = null;
+  #decoder: DecoderChannel | null = null;
   #stream: HandoffSender | null = null;
   #binding: BindingContext | null = null;
   #outcome: PrefillOutcome | null = null;
@@ -154,6 +158,14 @@ export class PrefillHandoff {
     } finally {
       clearInterval(ticker);
       this.input.cancel.removeEventListener("abort", onCancel);
+      // The handoff is over on the link: its stream ends and it leaves the link, which stays
+      // open for other handoffs (a connection per handoff used to end both by closing).
+      const stream = this.#stream;
+      this.#stream = null;
+      stream?.abort("handoff ended").catch(() => {});
+      const decoder = this.#decoder;
+      this.#decoder = null;
+      decoder?.close();
       const completing = this.#decoderLost();
       if (completing) {
         // Finish the prompt (nothing retained) so this worker can complete the request; a
@@ -247,14 +259,14 @@ export class PrefillHandoff {
   async #connect(): Promise<boolean> {
     const previous = this.#decoder;
     this.#decoder = null;
-    previous?.close().catch(() => {});
+    previous?.close();
     try {
       // A retry gets as long to reach the decoder as a reservation gets to be answered (a
       // QUIC connect to a dead host would otherwise take its own 3 s).
-      const connecting = this.input.connectDecoder();
+      const connecting = this.input.connectDecoder(previous);
       const ms = this.input.timing.reserveTimeoutMs;
       const decoder = previous === null ? await connecting : await within(connecting, ms, () => {
-        connecting.then((late) => late.close(), () => {}).catch(() => {});
+        connecting.then((late) => late.close(), () => {});
         return new LimitExceededError(`No connection within reserveTimeoutMs (${ms} ms)`);
       });
       this.#decoder = decoder;
@@ -268,18 +280,18 @@ export class PrefillHandoff {
   }
 
   /** Moves the decoder's control messages for this handoff, and its loss, into events. */
-  #listen(decoder: PeerConnection): void {
+  #listen(decoder: DecoderChannel): void {
     const id = this.input.request.handoffId;
     (async () => {
       try {
-        for await (const msg of decoder) {
-          const h = msg.header as Record<string, unknown>;
+        for (;;) {
+          const h = await decoder.receive();
           if (h.handoffId !== id || !CORE_MESSAGE_TYPES.has(h.type as string)) continue;
           if (h.type === "TransferCredit") this.#noteStaged();
           if (!this.#events.tryPush(h as unknown as HandoffEvent)) break;
         }
       } catch {
-        // The connection failed: reported below as ConnectionLost.
+        // The link failed (or this channel was closed): reported below as ConnectionLost.
       }
       if (this.#decoder === decoder) this.#connectionLost();
     })();

@@ -12,6 +12,7 @@ import {
   PrefillerTelemetry,
 } from "../core/mod.ts";
 import { encodeFrame } from "../transport/mod.ts";
+import { TOP_LOGPROBS_MAX } from "../core/logprobs.ts";
 import {
   CONTROL_FRAME_LIMITS,
   decodeRequestPayload,
@@ -24,6 +25,7 @@ import {
   type PrefillOutcome,
   type PrefillRequest,
   PROMPT_BYTES_MAX,
+  PROMPT_SPECIAL_SPANS_MAX,
   PROMPT_TOKENS_MAX,
   SENT_TOKENS_HEADER_MAX,
   SENT_TOKENS_MAX,
@@ -128,6 +130,14 @@ Deno.test("GenerateDone of a 2^20-token generation is as small as an 8-token one
   assert.equal(done(GENERATE_TOKENS_MAX).telemetry!.tokens, GENERATE_TOKENS_MAX);
 });
 
+const FULLEST_LOGPROB = {
+  logprob: -Math.PI,
+  top: Array.from(
+    { length: TOP_LOGPROBS_MAX },
+    () => [TOKEN_MAX, -Math.E] as [number, number],
+  ),
+};
+
 Deno.test("the fullest TokenBatch and FirstToken encode within the control frame limits", () => {
   // A batch is sent once its text reaches TOKEN_BATCH_TEXT_BYTES_MAX, so its text is at most
   // that plus one more piece; 4-byte characters, and a piece as long as the whole bound.
@@ -138,6 +148,8 @@ Deno.test("the fullest TokenBatch and FirstToken encode within the control frame
     tokens: new Array(TOKEN_BATCH_TOKENS_MAX).fill(TOKEN_MAX),
     text,
     logitsSha256: new Array(TOKEN_BATCH_TOKENS_MAX).fill(DIGEST),
+    // Log probabilities with the most alternatives, as float64 values that need 9 bytes.
+    logprobs: new Array(TOKEN_BATCH_TOKENS_MAX).fill(FULLEST_LOGPROB),
   };
   assert.ok(headerBytes(batch) <= CONTROL_FRAME_LIMITS.headerBytesMax);
   assert.equal(parseMessage<TokenBatch>({ ...batch }).tokens.length, TOKEN_BATCH_TOKENS_MAX);
@@ -149,6 +161,7 @@ Deno.test("the fullest TokenBatch and FirstToken encode within the control frame
     logitsSha256: DIGEST,
     sentAfterPrefillMs: 1e9,
     prefillEndEpochMs: 4e12,
+    logprob: FULLEST_LOGPROB,
   };
   assert.ok(headerBytes(first) <= CONTROL_FRAME_LIMITS.headerBytesMax);
   assert.equal(parseMessage<FirstToken>({ ...first }).token, TOKEN_MAX);
@@ -172,7 +185,7 @@ Deno.test("a 262,144-token prompt at the stated bytes per token fits the prompt 
   const { prompt: _, ...rest } = request;
   assert.ok(headerBytes({ ...rest, prompt: null }, payload) <= CONTROL_FRAME_LIMITS.headerBytesMax);
   assert.equal(parseMessage<PrefillRequest>({ ...request }).prompt.length, PROMPT_BYTES_MAX);
-  const payloadMax = PROMPT_BYTES_MAX + 4 * SENT_TOKENS_MAX;
+  const payloadMax = PROMPT_BYTES_MAX + 8 * PROMPT_SPECIAL_SPANS_MAX + 4 * SENT_TOKENS_MAX;
   assert.throws(
     () => encodeFrame({}, new Uint8Array(payloadMax + 1), { limits: CONTROL_FRAME_LIMITS }),
     /payloadBytesMax/,
@@ -187,6 +200,8 @@ Deno.test("a 262,144-token prompt at the stated bytes per token fits the prompt 
     sampling: request.sampling,
     probe: true,
     sentTokens: new Array(SENT_TOKENS_MAX).fill(TOKEN_MAX),
+    // Every prompt token a chat template's marker: the most special spans a prompt can have.
+    promptSpecialSpans: Array.from({ length: 2 * PROMPT_SPECIAL_SPANS_MAX }, (_, i) => i),
   };
   assert.equal(parseMessage<GenerateRequest>({ ...generate }).sentTokens!.length, SENT_TOKENS_MAX);
   // A resume after a whole generation: the largest prompt and every token, in one frame.
@@ -200,6 +215,7 @@ Deno.test("a 262,144-token prompt at the stated bytes per token fits the prompt 
   assert.equal(parsed.prompt, prompt);
   assert.equal(parsed.sentTokens!.length, SENT_TOKENS_MAX);
   assert.ok(parsed.sentTokens!.every((t) => t === TOKEN_MAX));
+  assert.deepEqual(parsed.promptSpecialSpans, generate.promptSpecialSpans);
 });
 
 Deno.test("a resume's sent tokens travel in the payload, the prompt before them", () => {
@@ -225,6 +241,53 @@ Deno.test("a resume's sent tokens travel in the payload, the prompt before them"
   // A header that claims more tokens than the payload holds is refused by name.
   const lying = { ...many.header, sentTokensInPayload: tokens.length + 1 };
   assert.throws(() => decodeRequestPayload(lying, many.payload!), /sentTokensInPayload/);
+});
+
+Deno.test("a chat prompt's special spans travel in the payload, between prompt and sent tokens", () => {
+  const spans = [0, 3, 7, 10];
+  const request: PrefillRequest = {
+    type: "PrefillRequest",
+    handoffId: HANDOFF_ID,
+    tenantId: "t",
+    prompt: "<a>héllo<b>",
+    promptSpecialSpans: spans,
+    generateTokens: 8,
+    sampling: { temperature: 0, topK: 40, topP: 0.95, seed: 1 },
+    decode: { host: "127.0.0.1", port: 1, nodeId: "n" },
+    probe: false,
+  };
+  const wire = encodeRequestPayload(request);
+  assert.equal(wire.header.promptSpecialSpans, undefined);
+  const received = { ...wire.header };
+  decodeRequestPayload(received, wire.payload!);
+  const parsed = parseMessage<PrefillRequest>(received);
+  assert.equal(parsed.prompt, "<a>héllo<b>");
+  assert.deepEqual(parsed.promptSpecialSpans, spans);
+  // With sent tokens in the payload as well (a resume of a chat request).
+  const tokens = Array.from({ length: SENT_TOKENS_HEADER_MAX + 1 }, (_, i) => i);
+  const generate: GenerateRequest = {
+    type: "GenerateRequest",
+    handoffId: HANDOFF_ID,
+    tenantId: "t",
+    generateTokens: 8,
+    mode: "local",
+    prompt: request.prompt,
+    promptSpecialSpans: spans,
+    sampling: request.sampling,
+    probe: false,
+    sentTokens: tokens,
+  };
+  const both = encodeRequestPayload(generate);
+  const got = { ...both.header };
+  decodeRequestPayload(got, both.payload!);
+  const g = parseMessage<GenerateRequest>(got);
+  assert.deepEqual([g.prompt, g.promptSpecialSpans, g.sentTokens], [request.prompt, spans, tokens]);
+  const lying = { ...wire.header, promptSpecialSpansInPayload: spans.length + 2 };
+  assert.throws(() => decodeRequestPayload(lying, wire.payload!), /promptSpecialSpansInPayload/);
+  assert.throws(
+    () => parseMessage({ ...request, promptSpecialSpans: [1, 2, 3] }),
+    /field "promptSpecialSpans"/,
+  );
 });
 
 Deno.test("a TokenBatch over its token bound, or with stray digests, is refused by name", () => {

@@ -19,13 +19,22 @@ import {
   type TokenBatch,
 } from "./messages.ts";
 import { logitsDigest } from "./probe.ts";
+import { tokenLogprob } from "../core/logprobs.ts";
 import { faultPoint } from "./fault_points.ts";
 
 /** The longest a generated token waits to be sent. */
 const BATCH_WAIT_MS = 20;
 
-function _emptyBatch(handoffId: string): TokenBatch {
-  return { type: "TokenBatch", handoffId, tokens: [], text: "", logitsSha256: [] };
+function _emptyBatch(handoffId: string, logprobs: boolean): TokenBatch {
+  const batch: TokenBatch = {
+    type: "TokenBatch",
+    handoffId,
+    tokens: [],
+    text: "",
+    logitsSha256: [],
+  };
+  if (logprobs) batch.logprobs = [];
+  return batch;
 }
 
 /**
@@ -44,7 +53,8 @@ export async function streamTokens(
   const pieces = new PieceDecoder(vocab);
   const sent = request.sentTokens ?? [];
   let index = 0;
-  let batch = _emptyBatch(request.handoffId);
+  const k = request.logprobs;
+  let batch = _emptyBatch(request.handoffId, k !== undefined);
   let since = performance.now();
   for await (const step of steps) {
     telemetry.push({ type: "token", atMs: performance.now() });
@@ -63,12 +73,15 @@ export async function streamTokens(
     batch.tokens.push(step.token);
     batch.text += text;
     if (request.probe && step.logits) batch.logitsSha256.push(await logitsDigest(step.logits));
+    if (k !== undefined) {
+      batch.logprobs!.push(step.logits ? tokenLogprob(step.logits, step.token, k) : null);
+    }
     const full = batch.tokens.length >= TOKEN_BATCH_TOKENS_MAX ||
       batch.text.length * 3 >= TOKEN_BATCH_TEXT_BYTES_MAX;
     if (full || performance.now() - since >= BATCH_WAIT_MS) {
       await peer.send(batch as unknown as Record<string, unknown>);
       faultPoint("token-batch-sent");
-      batch = _emptyBatch(request.handoffId);
+      batch = _emptyBatch(request.handoffId, k !== undefined);
       since = performance.now();
     }
   }

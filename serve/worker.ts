@@ -406,7 +406,10 @@ export class Worker {
     if (this.#closed) return;
     this.#closed = true;
     this.listener.close();
-    await Promise.allSettled([...this.#peers].map((p) => p.close()));
+    await Promise.allSettled([
+      ...[...this.#peers].map((p) => p.close()),
+      this.prefill?.close(), // the shared links to decode workers
+    ]);
     this.decode?.close();
     this.prefill?.prefixCache.clear(); // no persistence: checkpoints are zeroed here
   }
