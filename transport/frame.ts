@@ -305,6 +305,43 @@ export class FrameDecoder {
     }
   }
 
+  /**
+   * The unfilled rest of the current frame's body buffer, while one is being assembled, so a
+   * reader can read the stream straight into it (no slice, no copy); null otherwise. After
+   * writing into it, report the bytes with `bodyFilled`.
+   */
+  get bodyRemaining(): Uint8Array | null {
+    if (this.#failure || this.#body === null) return null;
+    return this.#body.subarray(this.#bodyFill);
+  }
+
+  /**
+   * Accounts for `filled`: bytes written at the start of `bodyRemaining`, returned as a view
+   * that may lie in a new ArrayBuffer (a BYOB read transfers the buffer it was given). Returns
+   * the frame when its body is complete.
+   */
+  bodyFilled(filled: Uint8Array): Frame[] {
+    if (this.#failure) throw this.#failure;
+    // The old view may be detached by now: the body's size comes from the prefix.
+    const current = this.#current;
+    const total = current ? current.headerBytes + current.payloadBytes : 0;
+    if (
+      this.#body === null || filled.byteOffset !== this.#bodyFill ||
+      filled.length > total - this.#bodyFill || filled.buffer.byteLength !== total
+    ) {
+      throw new Error("bodyFilled(): not a view of the unfilled body"); // a caller bug
+    }
+    this.#body = new Uint8Array(filled.buffer, 0, total);
+    this.#bodyFill += filled.length;
+    if (this.#bodyFill < total) return [];
+    try {
+      return [this.#complete(this.#body)];
+    } catch (error) {
+      if (error instanceof FrameError) this.#failure = error;
+      throw error;
+    }
+  }
+
   /** Consumes bytes of `chunk` from `at`; returns the new offset. */
   #step(chunk: Uint8Array, at: number, frames: Frame[]): number {
     if (this.#sawFinal) {
