@@ -31,8 +31,10 @@ export interface PayloadPathResult {
   rawMBps: number;
   /** Median of the per-repeat ratios (each repeat runs both paths back to back). */
   ratio: number;
-  /** payload / raw of each repeat, in order. */
+  /** payload / raw of each repeat, in order, and each repeat's rates. */
   ratios: number[];
+  payloadMBpsRuns: number[];
+  rawMBpsRuns: number[];
 }
 
 const DIGEST = "ab".repeat(32);
@@ -104,6 +106,8 @@ export async function runPayloadPathBench(o: {
     rawMBps,
     ratio: median(ratios),
     ratios,
+    payloadMBpsRuns: payload,
+    rawMBpsRuns: raw,
   };
 }
 

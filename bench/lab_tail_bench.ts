@@ -274,3 +274,39 @@ export async function labTailSection(o: { quick: boolean; modelDir: string }) {
     },
   };
 }
+
+/**
+ * The `payload` section: the handoff payload path vs raw QUIC on lab-state's real KV pages
+ * alone (the `lab` section measures it too, before its tails), paired repeats in one run.
+ */
+export async function payloadSection(o: { quick: boolean; modelDir: string }) {
+  const model = await ensureModelFile(o.modelDir, {
+    family: "hybrid",
+    preset: "lab-state",
+    seed: 1,
+  });
+  const p = await runPayloadPathBench({
+    modelPath: model,
+    promptTokens: o.quick ? 1024 : 2048,
+    pageTokens: CHUNK_TOKENS,
+    repeats: o.quick ? 3 : 9,
+  });
+  return {
+    name: "payload",
+    rows: p,
+    table: table(
+      ["repeat", "payload path MB/s", "raw QUIC MB/s", "ratio"],
+      p.ratios.map((ratio, i) => [i + 1, p.payloadMBpsRuns[i], p.rawMBpsRuns[i], ratio]),
+    ),
+    notes: [
+      `lab-state hybrid, ${p.pages} real KV pages of ${p.pageTokens} tokens (${
+        (p.stateBytes / 1e6).toFixed(1)
+      } MB) per transfer: binding tag, framing, credit, CRC-32C check, append-import into a second context, against a raw QUIC stream moving the same bytes in pages of the same size; sender and receiver in one process on loopback. Each repeat runs both paths back to back, in alternating order. Median ratio ${
+        p.ratio.toFixed(2)
+      } (medians: payload path ${p.payloadMBps.toFixed(0)} MB/s, raw ${
+        p.rawMBps.toFixed(0)
+      } MB/s).`,
+    ],
+    charts: {},
+  };
+}
