@@ -30,7 +30,7 @@
  * Changelog of FRAME_VERSION:
  * 1. First version.
  */
-import { LimitExceededError, ProtocolError } from "../core/errors.ts";
+import { assert, LimitExceededError, ProtocolError } from "../core/errors.ts";
 import { crc32c } from "../core/crc32c.ts";
 import { packMsgpack, unpackMsgpack } from "./_msgpack.ts";
 
@@ -325,12 +325,11 @@ export class FrameDecoder {
     // The old view may be detached by now: the body's size comes from the prefix.
     const current = this.#current;
     const total = current ? current.headerBytes + current.payloadBytes : 0;
-    if (
-      this.#body === null || filled.byteOffset !== this.#bodyFill ||
-      filled.length > total - this.#bodyFill || filled.buffer.byteLength !== total
-    ) {
-      throw new Error("bodyFilled(): not a view of the unfilled body"); // a caller bug
-    }
+    assert(
+      this.#body !== null && filled.byteOffset === this.#bodyFill &&
+        filled.length <= total - this.#bodyFill && filled.buffer.byteLength === total,
+      "bodyFilled() takes a view of the unfilled body",
+    );
     this.#body = new Uint8Array(filled.buffer, 0, total);
     this.#bodyFill += filled.length;
     if (this.#bodyFill < total) return [];
