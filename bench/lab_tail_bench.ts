@@ -58,6 +58,8 @@ export interface LabTailResult {
 }
 
 const MAMBA_LAYERS = 40;
+const COMMIT_TIMEOUT_MS = 120_000;
+const LEASE_MS = 180_000;
 const CHUNK_TOKENS = 512;
 const SENTENCE = "the quick brown fox jumps over the lazy dog and ";
 
@@ -94,7 +96,12 @@ export async function runLabTailBench(o: {
     const sizes = capture ? o.promptTokens : o.captureOffTokens;
     if (sizes.length === 0) continue;
     const cluster = await startLocalCluster({
-      args: ["--model", model, "--ctx", String(ctx), "--layer-capture", capture ? "on" : "off"],
+      args: [
+        ...["--model", model, "--ctx", String(ctx), "--layer-capture", capture ? "on" : "off"],
+        // A loaded two-core machine can stretch one probe decode to seconds: a commit timeout
+        // there would end the run in a fallback, and this bench measures the handoff's tail.
+        ...["--commit-timeout-ms", String(COMMIT_TIMEOUT_MS), "--lease-ms", String(LEASE_MS)],
+      ],
     });
     try {
       if (capture) rttMs = await controlRoundTripMs(cluster);
@@ -192,14 +199,20 @@ async function tokensPerSentence(model: string): Promise<number> {
 
 /** The `lab` section of `deno task bench`: table, notes and the tail-vs-floor chart. */
 export async function labTailSection(o: { quick: boolean; modelDir: string }) {
+  // SKIPPY_LAB_PROMPTS / SKIPPY_LAB_CAPTURE_OFF (comma-separated token counts, "" for none) and
+  // SKIPPY_LAB_ONCE_FROM (prompts this long run once) narrow a run on a loaded machine.
+  const sizes = (name: string, fallback: number[]) => {
+    const v = Deno.env.get(name);
+    return v === undefined ? fallback : v.split(",").filter(Boolean).map(Number);
+  };
   const r = await runLabTailBench({
     modelDir: o.modelDir,
-    promptTokens: o.quick ? [512] : [512, 2048, 8192],
-    captureOffTokens: o.quick ? [] : [512, 2048],
-    payloadTokens: o.quick ? 2048 : 4096,
+    promptTokens: sizes("SKIPPY_LAB_PROMPTS", o.quick ? [512] : [512, 2048, 8192]),
+    captureOffTokens: sizes("SKIPPY_LAB_CAPTURE_OFF", o.quick ? [] : [512, 2048]),
+    payloadTokens: 2048,
     repeats: o.quick ? 1 : 2,
     payloadRepeats: o.quick ? 3 : 7,
-    onceFromTokens: 8192,
+    onceFromTokens: sizes("SKIPPY_LAB_ONCE_FROM", [8192])[0] ?? 8192,
   });
   const on = r.rows.filter((x) => x.layerCapture);
   const off = r.rows.filter((x) => !x.layerCapture);
