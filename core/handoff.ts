@@ -346,7 +346,10 @@ export interface StepResult<S> {
 export interface HandoffTiming {
   /** Prefiller: how long to wait for ReserveAccepted. */
   reserveTimeoutMs: number;
-  /** Prefiller: how long to wait for CommitAck after the manifest left. */
+  /**
+   * Prefiller: how long to wait for CommitAck after the manifest left (after the probe digest,
+   * when it follows the manifest).
+   */
   commitTimeoutMs: number;
   /** Prefiller: how long exported state is retained after the manifest first left. */
   leaseMs: number;

@@ -254,7 +254,9 @@ function _flush(s: S, actions: HandoffAction[] = []): StepResult<S> {
       type: "send",
       msg: { type: "ProbeDigest", handoffId, attempt: s.attempt, logitsSha256, tag },
     });
-    next = { ...next, probe: null, probeSent: true };
+    // The commit wait starts over: it bounds the decoder's answer to the last message, not this
+    // side's own probe decode (which `leaseMs`, running since the manifest left, still bounds).
+    next = { ...next, probe: null, probeSent: true, phaseMs: 0 };
   }
   return { state: next, actions };
 }

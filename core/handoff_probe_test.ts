@@ -173,3 +173,36 @@ Deno.test("the probe decode failing after the manifest left falls back and tells
   const bad = prefillerStep(s, { type: "ProbeReady", logitsSha256: "x", tag: OTHER });
   assert.ok(bad.rejected);
 });
+
+Deno.test("the commit wait counts from the probe digest; a probe that never ends still times out from the manifest", () => {
+  const timing = { ...createPrefiller(PARAMS).timing, commitTimeoutMs: 1_000, leaseMs: 5_000 };
+  let s = createPrefiller(PARAMS, timing);
+  s = prefillerStep(s, { type: "Start" }).state;
+  s = prefillerStep(s, {
+    ...m,
+    type: "ReserveAccepted",
+    creditBytes: 1 << 30,
+    bindingKey: newBindingKey(),
+  }).state;
+  const manifest = testManifest(STREAM, 2048, { logitsSha256: null });
+  s = prefillerStep(s, { type: "ExportDone", manifest }).state;
+  // The prefiller's own probe takes 900 ms; the decoder then has the full commit wait.
+  s = prefillerStep(s, { type: "Tick", elapsedMs: 900 }).state;
+  s = prefillerStep(s, { type: "ProbeReady", logitsSha256: PREFILLER_PROBE, tag: OTHER }).state;
+  s = prefillerStep(s, { type: "Tick", elapsedMs: 900 }).state;
+  assert.equal(s.phase, Phase.Validating);
+  const late = prefillerStep(s, { type: "Tick", elapsedMs: 200 });
+  assert.deepEqual(late.state.outcome, { reason: "commit-timeout", disposition: "fail" });
+  // A probe that never finishes: the commit wait, running since the manifest left, ends it.
+  let hung = createPrefiller(PARAMS, timing);
+  hung = prefillerStep(hung, { type: "Start" }).state;
+  hung = prefillerStep(hung, {
+    ...m,
+    type: "ReserveAccepted",
+    creditBytes: 1 << 30,
+    bindingKey: newBindingKey(),
+  }).state;
+  hung = prefillerStep(hung, { type: "ExportDone", manifest }).state;
+  const timedOut = prefillerStep(hung, { type: "Tick", elapsedMs: 1_001 });
+  assert.deepEqual(timedOut.state.outcome, { reason: "commit-timeout", disposition: "fail" });
+});
