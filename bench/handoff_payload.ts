@@ -29,7 +29,12 @@ export interface PayloadPathResult {
   pageTokens: number;
   payloadMBps: number;
   rawMBps: number;
+  /** Median of the per-repeat ratios (each repeat runs both paths back to back). */
   ratio: number;
+  /** payload / raw of each repeat, in order, and each repeat's rates. */
+  ratios: number[];
+  payloadMBpsRuns: number[];
+  rawMBpsRuns: number[];
 }
 
 const DIGEST = "ab".repeat(32);
@@ -78,19 +83,31 @@ export async function runPayloadPathBench(o: {
   const raw: number[] = [];
   for (let i = 0; i < o.repeats; i++) {
     using b = await LlamaContext.create(modelB, options);
-    payload.push(await transferPages(setup, b, state.pages, headers, o.promptTokens));
-    raw.push(await rawTransfer(setup, bytes, Math.ceil(bytes / state.pages.length)));
+    // Paired and in alternating order, so a machine that slows down mid-run (other work on
+    // the same cores) shifts both paths of a repeat, and neither always runs first.
+    const pageBytes = Math.ceil(bytes / state.pages.length);
+    if (i % 2 === 0) {
+      payload.push(await transferPages(setup, b, state.pages, headers, o.promptTokens));
+      raw.push(await rawTransfer(setup, bytes, pageBytes));
+    } else {
+      raw.push(await rawTransfer(setup, bytes, pageBytes));
+      payload.push(await transferPages(setup, b, state.pages, headers, o.promptTokens));
+    }
   }
   setup.listener.close();
   const payloadMBps = median(payload);
   const rawMBps = median(raw);
+  const ratios = payload.map((x, i) => x / raw[i]);
   return {
     stateBytes: bytes,
     pages: state.pages.length,
     pageTokens: o.pageTokens,
     payloadMBps,
     rawMBps,
-    ratio: payloadMBps / rawMBps,
+    ratio: median(ratios),
+    ratios,
+    payloadMBpsRuns: payload,
+    rawMBpsRuns: raw,
   };
 }
 

@@ -37,6 +37,12 @@ export interface LabTailRow {
   probeMs: number;
   /** `tailMs - probeMs`: the transfer, import and commit round trip. */
   tailToReadyMs: number;
+  /**
+   * How long the decoder's probe result waited for the prefiller's probe digest, which now
+   * follows the manifest (0: the digest was there first). Part of `tailToReadyMs`.
+   */
+  probeWaitMs: number;
+  repeats: number;
   lastImportMs: number;
   tailBytes: number;
   lastLayerBytes: number;
@@ -52,6 +58,8 @@ export interface LabTailResult {
 }
 
 const MAMBA_LAYERS = 40;
+const COMMIT_TIMEOUT_MS = 120_000;
+const LEASE_MS = 180_000;
 const CHUNK_TOKENS = 512;
 const SENTENCE = "the quick brown fox jumps over the lazy dog and ";
 
@@ -63,6 +71,10 @@ export async function runLabTailBench(o: {
   /** Prompt whose real KV pages the payload-path measurement moves. */
   payloadTokens: number;
   repeats: number;
+  /** Repeats of the payload path vs raw QUIC (paired, alternating order). */
+  payloadRepeats: number;
+  /** Prompts at least this long run once (an 8K prefill takes minutes here). */
+  onceFromTokens: number;
 }): Promise<LabTailResult> {
   const model = await ensureModelFile(o.modelDir, {
     family: "hybrid",
@@ -74,7 +86,7 @@ export async function runLabTailBench(o: {
     modelPath: model,
     promptTokens: o.payloadTokens,
     pageTokens: CHUNK_TOKENS,
-    repeats: o.repeats,
+    repeats: o.payloadRepeats,
   });
   const perSentence = await tokensPerSentence(model);
   const ctx = Math.ceil((Math.max(...o.promptTokens) + 256) / 256) * 256;
@@ -84,7 +96,12 @@ export async function runLabTailBench(o: {
     const sizes = capture ? o.promptTokens : o.captureOffTokens;
     if (sizes.length === 0) continue;
     const cluster = await startLocalCluster({
-      args: ["--model", model, "--ctx", String(ctx), "--layer-capture", capture ? "on" : "off"],
+      args: [
+        ...["--model", model, "--ctx", String(ctx), "--layer-capture", capture ? "on" : "off"],
+        // A loaded two-core machine can stretch one probe decode to seconds: a commit timeout
+        // there would end the run in a fallback, and this bench measures the handoff's tail.
+        ...["--commit-timeout-ms", String(COMMIT_TIMEOUT_MS), "--lease-ms", String(LEASE_MS)],
+      ],
     });
     try {
       if (capture) rttMs = await controlRoundTripMs(cluster);
@@ -93,7 +110,8 @@ export async function runLabTailBench(o: {
         // the snapshot behind that chunk's compute, and a 1-token last chunk has none.
         const prompt = SENTENCE.repeat(Math.max(1, Math.floor((size - 16) / perSentence)));
         const runs = [];
-        for (let i = 0; i < o.repeats; i++) {
+        const repeats = size >= o.onceFromTokens ? 1 : o.repeats;
+        for (let i = 0; i < repeats; i++) {
           const r = await runHandoff(cluster.client, {
             prefill: cluster.prefill.peer,
             decode: cluster.decode.peer,
@@ -146,6 +164,8 @@ function row(
     tailMs,
     probeMs,
     tailToReadyMs: median(t.map((x) => (x.uncoveredTailMs ?? NaN) - (x.probeMs ?? 0))),
+    probeWaitMs: median(t.map((x) => x.probeWaitMs ?? NaN)),
+    repeats: runs.length,
     lastImportMs,
     tailBytes,
     lastLayerBytes,
@@ -179,12 +199,20 @@ async function tokensPerSentence(model: string): Promise<number> {
 
 /** The `lab` section of `deno task bench`: table, notes and the tail-vs-floor chart. */
 export async function labTailSection(o: { quick: boolean; modelDir: string }) {
+  // SKIPPY_LAB_PROMPTS / SKIPPY_LAB_CAPTURE_OFF (comma-separated token counts, "" for none) and
+  // SKIPPY_LAB_ONCE_FROM (prompts this long run once) narrow a run on a loaded machine.
+  const sizes = (name: string, fallback: number[]) => {
+    const v = Deno.env.get(name);
+    return v === undefined ? fallback : v.split(",").filter(Boolean).map(Number);
+  };
   const r = await runLabTailBench({
     modelDir: o.modelDir,
-    promptTokens: o.quick ? [512] : [512, 2048, 8192],
-    captureOffTokens: o.quick ? [] : [512, 2048],
-    payloadTokens: o.quick ? 2048 : 4096,
+    promptTokens: sizes("SKIPPY_LAB_PROMPTS", o.quick ? [512] : [512, 2048, 8192]),
+    captureOffTokens: sizes("SKIPPY_LAB_CAPTURE_OFF", o.quick ? [] : [512, 2048]),
+    payloadTokens: 2048,
     repeats: o.quick ? 1 : 2,
+    payloadRepeats: o.quick ? 3 : 7,
+    onceFromTokens: sizes("SKIPPY_LAB_ONCE_FROM", [8192])[0] ?? 8192,
   });
   const on = r.rows.filter((x) => x.layerCapture);
   const off = r.rows.filter((x) => !x.layerCapture);
@@ -197,6 +225,7 @@ export async function labTailSection(o: { quick: boolean; modelDir: string }) {
     table: table(
       [
         "prompt",
+        "runs",
         "capture",
         "prefill ms",
         "TTFT ms",
@@ -204,6 +233,7 @@ export async function labTailSection(o: { quick: boolean; modelDir: string }) {
         "tail ms",
         "probe ms",
         "tail-probe ms",
+        "probe wait ms",
         "floor ms",
         "x floor",
         "layer floor ms",
@@ -211,6 +241,7 @@ export async function labTailSection(o: { quick: boolean; modelDir: string }) {
       ],
       r.rows.map((x) => [
         x.promptTokens,
+        x.repeats,
         x.layerCapture ? "on" : "off",
         x.prefillMs,
         x.ttftMs,
@@ -218,6 +249,7 @@ export async function labTailSection(o: { quick: boolean; modelDir: string }) {
         x.tailMs,
         x.probeMs,
         x.tailToReadyMs,
+        x.probeWaitMs,
         x.floorMs,
         x.tailToReadyMs / x.floorMs,
         x.layerFloorMs,
@@ -228,12 +260,14 @@ export async function labTailSection(o: { quick: boolean; modelDir: string }) {
       `lab-state hybrid (88 layers: 40 Mamba2 with d_inner 8192 / d_state 128, 8 attention with 2 KV heads x 128; hidden 64): 8,192 B/token of KV, 172,687,360 B recurrent. Raw QUIC ${
         r.rawMBps.toFixed(0)
       } MB/s and control round trip ${r.rttMs.toFixed(2)} ms, measured in this run.`,
-      "tail: prefill end -> CommitAck; probe: the decoder's continuation probe (one decode step, which also yields token 2's logits); the floors are compared with tail - probe.",
+      "tail: prefill end -> CommitAck; probe: the decoder's continuation probe (one decode step, which also yields token 2's logits); the floors are compared with tail - probe. The manifest leaves when the last chunk is out; the prefiller's own probe decode runs after it and its digest follows (probe wait: how long the decoder's probe result waited for it). Medians of `runs` handoffs (one at 8K: its prefill takes minutes here).",
       `Payload path on lab-state (${p.pages} real KV pages of ${p.pageTokens} tokens, ${
         (p.stateBytes / 1e6).toFixed(1)
       } MB: binding tag, framing, credit, CRC-32C check, append-import): ${
         p.payloadMBps.toFixed(0)
-      } MB/s vs raw QUIC ${p.rawMBps.toFixed(0)} MB/s, ratio ${p.ratio.toFixed(2)}.`,
+      } MB/s vs raw QUIC ${p.rawMBps.toFixed(0)} MB/s (medians of ${p.ratios.length}); ratio ${
+        p.ratio.toFixed(2)
+      } (median of the paired per-repeat ratios ${p.ratios.map((x) => x.toFixed(2)).join(", ")}).`,
       "Both workers and the client share two cores: sending while the last chunk computes competes with it (prefill ms, capture on vs off).",
     ],
     charts: {
@@ -251,5 +285,41 @@ export async function labTailSection(o: { quick: boolean; modelDir: string }) {
         logX: true,
       }),
     },
+  };
+}
+
+/**
+ * The `payload` section: the handoff payload path vs raw QUIC on lab-state's real KV pages
+ * alone (the `lab` section measures it too, before its tails), paired repeats in one run.
+ */
+export async function payloadSection(o: { quick: boolean; modelDir: string }) {
+  const model = await ensureModelFile(o.modelDir, {
+    family: "hybrid",
+    preset: "lab-state",
+    seed: 1,
+  });
+  const p = await runPayloadPathBench({
+    modelPath: model,
+    promptTokens: o.quick ? 1024 : 2048,
+    pageTokens: CHUNK_TOKENS,
+    repeats: o.quick ? 3 : 9,
+  });
+  return {
+    name: "payload",
+    rows: p,
+    table: table(
+      ["repeat", "payload path MB/s", "raw QUIC MB/s", "ratio"],
+      p.ratios.map((ratio, i) => [i + 1, p.payloadMBpsRuns[i], p.rawMBpsRuns[i], ratio]),
+    ),
+    notes: [
+      `lab-state hybrid, ${p.pages} real KV pages of ${p.pageTokens} tokens (${
+        (p.stateBytes / 1e6).toFixed(1)
+      } MB) per transfer: binding tag, framing, credit, CRC-32C check, append-import into a second context, against a raw QUIC stream moving the same bytes in pages of the same size; sender and receiver in one process on loopback. Each repeat runs both paths back to back, in alternating order. Median ratio ${
+        p.ratio.toFixed(2)
+      } (medians: payload path ${p.payloadMBps.toFixed(0)} MB/s, raw ${
+        p.rawMBps.toFixed(0)
+      } MB/s).`,
+    ],
+    charts: {},
   };
 }

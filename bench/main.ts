@@ -1,5 +1,5 @@
 /**
- * `deno task bench [--only model,state,transport,handoff,lab,speculation,batch,link] [--quick] [--out DIR]`
+ * `deno task bench [--only model,state,transport,handoff,lab,payload,speculation,batch,link] [--quick] [--out DIR]`
  *
  * Runs the benchmark sections, prints their tables and writes a report folder with SVG charts
  * (default `reports/bench-<timestamp>`). Benchmarks are never asserted in the test suite.
@@ -13,7 +13,7 @@ import { runModelBench } from "./model_bench.ts";
 import { stateBenchSection } from "./state_bench.ts";
 import { formatTransportBench, runTransportBench } from "./transport_bench.ts";
 import { runHandoffBench } from "./handoff_bench.ts";
-import { labTailSection } from "./lab_tail_bench.ts";
+import { labTailSection, payloadSection } from "./lab_tail_bench.ts";
 import { speculationSection } from "./speculation_bench.ts";
 import { linkSection } from "./link_report.ts";
 import { calibrateMain } from "./calibrate.ts";
@@ -24,6 +24,7 @@ type Section = (o: { quick: boolean; modelDir: string }) => Promise<ReportSectio
 
 const SECTIONS: Record<string, Section> = {
   lab: (o) => labTailSection(o),
+  payload: (o) => payloadSection(o),
   speculation: (o) => speculationSection(o),
   link: (o) => linkSection(o),
   transport: async ({ quick }) => {

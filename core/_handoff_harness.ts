@@ -37,16 +37,25 @@ export const PARAMS: PrefillerParams = {
   contextTokensNeeded: 4096,
 };
 
-export function testManifest(stream: readonly ChunkHeader[], n: number): FinalManifest {
+/** A test manifest; `probe` as in UnsignedManifest (null: the digest follows it). */
+export function testManifest(
+  stream: readonly ChunkHeader[],
+  n: number,
+  probe?: { logitsSha256: string | null },
+): FinalManifest {
   const unsigned = buildManifest({
     handoffId: HANDOFF_ID,
     identityDigest: DIGEST,
     family: "hybrid",
     components: stream.map(componentOf),
     logical: { position: n, tokenCount: n },
+    probe,
   });
   return { ...unsigned, tag: "ee".repeat(32) };
 }
+
+/** The prefiller's probe digest in `runHandoff` (equal to the decoder's by default). */
+export const PREFILLER_PROBE = "ab".repeat(32);
 
 export interface TraceEntry {
   role: "prefiller" | "decoder";
@@ -70,6 +79,8 @@ export class Harness {
   /** Replace the decoder's answer to an action (failure injection). */
   answer: (action: HandoffAction) => HandoffEvent | null | undefined = () => undefined;
   deliver = true;
+  /** The digest the decoder's own probe yields (the prefiller's, unless a test changes it). */
+  probeDigest = PREFILLER_PROBE;
 
   constructor(options: { timing?: Partial<HandoffTiming>; creditBytes?: number } = {}) {
     const timing = resolveHandoffTiming(options.timing);
@@ -129,7 +140,10 @@ export class Harness {
     }
     if (a.type === "verify") this.local.push({ role: "decoder", event: { type: "Verified" } });
     if (a.type === "import") this.local.push({ role: "decoder", event: { type: "Imported" } });
-    if (a.type === "probe") this.local.push({ role: "decoder", event: { type: "ProbePassed" } });
+    if (a.type === "probe") {
+      const event: HandoffEvent = { type: "ProbeDone", logitsSha256: this.probeDigest };
+      this.local.push({ role: "decoder", event });
+    }
   }
 
   /** Delivers queued messages and local results until nothing moves. */
@@ -151,7 +165,9 @@ export class Harness {
         this.feedPrefiller(toP);
         continue;
       }
-      if (this.exportQueue.length > 0 && prefillerCanExport(this.p)) {
+      // The probe digest comes after the manifest left, when the table no longer exports.
+      const probeNext = this.exportQueue[0]?.type === "ProbeReady" && !isTerminal(this.p.phase);
+      if (this.exportQueue.length > 0 && (prefillerCanExport(this.p) || probeNext)) {
         this.feedPrefiller(this.exportQueue.shift()!);
         continue;
       }
@@ -160,14 +176,31 @@ export class Harness {
     throw new Error("harness did not settle");
   }
 
-  /** Runs a whole handoff: Start, every chunk as credit allows, then the manifest. */
-  runHandoff(n = 2048): { stream: ChunkHeader[]; manifest: FinalManifest } {
+  /**
+   * Runs a whole handoff: Start, every chunk as credit allows, then the manifest; with
+   * `probe` "inline" the manifest carries the probe digest, with "follows" a ProbeReady
+   * (digest `PREFILLER_PROBE`) comes after it.
+   */
+  runHandoff(
+    n = 2048,
+    probe: "none" | "inline" | "follows" = "none",
+  ): { stream: ChunkHeader[]; manifest: FinalManifest } {
     const stream = completeStream("hybrid", n);
-    const manifest = testManifest(stream, n);
+    const digest = probe === "none" ? undefined : {
+      logitsSha256: probe === "inline" ? PREFILLER_PROBE : null,
+    };
+    const manifest = testManifest(stream, n, digest);
     this.exported = [
       ...stream.map((header): HandoffEvent => ({ type: "ChunkReady", header })),
       { type: "ExportDone", manifest },
     ];
+    if (probe === "follows") {
+      this.exported.push({
+        type: "ProbeReady",
+        logitsSha256: PREFILLER_PROBE,
+        tag: "cd".repeat(32),
+      });
+    }
     this.exportQueue = [...this.exported];
     this.feedPrefiller({ type: "Start" });
     this.pump();

@@ -34,7 +34,7 @@ export interface BindingContext {
 }
 
 /** The kinds of message a tag can cover; part of the tagged bytes so tags never cross kinds. */
-export type BindingDomain = "state-chunk" | "final-manifest";
+export type BindingDomain = "state-chunk" | "final-manifest" | "probe-digest";
 
 /**
  * A fresh random binding key (the decoder calls this once per reservation).

@@ -145,6 +145,22 @@ export interface FinalManifestMessage {
   manifest: FinalManifest;
 }
 
+/**
+ * Prefiller -> decoder: the continuation probe's logits digest, when the manifest said it
+ * follows (`probe.logitsSha256: null`). It travels after the manifest, so the prefiller's own
+ * probe decode overlaps the decoder's import and probe instead of delaying the manifest. The
+ * tag is a binding tag (domain "probe-digest") the decoder checks before this reaches its
+ * table; it commits only once its own digest equals this one.
+ */
+export interface ProbeDigestMessage {
+  type: "ProbeDigest";
+  handoffId: string;
+  attempt: number;
+  /** SHA-256 (hex) of the prefiller's probe logits. Never printed. */
+  logitsSha256: string;
+  tag: string;
+}
+
 /** Decoder -> prefiller: state committed; the decoder owns the request from now. */
 export interface CommitAck {
   type: "CommitAck";
@@ -168,6 +184,7 @@ export type HandoffMessage =
   | TransferCredit
   | StateChunk
   | FinalManifestMessage
+  | ProbeDigestMessage
   | CommitAck
   | AbortNotice;
 
@@ -186,6 +203,12 @@ export interface ChunkReadyEvent {
 export interface ExportDoneEvent {
   type: "ExportDone";
   manifest: FinalManifest;
+}
+/** Prefiller: its probe decode finished after the manifest was built; the signed digest. */
+export interface ProbeReadyEvent {
+  type: "ProbeReady";
+  logitsSha256: string;
+  tag: string;
 }
 /** Prefiller: prefill or export failed locally. */
 export interface ExportFailedEvent {
@@ -207,9 +230,17 @@ export interface ChunkStagedEvent {
   type: "ChunkStaged";
   creditBytes: number;
 }
-/** Decoder: `verify`, `import` or `probe` succeeded; or the committed session ended. */
+/** Decoder: `verify` or `import` succeeded; or the committed session ended. */
 export interface DoneEvent {
-  type: "Verified" | "Imported" | "ProbePassed" | "SessionEnded";
+  type: "Verified" | "Imported" | "SessionEnded";
+}
+/**
+ * Decoder: its own probe decode ran; the digest of its logits. The table compares it with the
+ * prefiller's (inline in the manifest, or from ProbeDigest) and commits only if they match.
+ */
+export interface ProbeDoneEvent {
+  type: "ProbeDone";
+  logitsSha256: string;
 }
 /** Either role: the peer connection is gone, or the local side cancels. */
 export interface LinkEvent {
@@ -225,11 +256,13 @@ export type LocalEvent =
   | StartEvent
   | ChunkReadyEvent
   | ExportDoneEvent
+  | ProbeReadyEvent
   | ExportFailedEvent
   | ReservedEvent
   | StepFailedEvent
   | ChunkStagedEvent
   | DoneEvent
+  | ProbeDoneEvent
   | LinkEvent
   | TickEvent;
 
@@ -243,11 +276,13 @@ export const EVENT_TYPES: readonly HandoffEventType[] = [
   "TransferCredit",
   "StateChunk",
   "FinalManifest",
+  "ProbeDigest",
   "CommitAck",
   "AbortNotice",
   "Start",
   "ChunkReady",
   "ExportDone",
+  "ProbeReady",
   "ExportFailed",
   "Reserved",
   "ReserveFailed",
@@ -257,7 +292,7 @@ export const EVENT_TYPES: readonly HandoffEventType[] = [
   "VerifyFailed",
   "Imported",
   "ImportFailed",
-  "ProbePassed",
+  "ProbeDone",
   "ProbeFailed",
   "SessionEnded",
   "ConnectionLost",
@@ -311,7 +346,10 @@ export interface StepResult<S> {
 export interface HandoffTiming {
   /** Prefiller: how long to wait for ReserveAccepted. */
   reserveTimeoutMs: number;
-  /** Prefiller: how long to wait for CommitAck after the manifest left. */
+  /**
+   * Prefiller: how long to wait for CommitAck after the manifest left (after the probe digest,
+   * when it follows the manifest).
+   */
   commitTimeoutMs: number;
   /** Prefiller: how long exported state is retained after the manifest first left. */
   leaseMs: number;

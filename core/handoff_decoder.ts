@@ -1,13 +1,17 @@
 /**
  * The decoder's side of the two-phase handoff: reserve a session, stage chunks as they
  * arrive, verify the manifest against the staging ledger, import the snapshot components, run
- * the readiness probe, and only then commit (CommitAck + `allow-generate`). Any failure before
+ * the readiness probe, and only then commit (CommitAck + `allow-generate`), once the probe's
+ * digest equals the prefiller's. That digest is in the manifest, or (`probe.logitsSha256:
+ * null`) follows it in a ProbeDigest message, which may arrive at any point from the manifest
+ * to the decoder's own probe: the table holds whichever comes first. Any failure before
  * commit releases the session uncommitted and tells the prefiller why.
  *
  * @module
  */
 import { BINDING_KEY_BYTES } from "./binding.ts";
 import { isCount, isMessage, rejectEvent } from "./_handoff_common.ts";
+import { isHex, SHA256_BYTES } from "./bytes.ts";
 import {
   type AbortReason,
   DEFAULT_HANDOFF_TIMING,
@@ -43,6 +47,10 @@ export interface DecoderState {
    */
   readonly reservedMs: number;
   readonly position: number | null;
+  /** The prefiller's probe digest from a ProbeDigest message (its tag already checked). */
+  readonly peerProbe: string | null;
+  /** This decoder's own probe digest, once its probe ran. */
+  readonly ownProbe: string | null;
   readonly outcome: { reason: AbortReason } | null;
 }
 
@@ -66,6 +74,8 @@ export function createDecoder(timing: HandoffTiming = DEFAULT_HANDOFF_TIMING): D
     manifest: null,
     reservedMs: 0,
     position: null,
+    peerProbe: null,
+    ownProbe: null,
     outcome: null,
   };
 }
@@ -190,7 +200,36 @@ const onImported: Handler = (s) => ({
   actions: [{ type: "probe", steps: [...s.manifest!.verify] }],
 });
 
-const onProbePassed: Handler = (s) => {
+const onProbeDone: Handler = (s, e) => {
+  if (e.type !== "ProbeDone" || !isHex(e.logitsSha256, SHA256_BYTES)) {
+    return _protocolError(s, e, "malformed probe result");
+  }
+  if (s.ownProbe !== null) return _protocolError(s, e, "second probe result");
+  return _settleProbe({ ...s, ownProbe: e.logitsSha256 });
+};
+
+const onProbeDigest: Handler = (s, e) => {
+  if (e.type !== "ProbeDigest" || !isHex(e.logitsSha256, SHA256_BYTES)) {
+    return _protocolError(s, e, "malformed probe digest");
+  }
+  if (s.manifest?.probe?.logitsSha256 !== null) {
+    return _protocolError(s, e, "probe digest the manifest did not announce");
+  }
+  if (s.peerProbe !== null) return _protocolError(s, e, "second probe digest");
+  const next: S = { ...s, peerProbe: e.logitsSha256 };
+  return s.phase === Phase.Probing ? _settleProbe(next) : { state: next, actions: [] };
+};
+
+/**
+ * Commits once the decoder's own digest and the prefiller's are both known and equal; waits
+ * (bounded by `reservationMs`) while the prefiller's is still on its way.
+ */
+function _settleProbe(s: S): StepResult<S> {
+  if (s.ownProbe === null) return { state: s, actions: [] };
+  const probe = s.manifest!.probe;
+  const want = probe === undefined ? s.ownProbe : probe.logitsSha256 ?? s.peerProbe;
+  if (want === null) return { state: s, actions: [] };
+  if (want !== s.ownProbe) return _abort(s, "probe-failed", true);
   const position = s.manifest!.logical.position;
   const next: S = { ...s, phase: Phase.Committed, position };
   // CommitAck first: the prefiller may release only once the decoder owns the state.
@@ -198,7 +237,7 @@ const onProbePassed: Handler = (s) => {
     state: next,
     actions: [_send(s, { type: "CommitAck", position }), { type: "allow-generate" }],
   };
-};
+}
 
 const onStepFailed: Handler = (s, e) => {
   const reason = "reason" in e && isAbortReason(e.reason) ? e.reason : "protocol-error";
@@ -261,11 +300,31 @@ export const DECODER_TABLE: Readonly<
     ChunkStaged: onChunkStaged,
     ChunkRejected: onStepFailed,
     FinalManifest: onFinalManifest,
+    ProbeDigest: onProbeDigest,
     ...FAILURES,
   },
-  Validating: { Verified: onVerified, VerifyFailed: onStepFailed, ...FAILURES },
-  Importing: { Imported: onImported, ImportFailed: onStepFailed, ...FAILURES },
-  Probing: { ProbePassed: onProbePassed, ProbeFailed: onStepFailed, ...FAILURES },
+  // From here the handoff stream may still carry the probe digest: its reader can still fail.
+  Validating: {
+    Verified: onVerified,
+    VerifyFailed: onStepFailed,
+    ChunkRejected: onStepFailed,
+    ProbeDigest: onProbeDigest,
+    ...FAILURES,
+  },
+  Importing: {
+    Imported: onImported,
+    ImportFailed: onStepFailed,
+    ChunkRejected: onStepFailed,
+    ProbeDigest: onProbeDigest,
+    ...FAILURES,
+  },
+  Probing: {
+    ProbeDone: onProbeDone,
+    ProbeFailed: onStepFailed,
+    ProbeDigest: onProbeDigest,
+    ChunkRejected: onStepFailed,
+    ...FAILURES,
+  },
   Committed: { SessionEnded: onSessionEnded, ...FAILURES },
 };
 
@@ -277,7 +336,7 @@ export const DECODER_TABLE: Readonly<
  *
  * @example
  * ```ts
- * const { state, actions } = decoderStep(d, { type: "ProbePassed" });
+ * const { state, actions } = decoderStep(d, { type: "ProbeDone", logitsSha256 });
  * // actions: send CommitAck, allow-generate
  * ```
  */

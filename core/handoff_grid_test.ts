@@ -34,6 +34,8 @@ import {
 const ID = PARAMS.handoffId;
 const STREAM = completeStream("hybrid", 1024);
 const MANIFEST = testManifest(STREAM, 1024);
+/** A manifest whose probe digest follows in a ProbeDigest message. */
+const FOLLOWS = testManifest(STREAM, 1024, { logitsSha256: null });
 
 /** One well-formed event of each type, addressed to attempt `attempt`. */
 function sampleEvents(attempt: number): HandoffEvent[] {
@@ -75,7 +77,9 @@ function sampleEvents(attempt: number): HandoffEvent[] {
     VerifyFailed: { type: "VerifyFailed", reason: "invalid-state" },
     Imported: { type: "Imported" },
     ImportFailed: { type: "ImportFailed", reason: "import-failed" },
-    ProbePassed: { type: "ProbePassed" },
+    ProbeDone: { type: "ProbeDone", logitsSha256: "ab".repeat(32) },
+    ProbeDigest: { type: "ProbeDigest", ...m, logitsSha256: "ab".repeat(32), tag: "cd".repeat(32) },
+    ProbeReady: { type: "ProbeReady", logitsSha256: "ab".repeat(32), tag: "cd".repeat(32) },
     ProbeFailed: { type: "ProbeFailed", reason: "probe-failed" },
     SessionEnded: { type: "SessionEnded" },
     ConnectionLost: { type: "ConnectionLost" },
@@ -136,6 +140,8 @@ function prefillerStates(): PrefillerState[] {
     drivePrefiller([e.Start, e.ReserveAccepted, pendingChunk]),
     drivePrefiller([e.Start, e.ReserveAccepted, e.ExportDone]),
     drivePrefiller([e.Start, e.ReserveAccepted, e.ExportDone, e.CommitAck]),
+    drivePrefiller([e.Start, e.ReserveAccepted, pendingChunk, e.ExportDone, e.ProbeReady]),
+    drivePrefiller([e.Start, e.ReserveAccepted, e.ExportDone, e.ProbeReady]),
     drivePrefiller([e.Start, e.Cancel]),
   ];
 }
@@ -147,6 +153,7 @@ function decoderStates(): DecoderState[] {
   >;
   const toStreaming = [e.ReserveRequest, e.Reserved];
   const toValidating = [...toStreaming, e.FinalManifest];
+  const follows: HandoffEvent = { ...e.FinalManifest, manifest: FOLLOWS } as HandoffEvent;
   return [
     driveDecoder([]),
     driveDecoder([e.ReserveRequest]),
@@ -156,9 +163,15 @@ function decoderStates(): DecoderState[] {
     driveDecoder(toValidating),
     driveDecoder([...toValidating, e.Verified]),
     driveDecoder([...toValidating, e.Verified, e.Imported]),
-    driveDecoder([...toValidating, e.Verified, e.Imported, e.ProbePassed]),
-    driveDecoder([...toValidating, e.Verified, e.Imported, e.ProbePassed, e.SessionEnded]),
+    driveDecoder([...toValidating, e.Verified, e.Imported, e.ProbeDone]),
+    driveDecoder([...toValidating, e.Verified, e.Imported, e.ProbeDone, e.SessionEnded]),
     driveDecoder([e.ReserveRequest, e.ReserveFailed]),
+    // The probe digest follows the manifest: before, during and after the decoder's probe.
+    driveDecoder([...toStreaming, e.StateChunk, follows]),
+    driveDecoder([...toStreaming, follows]),
+    driveDecoder([...toStreaming, follows, e.ProbeDigest]),
+    driveDecoder([...toStreaming, follows, e.Verified, e.Imported]),
+    driveDecoder([...toStreaming, follows, e.Verified, e.Imported, e.ProbeDone]),
   ];
 }
 
@@ -199,7 +212,12 @@ function assertNoEarlyGenerate(
   const allow = r.actions.findIndex((a) => a.type === "allow-generate");
   if (allow >= 0) {
     assert.equal(before.phase, Phase.Probing, label);
-    assert.equal((e as HandoffEvent).type, "ProbePassed", label);
+    const type = (e as HandoffEvent).type;
+    // The decoder's own probe result, or the prefiller's digest arriving after it.
+    assert.ok(
+      type === "ProbeDone" || (type === "ProbeDigest" && before.ownProbe !== null),
+      `${label}: commits only on a probe result`,
+    );
     const ack = r.actions.findIndex((a: HandoffAction) =>
       a.type === "send" && a.msg.type === "CommitAck"
     );
@@ -267,7 +285,10 @@ Deno.test("well-formed listed pairs are accepted in every representative state",
       // Context rules the table cannot express: a stage result needs a stage in flight, a
       // chunk or manifest cannot follow the manifest.
       const contextual = (e.type === "ChunkStaged" && s.stagesInFlight === 0) ||
-        ((e.type === "StateChunk" || e.type === "FinalManifest") && s.manifest !== null);
+        ((e.type === "StateChunk" || e.type === "FinalManifest") && s.manifest !== null) ||
+        (e.type === "ProbeDigest" &&
+          (s.manifest?.probe?.logitsSha256 !== null || s.peerProbe !== null)) ||
+        (e.type === "ProbeDone" && s.ownProbe !== null);
       assert.equal(
         r.rejected !== undefined,
         contextual,
@@ -280,7 +301,8 @@ Deno.test("well-formed listed pairs are accepted in every representative state",
       if (!PREFILLER_TABLE[phaseName(s.phase)]?.[e.type]) continue;
       const r = prefillerStep(s, e);
       const contextual = (e.type === "ChunkReady" && s.pending !== null) ||
-        (e.type === "ExportDone" && s.manifest !== null);
+        (e.type === "ExportDone" && s.manifest !== null) ||
+        (e.type === "ProbeReady" && (s.probe !== null || s.probeSent));
       assert.equal(
         r.rejected !== undefined,
         contextual,
@@ -311,7 +333,7 @@ Deno.test("random event sequences never let the decoder generate before verify, 
     "FinalManifest",
     "Verified",
     "Imported",
-    "ProbePassed",
+    "ProbeDone",
   ];
   let committed = 0;
   for (let walk = 0; walk < 3000; walk++) {
@@ -333,7 +355,7 @@ Deno.test("random event sequences never let the decoder generate before verify, 
           "FinalManifest",
           "Verified",
           "Imported",
-          "ProbePassed",
+          "ProbeDone",
         ].map((t) => seen.indexOf(t));
         assert.ok(order.every((x, k) => x >= 0 && (k === 0 || x > order[k - 1])), seen.join(" > "));
       }

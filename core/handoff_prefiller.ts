@@ -1,7 +1,9 @@
 /**
  * The prefiller's side of the two-phase handoff (with the coordinator folded in, as for a
- * single scripted handoff): reserve, stream under credit, send the manifest, wait for
- * CommitAck while retaining the state, then erase it. Failures end in one of three
+ * single scripted handoff): reserve, stream under credit, send the manifest, then the probe
+ * digest when the manifest said it follows (`ProbeReady`: the prefiller's own probe decode
+ * runs while the decoder verifies and imports), wait for CommitAck while retaining the
+ * state, then erase it. Failures end in one of three
  * dispositions: retry (a fresh reservation, re-streaming the retained state), fallback
  * (recompute the prompt on the decoder) or fail (error to the client).
  *
@@ -25,7 +27,8 @@ import {
 } from "./handoff.ts";
 import type { FinalManifest } from "./manifest.ts";
 import { type ModelFamily, STATE_SCHEMA_VERSION } from "./schema.ts";
-import { BINDING_KEY_BYTES } from "./binding.ts";
+import { BINDING_KEY_BYTES, BINDING_TAG_BYTES } from "./binding.ts";
+import { isHex, SHA256_BYTES } from "./bytes.ts";
 import { isCount, isMessage, rejectEvent } from "./_handoff_common.ts";
 
 /** What the prefiller knows about the request when the handoff starts. */
@@ -57,6 +60,10 @@ export interface PrefillerState {
   readonly pending: ChunkHeader | null;
   /** The signed manifest, held until every chunk has left. */
   readonly manifest: FinalManifest | null;
+  /** The signed probe digest, held until the manifest has left. */
+  readonly probe: { logitsSha256: string; tag: string } | null;
+  /** Whether this attempt's ProbeDigest has left (at most one per attempt). */
+  readonly probeSent: boolean;
   readonly phaseMs: number;
   readonly stallMs: number;
   /** Time since the manifest first left; null before. Bounded by `leaseMs`. */
@@ -86,6 +93,8 @@ export function createPrefiller(
     creditBytes: 0,
     pending: null,
     manifest: null,
+    probe: null,
+    probeSent: false,
     phaseMs: 0,
     stallMs: 0,
     retainedMs: null,
@@ -178,6 +187,8 @@ function _fail(s: S, reason: AbortReason, notify: boolean): StepResult<S> {
       creditBytes: 0,
       pending: null,
       manifest: null,
+      probe: null,
+      probeSent: false,
       phaseMs: 0,
       stallMs: 0,
     };
@@ -194,6 +205,7 @@ function _fail(s: S, reason: AbortReason, notify: boolean): StepResult<S> {
     phase: Phase.Failed,
     pending: null,
     manifest: null,
+    probe: null,
     outcome: { reason, disposition },
   };
   return { state: next, actions };
@@ -204,7 +216,8 @@ function _protocolError(s: S, e: HandoffEvent, detail: string): StepResult<S> {
   return { ...failed, rejected: rejectEvent(s, e, detail).rejected };
 }
 
-// Sends the waiting chunk when credit allows, then the manifest once no chunk waits.
+// Sends the waiting chunk when credit allows, then the manifest once no chunk waits, then a
+// held probe digest once the manifest has left.
 function _flush(s: S, actions: HandoffAction[] = []): StepResult<S> {
   let next = s;
   const { handoffId } = s.params;
@@ -234,6 +247,16 @@ function _flush(s: S, actions: HandoffAction[] = []): StepResult<S> {
       phaseMs: 0,
       retainedMs: next.retainedMs ?? 0,
     };
+  }
+  if (next.probe && next.phase === Phase.Validating) {
+    const { logitsSha256, tag } = next.probe;
+    actions.push({
+      type: "send",
+      msg: { type: "ProbeDigest", handoffId, attempt: s.attempt, logitsSha256, tag },
+    });
+    // The commit wait starts over: it bounds the decoder's answer to the last message, not this
+    // side's own probe decode (which `leaseMs`, running since the manifest left, still bounds).
+    next = { ...next, probe: null, probeSent: true, phaseMs: 0 };
   }
   return { state: next, actions };
 }
@@ -276,6 +299,17 @@ const onExportDone: Handler = (s, e) => {
   if (s.manifest) return _protocolError(s, e, "export finished twice");
   const next: S = { ...s, manifest: e.manifest };
   return s.phase === Phase.Streaming ? _flush(next) : { state: next, actions: [] };
+};
+
+const onProbeReady: Handler = (s, e) => {
+  const ok = e.type === "ProbeReady" && isHex(e.logitsSha256, SHA256_BYTES) &&
+    isHex(e.tag, BINDING_TAG_BYTES);
+  if (e.type !== "ProbeReady" || !ok) {
+    return _protocolError(s, e, "malformed probe digest");
+  }
+  if (s.probe || s.probeSent) return _protocolError(s, e, "probe digest ready twice");
+  const next: S = { ...s, probe: { logitsSha256: e.logitsSha256, tag: e.tag } };
+  return _flush(next);
 };
 
 const onCommitAck: Handler = (s, e) => {
@@ -340,6 +374,7 @@ export const PREFILLER_TABLE: Readonly<
     ReserveAccepted: onReserveAccepted,
     ChunkReady: onChunkReady,
     ExportDone: onExportDone,
+    ProbeReady: onProbeReady,
     ExportFailed: onExportFailed,
     ...FAILURES,
   },
@@ -347,10 +382,18 @@ export const PREFILLER_TABLE: Readonly<
     TransferCredit: onCredit,
     ChunkReady: onChunkReady,
     ExportDone: onExportDone,
+    ProbeReady: onProbeReady,
     ExportFailed: onExportFailed,
     ...FAILURES,
   },
-  Validating: { CommitAck: onCommitAck, TransferCredit: onCredit, ...FAILURES },
+  // The probe decode runs after the manifest left: its digest, or its failure, comes here.
+  Validating: {
+    CommitAck: onCommitAck,
+    TransferCredit: onCredit,
+    ProbeReady: onProbeReady,
+    ExportFailed: onExportFailed,
+    ...FAILURES,
+  },
 };
 
 /**

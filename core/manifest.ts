@@ -81,9 +81,11 @@ export interface UnsignedManifest {
   /**
    * The exact continuation probe: SHA-256 (hex) of the logits the prefiller got by decoding the
    * first sampled token at `logical.position`. The decoder decodes the same token after import
-   * and must get the same digest before it commits. Never printed.
+   * and must get the same digest before it commits. `null`: the digest follows the manifest in
+   * its own signed `ProbeDigest` message (`signProbeDigest`), so the prefiller's probe decode is
+   * off the manifest's path. Never printed.
    */
-  probe?: { logitsSha256: string };
+  probe?: { logitsSha256: string | null };
 }
 
 /** What the prefiller sends after the last chunk. */
@@ -146,7 +148,7 @@ export function buildManifest(input: {
   logical: LogicalState;
   verify?: readonly VerifyStep[];
   schemaVersion?: number;
-  probe?: { logitsSha256: string };
+  probe?: { logitsSha256: string | null };
 }): UnsignedManifest {
   const verify = new Set<VerifyStep>([
     ...mandatoryVerifySteps(input.family),
@@ -216,6 +218,36 @@ export async function verifyManifestTag(m: FinalManifest, ctx: BindingContext): 
   return await verifyBindingTag(ctx, "final-manifest", canonicalManifestBytes(m), m.tag);
 }
 
+/**
+ * The binding tag of a probe digest sent after its manifest (`probe.logitsSha256: null`). The
+ * key is per reservation, so a digest cannot be replayed into another attempt or handoff.
+ *
+ * @example
+ * ```ts
+ * const tag = await signProbeDigest(binding, digest); // send ProbeDigest { logitsSha256, tag }
+ * ```
+ */
+export function signProbeDigest(ctx: BindingContext, logitsSha256: string): Promise<string> {
+  return computeBindingTag(ctx, "probe-digest", canonicalEncode({ logitsSha256 }));
+}
+
+/**
+ * True when `logitsSha256` is SHA-256 hex and `tag` is its binding tag under `ctx`.
+ *
+ * @example
+ * ```ts
+ * if (!await verifyProbeDigest(binding, msg.logitsSha256, msg.tag)) abort("binding-tag");
+ * ```
+ */
+export async function verifyProbeDigest(
+  ctx: BindingContext,
+  logitsSha256: unknown,
+  tag: unknown,
+): Promise<boolean> {
+  if (!isHex(logitsSha256, SHA256_BYTES) || typeof tag !== "string") return false;
+  return await verifyBindingTag(ctx, "probe-digest", canonicalEncode({ logitsSha256 }), tag);
+}
+
 /** Total payload bytes the manifest lists. */
 export function manifestStateBytes(m: Pick<UnsignedManifest, "components">): number {
   return m.components.reduce((sum, c) => sum + c.bytes, 0);
@@ -257,8 +289,9 @@ export function validateManifest(
   if (!Array.isArray(m.verify) || !m.verify.every((s) => VERIFY_STEPS.includes(s))) {
     fail("verify list invalid");
   }
-  if (m.probe !== undefined && !isHex(m.probe?.logitsSha256, SHA256_BYTES)) {
-    fail("continuation probe is not SHA-256 hex");
+  const digest = m.probe?.logitsSha256;
+  if (m.probe !== undefined && digest !== null && !isHex(digest, SHA256_BYTES)) {
+    fail("continuation probe is not SHA-256 hex (or null: it follows)");
   }
   if (m.verify!.includes("continuation-probe") && m.probe === undefined) {
     fail("verify list asks for a continuation probe but the manifest carries none");

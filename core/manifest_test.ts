@@ -10,9 +10,11 @@ import {
   mandatoryVerifySteps,
   manifestStateBytes,
   signManifest,
+  signProbeDigest,
   type UnsignedManifest,
   validateManifest,
   verifyManifestTag,
+  verifyProbeDigest,
 } from "./manifest.ts";
 import type { ModelFamily } from "./schema.ts";
 
@@ -191,4 +193,38 @@ Deno.test("the continuation probe digest is covered by the manifest tag", async 
   assert.equal(await verifyManifestTag(tampered, binding), false);
   const { probe: _dropped, ...withoutProbe } = signed;
   assert.throws(() => validateManifest(withoutProbe, { trunkLayers: 6 }), StateValidationError);
+});
+
+Deno.test("a probe digest that follows the manifest: announced by a signed null, bound to the reservation", async () => {
+  const follows = buildManifest({
+    handoffId: HANDOFF_ID,
+    identityDigest: DIGEST,
+    family: "hybrid",
+    components: completeStream("hybrid", 1024).map(componentOf),
+    logical: { position: 1024, tokenCount: 1024 },
+    probe: { logitsSha256: null },
+  });
+  assert.ok(follows.verify.includes("continuation-probe"));
+  const binding: BindingContext = {
+    bindingKey: newBindingKey(),
+    handoffId: HANDOFF_ID,
+    destNodeId: "node-b",
+    tenantId: "t",
+  };
+  const signed = await signManifest(follows, binding);
+  validateManifest(signed, { trunkLayers: 6 });
+  // The announcement is signed: an inline digest cannot be swapped in for it.
+  const swapped = { ...signed, probe: { logitsSha256: "ab".repeat(32) } };
+  assert.equal(await verifyManifestTag(swapped, binding), false);
+  const digest = "ab".repeat(32);
+  const tag = await signProbeDigest(binding, digest);
+  assert.ok(await verifyProbeDigest(binding, digest, tag));
+  assert.equal(await verifyProbeDigest(binding, "cd".repeat(32), tag), false);
+  const otherReservation = { ...binding, bindingKey: newBindingKey() };
+  assert.equal(await verifyProbeDigest(otherReservation, digest, tag), false);
+  assert.equal(await verifyProbeDigest({ ...binding, destNodeId: "node-c" }, digest, tag), false);
+  // A manifest tag is not a probe tag (domains differ), and garbage is refused.
+  assert.equal(await verifyProbeDigest(binding, digest, signed.tag), false);
+  assert.equal(await verifyProbeDigest(binding, "not hex", tag), false);
+  assert.equal(await verifyProbeDigest(binding, digest, 42), false);
 });

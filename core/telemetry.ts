@@ -41,6 +41,8 @@ export type PrefillerTelemetryEvent =
    */
   | { type: "chunk-staged"; atMs: number; seq: number; bytes: number }
   | { type: "manifest-sent"; atMs: number }
+  /** The probe digest left, after the manifest (the prefiller's probe ran meanwhile). */
+  | { type: "probe-digest-sent"; atMs: number }
   | { type: "commit-ack"; atMs: number }
   /** The first token left for the client (FirstToken sent). */
   | { type: "first-token"; atMs: number }
@@ -53,6 +55,8 @@ export type DecoderTelemetryEvent =
   | { type: "manifest-received"; atMs: number }
   /** The continuation probe's decode step on the decoder. */
   | { type: "probe"; atMs: number; durationMs: number }
+  /** The prefiller's probe digest arrived after its manifest (tag checked). */
+  | { type: "probe-digest-received"; atMs: number }
   | { type: "committed"; atMs: number }
   /** Readiness at commit: target state always, MTP when the family has it (null: no MTP). */
   | {
@@ -103,6 +107,11 @@ export interface HandoffTelemetry {
   lastImportMs: number;
   /** Decoder: the continuation probe's decode step (it also yields token 2's logits). */
   probeMs: number | null;
+  /**
+   * Decoder: how long its probe result waited for the prefiller's probe digest (0: the digest
+   * was there first; null: no digest followed the manifest).
+   */
+  probeWaitMs: number | null;
   /** Prefiller: manifest sent to CommitAck. */
   commitRoundTripMs: number | null;
   /** Share of KV bytes of all chunks but the last that left before the last chunk finished. */
@@ -297,6 +306,9 @@ function _decoderSide(s: DecoderTelemetrySummary) {
     commitMs: _sub(s.committedMs, s.manifestReceivedMs),
     lastImportMs: s.lastImportMs ?? 0,
     probeMs: s.probeMs ?? null,
+    probeWaitMs: s.probeDigestAtMs == null || s.probeDoneAtMs == null
+      ? null
+      : Math.max(0, s.probeDigestAtMs - s.probeDoneAtMs),
     targetReady: s.ready?.target ?? false,
     parity: s.ready?.parity ?? null,
     parityFields: s.ready?.parityFields ?? [],

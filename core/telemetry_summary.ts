@@ -62,6 +62,9 @@ export interface DecoderTelemetrySummary {
   lastImportMs: number;
   /** The continuation probe's decode (which also yields the second token's logits). */
   probeMs: number | null;
+  /** When the decoder's probe finished, and when a following probe digest arrived. */
+  probeDoneAtMs: number | null;
+  probeDigestAtMs: number | null;
   manifestReceivedMs: number | null;
   committedMs: number | null;
   ready: {
@@ -217,6 +220,8 @@ export class DecoderTelemetry {
     importMs: 0,
     lastImportMs: 0,
     probeMs: null,
+    probeDoneAtMs: null,
+    probeDigestAtMs: null,
     manifestReceivedMs: null,
     committedMs: null,
     ready: null,
@@ -234,6 +239,10 @@ export class DecoderTelemetry {
         return;
       case "probe":
         s.probeMs = e.durationMs;
+        s.probeDoneAtMs = e.atMs;
+        return;
+      case "probe-digest-received":
+        s.probeDigestAtMs ??= e.atMs;
         return;
       case "manifest-received":
         s.manifestReceivedMs ??= e.atMs;

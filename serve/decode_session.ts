@@ -4,7 +4,8 @@
  * reserve (identity, capacity, a fresh binding key), stage (tag, header, checksum, ledger,
  * then KV pages imported into an uncommitted context as they arrive), verify (manifest tag
  * and completeness), import (the end-of-prompt components, readiness checks), probe (decode
- * the first token and compare the logits digest with the prefiller's), and only then
+ * the first token; the table compares its logits digest with the prefiller's, which is in the
+ * manifest or follows it as a ProbeDigest frame whose tag is checked here), and only then
  * CommitAck. Before commit the context refuses decode; on any failure it is wiped.
  */
 import {
@@ -32,6 +33,7 @@ import {
   verifyChunkPayload,
   verifyChunkTag,
   verifyManifestTag,
+  verifyProbeDigest,
 } from "../core/mod.ts";
 import type { BindingContext } from "../core/binding.ts";
 import type { DecoderTelemetryEvent } from "../core/telemetry.ts";
@@ -131,7 +133,10 @@ export class DecodeHandoff {
     return (this.#ledger?.receivedBytes ?? 0) + this.#inbox.bytes;
   }
 
-  /** Reads this attempt's handoff stream: chunks, then the manifest as the final frame. */
+  /**
+   * Reads this attempt's handoff stream: chunks, then the manifest, then (when the manifest
+   * says it follows) the probe digest as the final frame.
+   */
   attachStream(receiver: HandoffReceiver): void {
     this.#receiver = receiver;
     this.#readStream(receiver).catch((error) => this.#streamFailed(error));
@@ -154,6 +159,24 @@ export class DecodeHandoff {
           return this.#reject("protocol-error", "FinalManifest payload is not valid msgpack");
         }
         this.#events.tryPush({ ...h, manifest } as unknown as HandoffEvent);
+        continue;
+      }
+      if (h.type === "ProbeDigest") {
+        // Its tag is checked here, before the table sees it; the table checks the rest.
+        if (!this.#binding || !await verifyProbeDigest(this.#binding, h.logitsSha256, h.tag)) {
+          return this.#reject("binding-tag", "probe digest binding tag does not verify");
+        }
+        const { handoffId, attempt, logitsSha256 } = h;
+        this.#telemetry.push({ type: "probe-digest-received", atMs: performance.now() });
+        this.#events.tryPush(
+          {
+            type: "ProbeDigest",
+            handoffId,
+            attempt,
+            logitsSha256,
+            tag: h.tag,
+          } as unknown as HandoffEvent,
+        );
         continue;
       }
       if (h.type !== "StateChunk") {
@@ -250,6 +273,9 @@ export class DecodeHandoff {
       case "release":
         if (this.#done === null) {
           const reason = this.#state.outcome?.reason ?? null;
+          // The table compares probe digests itself: name that failure here.
+          const differ = reason === "probe-failed" && this.#failure === null;
+          this.#failure ??= differ ? "continuation probe logits differ from the prefiller's" : null;
           this.#done = { committed: false, reason, message: this.#failure };
         }
         return;
@@ -413,8 +439,9 @@ export class DecodeHandoff {
   }
 
   /**
-   * The continuation probe: make the imported state live, decode the first token and compare
-   * the logits digest with the prefiller's. Generation stays forbidden until CommitAck.
+   * The continuation probe: make the imported state live, decode the first token and hand the
+   * logits digest to the table, which compares it with the prefiller's. Generation stays
+   * forbidden until CommitAck.
    */
   async #probe(): Promise<HandoffEvent> {
     try {
@@ -428,12 +455,8 @@ export class DecodeHandoff {
       const { logits, digest } = await probeStep(this.input.engine, this.#tail.firstToken!);
       const atMs = performance.now();
       this.#telemetry.push({ type: "probe", atMs, durationMs: atMs - t0 });
-      const want = this.#manifest?.probe?.logitsSha256;
-      if (want !== undefined && digest !== want) {
-        return this.#fail("ProbeFailed", "probe-failed", "continuation probe logits differ");
-      }
       this.#nextLogits = logits;
-      return { type: "ProbePassed" };
+      return { type: "ProbeDone", logitsSha256: digest };
     } catch (error) {
       return this.#fail("ProbeFailed", "probe-failed", error);
     }

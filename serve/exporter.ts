@@ -142,19 +142,29 @@ export class StateExporter {
     }
   }
 
-  /** The unsigned manifest listing `sent` (every chunk header, in order) and the probe. */
-  manifest(sent: readonly ChunkHeader[], result: ExportResult): UnsignedManifest {
+  /**
+   * The unsigned manifest listing `sent` (every chunk header, in order) and the probe's
+   * digest, or null: the digest follows the manifest in its own ProbeDigest message.
+   */
+  manifest(
+    sent: readonly ChunkHeader[],
+    nTokens: number,
+    probeLogitsSha256: string | null,
+  ): UnsignedManifest {
     return buildManifest({
       handoffId: this.handoffId,
       identityDigest: this.identity.digest,
       family: this.identity.numerical.family,
       components: sent.map(componentOf),
-      logical: { position: result.nTokens, tokenCount: result.nTokens },
-      probe: { logitsSha256: result.probeLogitsSha256 },
+      logical: { position: nTokens, tokenCount: nTokens },
+      probe: { logitsSha256: probeLogitsSha256 },
     });
   }
 
-  /** Prefills `prompt` and emits every component to `sink`, the last one marked final. */
+  /**
+   * Prefills `prompt` and emits every component to `sink`, the last one marked final; then
+   * calls `onTailExported` (the manifest may leave now) and runs the continuation probe.
+   */
   async run(
     prompt: Int32Array,
     sampling: SamplingParams,
@@ -162,6 +172,7 @@ export class StateExporter {
     sink: ChunkSink,
     onFirstToken?: FirstTokenHook,
     prefix?: ExportPrefix,
+    onTailExported?: () => void,
   ): Promise<ExportResult> {
     const ctx = this.engine.ctx;
     const chunkMs: number[] = [];
@@ -214,7 +225,9 @@ export class StateExporter {
     const firstLogitsSha256 = await logitsDigest(logits);
     this.#captured = captured;
     await this.#exportTail(n, prompt, firstToken, sampling, sampler, sink);
+    onTailExported?.();
     // The probe: continue one token here so the decoder can prove it continues identically.
+    // It runs while the manifest travels and the decoder imports (its digest follows).
     const probe = await probeStep(this.engine, firstToken);
     return {
       nTokens: n,

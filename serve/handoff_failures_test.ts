@@ -172,6 +172,26 @@ const STEPS: Record<string, Step> = {
     await bothIdle(s);
   },
 
+  "connection closed after the manifest, before the probe digest: retry, never a commit without it":
+    async (s, baseline) => {
+      s.faults.accept = null;
+      s.faults.connect = untilDropped({
+        streamIndex: 1,
+        dropConnectionBeforeFrameType: "ProbeDigest",
+      });
+      const before = await s.decode.stats();
+      const r = await timed(() => s.run());
+      assert.ifError(r.error);
+      assert.deepEqual(r.value!.telemetry.retryReasons, ["connection-lost"]);
+      assert.deepEqual(r.value!.tokens, baseline.tokens);
+      await waitForStats(s.decode, (x) => x.abortsTotal > before.abortsTotal, HANG_MS, "the abort");
+      const after = await s.decode.stats();
+      // The cut attempt had its manifest (and maybe its own probe) but never the digest.
+      assert.equal(after.commitsTotal - before.commitsTotal, 1);
+      assert.equal(after.abortsTotal - before.abortsTotal, 1);
+      await bothIdle(s);
+    },
+
   "connection dropped mid-transfer: one retry on a fresh connection": async (s, baseline) => {
     s.faults.connect = untilDropped({ streamIndex: 1, dropConnectionAfterBytes: 100_000 });
     const before = await s.decode.stats();

@@ -28,6 +28,7 @@ import {
   prefillerStep,
   type SamplerState,
   signManifest,
+  signProbeDigest,
   StateValidationError,
 } from "../core/mod.ts";
 import type { BindingContext } from "../core/binding.ts";
@@ -108,8 +109,11 @@ export class PrefillHandoff {
   readonly #lostIn = new WeakMap<HandoffEvent, number>();
   #feedIndex = 0;
   #exportDone: { manifest: Omit<FinalManifest, "tag"> } | null = null;
+  /** The prefiller's probe digest, once its probe decode (after the manifest) finished. */
+  #probeDigest: string | null = null;
   #exportError: unknown = null;
   #manifestFed = false;
+  #probeFed = false;
   #decoder: DecoderChannel | null = null;
   #stream: HandoffSender | null = null;
   #binding: BindingContext | null = null;
@@ -359,10 +363,16 @@ export class PrefillHandoff {
       if (msg.type === "StateChunk") return await this.#sendChunk(msg.header.seq);
       if (msg.type === "FinalManifest") {
         // The component list grows with the prompt: it travels as the frame's payload (bounded
-        // by the frame's payload limit), never in the header.
+        // by the frame's payload limit), never in the header. The probe digest follows it on
+        // the same stream, as its final frame.
         const { manifest, ...head } = msg as FinalManifestMessage;
-        await this.#stream!.finish({ ...head }, canonicalEncode(manifest));
+        await this.#stream!.send({ ...head }, canonicalEncode(manifest));
         this.#telemetry.push({ type: "manifest-sent", atMs: performance.now() });
+        return;
+      }
+      if (msg.type === "ProbeDigest") {
+        await this.#stream!.finish({ ...msg });
+        this.#telemetry.push({ type: "probe-digest-sent", atMs: performance.now() });
         return;
       }
       if (!this.#decoder) throw new Error("no connection to the decode worker");
@@ -439,6 +449,7 @@ export class PrefillHandoff {
     this.#binding = null;
     this.#feedIndex = 0;
     this.#manifestFed = false;
+    this.#probeFed = false;
     this.#stagedAcks = 0;
     // A connection that failed once is not trusted again, even if its reader has not noticed.
     if (reason === "connection-lost" || this.#decoder === null) await this.#connect();
@@ -473,6 +484,12 @@ export class PrefillHandoff {
       const manifest = await signManifest(this.#exportDone.manifest, this.#binding);
       await this.#feed({ type: "ExportDone", manifest });
     }
+    if (this.#manifestFed && !this.#probeFed && this.#probeDigest && this.#binding) {
+      this.#probeFed = true;
+      const logitsSha256 = this.#probeDigest;
+      const tag = await signProbeDigest(this.#binding, logitsSha256);
+      await this.#feed({ type: "ProbeReady", logitsSha256, tag });
+    }
   }
 
   async #runExporter(): Promise<void> {
@@ -497,8 +514,16 @@ export class PrefillHandoff {
             this.#telemetry.push({ type: "first-token", atMs: performance.now() });
           }),
         this.input.prefix,
+        () => {
+          // Every chunk is out of the exporter: the manifest may leave before the probe runs.
+          const headers = this.#retained.headers();
+          this.#exportDone = {
+            manifest: exporter.manifest(headers, this.input.prompt.length, null),
+          };
+          this.#events.tryPush({ type: "Tick", elapsedMs: 0 }); // wake the loop
+        },
       );
-      this.#exportDone = { manifest: exporter.manifest(this.#retained.headers(), result) };
+      this.#probeDigest = result.probeLogitsSha256;
       this.#exportResult = { result, sampler };
     } catch (error) {
       if (!(error instanceof ExportStopped)) this.#exportError = error;

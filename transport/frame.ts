@@ -30,7 +30,7 @@
  * Changelog of FRAME_VERSION:
  * 1. First version.
  */
-import { LimitExceededError, ProtocolError } from "../core/errors.ts";
+import { assert, LimitExceededError, ProtocolError } from "../core/errors.ts";
 import { crc32c } from "../core/crc32c.ts";
 import { packMsgpack, unpackMsgpack } from "./_msgpack.ts";
 
@@ -302,6 +302,42 @@ export class FrameDecoder {
         `Stream ended before the final frame (after ${this.#index} complete frames)`,
         "the peer stopped sending (crash, abort or network loss); the transfer is incomplete",
       );
+    }
+  }
+
+  /**
+   * The unfilled rest of the current frame's body buffer, while one is being assembled, so a
+   * reader can read the stream straight into it (no slice, no copy); null otherwise. After
+   * writing into it, report the bytes with `bodyFilled`.
+   */
+  get bodyRemaining(): Uint8Array | null {
+    if (this.#failure || this.#body === null) return null;
+    return this.#body.subarray(this.#bodyFill);
+  }
+
+  /**
+   * Accounts for `filled`: bytes written at the start of `bodyRemaining`, returned as a view
+   * that may lie in a new ArrayBuffer (a BYOB read transfers the buffer it was given). Returns
+   * the frame when its body is complete.
+   */
+  bodyFilled(filled: Uint8Array): Frame[] {
+    if (this.#failure) throw this.#failure;
+    // The old view may be detached by now: the body's size comes from the prefix.
+    const current = this.#current;
+    const total = current ? current.headerBytes + current.payloadBytes : 0;
+    assert(
+      this.#body !== null && filled.byteOffset === this.#bodyFill &&
+        filled.length <= total - this.#bodyFill && filled.buffer.byteLength === total,
+      "bodyFilled() takes a view of the unfilled body",
+    );
+    this.#body = new Uint8Array(filled.buffer, 0, total);
+    this.#bodyFill += filled.length;
+    if (this.#bodyFill < total) return [];
+    try {
+      return [this.#complete(this.#body)];
+    } catch (error) {
+      if (error instanceof FrameError) this.#failure = error;
+      throw error;
     }
   }
 

@@ -106,13 +106,21 @@ export class FrameWriter {
   }
 }
 
+/** Bytes asked for by one read between frame bodies (prefixes, headers, small frames). */
+const SCRATCH_BYTES = 64 * 1024;
+
 /**
  * Reads frames from a ReadableStream. `read()` resolves null only after the final frame;
  * a stream that ends any other way throws FrameError `ended-mid-frame` or
  * `ended-before-final`, because a clean end of stream proves nothing on Deno QUIC.
+ *
+ * On a byte stream (Deno QUIC's are) it reads with a BYOB reader: a large frame's body is read
+ * straight into the buffer the frame will be handed out in, so each payload byte is copied
+ * once on this side (by the runtime), not into a chunk and then again into the body.
  */
 export class FrameReader {
-  readonly #reader: ReadableStreamDefaultReader<Uint8Array>;
+  readonly #reader: ReadableStreamDefaultReader<Uint8Array> | ReadableStreamBYOBReader;
+  readonly #byob: boolean;
   readonly #decoder: FrameDecoder;
   readonly #mapError: TransportErrorMapper;
   readonly #pending: Frame[] = [];
@@ -122,7 +130,14 @@ export class FrameReader {
     readable: ReadableStream<Uint8Array>,
     options: { limits?: FrameLimits; mapError?: TransportErrorMapper } = {},
   ) {
-    this.#reader = readable.getReader();
+    let byob: ReadableStreamBYOBReader | null = null;
+    try {
+      byob = readable.getReader({ mode: "byob" });
+    } catch {
+      // Not a byte stream (the loopback fake, tests): chunks as the stream gives them.
+    }
+    this.#reader = byob ?? readable.getReader();
+    this.#byob = byob !== null;
     this.#decoder = new FrameDecoder(options.limits ?? DEFAULT_FRAME_LIMITS);
     this.#mapError = options.mapError ?? passThrough;
   }
@@ -134,9 +149,14 @@ export class FrameReader {
         this.#finishReading();
         return null;
       }
+      const body = this.#byob ? this.#decoder.bodyRemaining : null;
       let result: ReadableStreamReadResult<Uint8Array>;
       try {
-        result = await this.#reader.read();
+        result = this.#byob
+          ? await (this.#reader as ReadableStreamBYOBReader).read(
+            body ?? new Uint8Array(SCRATCH_BYTES),
+          )
+          : await (this.#reader as ReadableStreamDefaultReader<Uint8Array>).read();
       } catch (error) {
         this.#done = true;
         throw this.#mapError(error);
@@ -146,7 +166,9 @@ export class FrameReader {
         this.#decoder.finish(true);
         continue;
       }
-      const frames = this.#decoder.push(result.value);
+      const frames = body
+        ? this.#decoder.bodyFilled(result.value)
+        : this.#decoder.push(result.value);
       for (const frame of frames) this.#pending.push(frame);
     }
     return this.#pending.shift()!;

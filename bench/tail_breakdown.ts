@@ -1,0 +1,66 @@
+/**
+ * Where one lab-state handoff's tail goes, handoff by handoff (not medians): prefill end to the
+ * manifest leaving, the decoder's verify + import, its probe, and how long its probe result
+ * waited for the prefiller's probe digest. Used for docs/bench-report/lab/ on a loaded machine.
+ *
+ * `deno run -A --unstable-net bench/tail_breakdown.ts [--runs 3] [--sentences 25] [--capture on]`
+ * Prints one line per handoff: counts and milliseconds only.
+ */
+import { parseArgs } from "node:util";
+import { cacheDir } from "../cli/paths.ts";
+import { ensureModelFile } from "../models/mod.ts";
+import { runHandoff } from "../serve/coordinator.ts";
+import { startLocalCluster } from "../serve/local_cluster.ts";
+
+const SENTENCE = "the quick brown fox jumps over the lazy dog and ";
+const { values } = parseArgs({
+  args: Deno.args,
+  options: {
+    runs: { type: "string", default: "3" },
+    sentences: { type: "string", default: "25" },
+    capture: { type: "string", default: "on" },
+  },
+});
+const model = await ensureModelFile(`${cacheDir()}/models`, {
+  family: "hybrid",
+  preset: "lab-state",
+  seed: 1,
+});
+const ms = (x: number | null | undefined) => (x ?? NaN).toFixed(0);
+for (let i = 0; i < Number(values.runs); i++) {
+  // One process pair per handoff, as each row of the report; a loaded machine stretches probes
+  // to seconds, so the commit timeout is raised (a fallback would measure nothing).
+  const cluster = await startLocalCluster({
+    args: [
+      ...["--model", model, "--ctx", "1024", "--layer-capture", values.capture!],
+      ...["--commit-timeout-ms", "120000", "--lease-ms", "180000"],
+    ],
+  });
+  try {
+    const r = await runHandoff(cluster.client, {
+      prefill: cluster.prefill.peer,
+      decode: cluster.decode.peer,
+      prompt: SENTENCE.repeat(Number(values.sentences)),
+      generateTokens: 2,
+      sampling: { temperature: 0, topK: 40, topP: 0.95, seed: 1 },
+      tenantId: "bench",
+      probe: false,
+      timeoutMs: 600_000,
+    });
+    const t = r.telemetry;
+    const tail = t.uncoveredTailMs ?? NaN;
+    const probe = t.probeMs ?? NaN;
+    const wait = t.probeWaitMs ?? 0;
+    console.log(
+      `${r.placement} prompt ${r.promptTokens} load ${Deno.loadavg()[0].toFixed(1)}: tail ${
+        ms(tail)
+      } ms, decoder probe ${ms(probe)}, probe wait ${ms(t.probeWaitMs)}, tail-probe ${
+        ms(tail - probe)
+      }, before manifest ${ms(tail - (t.commitRoundTripMs ?? NaN))}, verify+import ${
+        ms((t.commitMs ?? NaN) - probe - wait)
+      }, prefill ${ms(t.prefillMs)}`,
+    );
+  } finally {
+    await cluster.stop();
+  }
+}
