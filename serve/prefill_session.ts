@@ -480,7 +480,20 @@ export class PrefillHandoff {
             this.input.onFirstToken!(token, logits, prefillEndMs);
             this.#telemetry.push({ type: "first-token", atMs: performance.now() });
           }),
-        this.input.prefix,
+        {
+          restoredTokens: 0,
+          checkpoints: [],
+          onCheckpoint: () => Promise.resolve(),
+          ...this.input.prefix,
+          // A pure recurrent model streams no pages: its split is reported from here.
+          onUnpagedTokens: (tokens, cached) =>
+            this.#telemetry.push({
+              type: "prefill-chunk-done",
+              atMs: performance.now(),
+              tokens,
+              cached,
+            }),
+        },
       );
       this.#exportDone = { manifest: exporter.manifest(this.#retained.headers(), result) };
       this.#exportResult = { result, sampler };

@@ -47,7 +47,13 @@ export const DEFAULT_PREFIX_CACHE: Readonly<PrefixCacheOptions> = {
 };
 
 /** Families whose whole-sequence snapshot is a tested, exact checkpoint. */
-const CACHED_FAMILIES: ReadonlySet<ModelFamily> = new Set(["dense", "hybrid", "hybrid-moe-mtp"]);
+const CACHED_FAMILIES: ReadonlySet<ModelFamily> = new Set([
+  "dense",
+  "iswa",
+  "recurrent",
+  "hybrid",
+  "hybrid-moe-mtp",
+]);
 
 function erase(s: Snapshot): void {
   s.state.fill(0);

@@ -24,7 +24,7 @@ import { type HandoffRequest, runHandoff } from "./coordinator.ts";
 const BLOCK = 32;
 const WORDS = "the quick brown fox jumps over the lazy dog and ";
 
-for (const family of ["hybrid", "dense", "hybrid-moe-mtp"]) {
+for (const family of ["hybrid", "dense", "hybrid-moe-mtp", "iswa", "recurrent"]) {
   Deno.test({
     name: `prefix cache (${family}): a 75% shared prefix computes only the rest, bitwise equal`,
     sanitizeOps: false,

@@ -98,3 +98,47 @@ Deno.test("prefix restore (hybrid-moe-mtp): a hit restores the draft's KV and hi
   assert.deepEqual(warm.pending, cold.pending);
   cache.clear();
 });
+
+Deno.test("prefix restore (iswa): the checkpoint carries the SWA window of its position, past the ring's wrap", async () => {
+  // The tiny iswa model's window is 128 tokens and its SWA cache holds window + ubatch (640)
+  // cells (padded), so at P = 1024 the ring has wrapped: the snapshot must hold exactly the cells the
+  // cold run holds there, and continuing from it must give the cold run's logits bitwise.
+  const config = {
+    ...RUNTIME_DEFAULTS,
+    modelPath: await testModel("iswa"),
+    nCtx: 1536,
+    chunkTokens: 64,
+  };
+  const model = await LlamaModel.load(loadLlama({}), config.modelPath, {});
+  try {
+    const prompt = testTokens(1300);
+    const P = 1024;
+    using cold = await Engine.open(config, model);
+    await cold.prefill(prompt.subarray(0, P));
+    const checkpoint = await cold.ctx.stateSeqGet(0);
+    const swaAtP = await cold.ctx.stateSeqGet(0, PARTIAL_ONLY);
+    const coldLogits = bytes(await cold.prefill(prompt.subarray(P)));
+    const coldSwaEnd = await cold.ctx.stateSeqGet(0, PARTIAL_ONLY);
+
+    using warm = await Engine.open(config, model);
+    await warm.ctx.stateSeqSet(checkpoint, 0);
+    warm.adoptPosition(P);
+    assert.equal(warm.ctx.seqPosMax(0), P - 1);
+    assert.deepEqual(await warm.ctx.stateSeqGet(0, PARTIAL_ONLY), swaAtP);
+    assert.deepEqual(bytes(await warm.prefill(prompt.subarray(P))), coldLogits);
+    assert.deepEqual(await warm.ctx.stateSeqGet(0, PARTIAL_ONLY), coldSwaEnd);
+
+    // The global KV of [0, P) with the SWA window another prompt has at P: not the cold run.
+    using other = await Engine.open(config, model);
+    await other.prefill(testTokens(P, 950, 7));
+    const otherSwa = await other.ctx.stateSeqGet(0, PARTIAL_ONLY);
+    assert.notDeepEqual(otherSwa, swaAtP);
+    using mismatched = await Engine.open(config, model);
+    await mismatched.ctx.stateSeqSet(checkpoint, 0);
+    await mismatched.ctx.stateSeqSet(otherSwa, 0, PARTIAL_ONLY);
+    mismatched.adoptPosition(P);
+    assert.notDeepEqual(bytes(await mismatched.prefill(prompt.subarray(P))), coldLogits);
+  } finally {
+    model.free();
+  }
+});
