@@ -14,6 +14,7 @@ import { streamSSE } from "hono/streaming";
 import { z } from "zod";
 import { PROMPT_BYTES_MAX } from "../serve/messages.ts";
 import { type ChatFormat, renderChat } from "./chat.ts";
+import { userTurnEnds } from "./chat_turns.ts";
 import { ApiError, invalidBody, malformedJson, serverError } from "./errors.ts";
 import { type ApiKeys, UNAUTHENTICATED_TENANT } from "./keys.ts";
 import { namesModel } from "./model.ts";
@@ -95,8 +96,10 @@ export function createApp(service: ApiService, keys: ApiKeys | null): Hono<Env> 
   app.post("/v1/chat/completions", async (c) => {
     const body = parseBody(ChatBody, await readJson(c.req.raw));
     const params = checkModel(toGenerationParams(body));
-    const { prompt, format } = renderChat(model, chatMessages(body));
-    return await respond(c, "chat.completions", params, prompt, format);
+    const messages = chatMessages(body);
+    const { prompt, format } = renderChat(model, messages);
+    const turnEnds = userTurnEnds(model, messages, prompt); // prefix checkpoints (issue #12)
+    return await respond(c, "chat.completions", params, prompt, format, turnEnds);
   });
 
   function checkModel(params: GenerationParams): GenerationParams {
@@ -119,12 +122,13 @@ export function createApp(service: ApiService, keys: ApiKeys | null): Hono<Env> 
     params: GenerationParams,
     prompt: string,
     chatFormat?: ChatFormat,
+    turnEnds?: number[],
   ) {
     const tenantId: string = c.get("tenant");
     const client = watchClient(c.req.raw);
     if (!params.stream) {
       const out = await service
-        .run({ endpoint, params, prompt, tenantId, signal: client.signal, chatFormat })
+        .run({ endpoint, params, prompt, tenantId, signal: client.signal, chatFormat, turnEnds })
         .finally(client.done);
       c.header("x-skippy-placement", out.placement);
       if (out.fallbackReason) c.header("x-skippy-fallback", headerSafe(out.fallbackReason));
@@ -148,6 +152,7 @@ export function createApp(service: ApiService, keys: ApiKeys | null): Hono<Env> 
         signal,
         requestId,
         chatFormat,
+        turnEnds,
         onDelta: (piece) => send(chunks.text(piece)),
       });
     } catch (error) {

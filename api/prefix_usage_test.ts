@@ -11,6 +11,8 @@ import { startLocalCluster } from "../serve/local_cluster.ts";
 import { testModel } from "../testing/models.ts";
 import { ApiKeys } from "./keys.ts";
 import { startClusterApi } from "./_test_server.ts";
+import { renderChat } from "./chat.ts";
+import { userTurnEnds } from "./chat_turns.ts";
 
 const KEY_A = "key-for-tenant-a-0123456789";
 const KEY_B = "key-for-tenant-b-0123456789";
@@ -62,6 +64,60 @@ Deno.test("prefix cache: cached_tokens in the OpenAI usage, per tenant, same tex
       l.startsWith("skippy:prompt_tokens_cached_total ")
     );
     assert.equal(Number(line?.split(" ")[1]), cached(second));
+  } finally {
+    await server.close();
+    await cluster.stop();
+  }
+});
+
+Deno.test("prefix cache: a chat's follow-up turn hits at the end of the previous user turn", async () => {
+  // The dense test model has a chat template. Blocks of 256 tokens are longer than these
+  // prompts, so no block checkpoint exists: a hit can only come from the user-turn end the
+  // API passed with the first request.
+  const modelPath = await testModel("dense");
+  const cluster = await startLocalCluster({
+    args: ["--model", modelPath],
+    prefillArgs: ["--prefix-cache-bytes-max", String(64 << 20), "--prefix-block-tokens", "256"],
+  });
+  const server = await startClusterApi(cluster, modelPath, {
+    placement: "disaggregated",
+    keys: ApiKeys.parse(JSON.stringify({ [KEY_A]: "tenant-a", [KEY_B]: "tenant-b" })),
+  });
+  const chat = (
+    apiKey: string,
+    messages: { role: "system" | "user" | "assistant"; content: string }[],
+  ) =>
+    new OpenAI({ baseURL: `${server.url}/v1`, apiKey, maxRetries: 0 }).chat.completions.create({
+      model: server.model.id,
+      messages,
+      max_tokens: 8,
+      temperature: 0,
+    });
+  const cached = (r: { usage?: unknown }) =>
+    (r.usage as { prompt_tokens_details?: { cached_tokens?: number } })
+      .prompt_tokens_details?.cached_tokens;
+  try {
+    const turn1 = [
+      { role: "system" as const, content: "You answer in words. ".repeat(4) },
+      { role: "user" as const, content: "the quick brown fox jumps over the lazy dog ".repeat(3) },
+    ];
+    const first = await chat(KEY_A, turn1);
+    assert.equal(cached(first), 0);
+    const turn2 = [
+      ...turn1,
+      { role: "assistant" as const, content: first.choices[0].message.content ?? "" },
+      { role: "user" as const, content: "and then what happened next" },
+    ];
+    const second = await chat(KEY_A, turn2);
+    // Restored: exactly the first conversation up to the end of its user message.
+    const { prompt } = renderChat(server.model, turn1);
+    const head = prompt.slice(0, userTurnEnds(server.model, turn1, prompt)[0]);
+    assert.equal(cached(second), server.model.countTokens(head));
+    assert.ok(cached(second)! > 0 && cached(second)! < second.usage!.prompt_tokens);
+    // Another tenant's identical follow-up computes it cold: the same greedy text.
+    const cold = await chat(KEY_B, turn2);
+    assert.equal(cached(cold), 0);
+    assert.equal(second.choices[0].message.content, cold.choices[0].message.content);
   } finally {
     await server.close();
     await cluster.stop();

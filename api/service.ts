@@ -50,6 +50,8 @@ export interface RunInput {
   requestId?: string;
   /** Chat: which path rendered the prompt (echoed in the response). */
   chatFormat?: ChatFormat;
+  /** Chat: where the template's user turns end (the prefill worker checkpoints there). */
+  turnEnds?: number[];
   /** Streaming: each piece of text that is safe to send (stop sequences cut). */
   onDelta?: (text: string) => void;
 }
@@ -234,6 +236,7 @@ export class ApiService {
         decode: picked.decode.peer,
         colocated: planned.placement === "colocated",
         prompt: input.prompt,
+        ...(input.turnEnds?.length ? { turnEnds: input.turnEnds } : {}),
         generateTokens: maxTokens,
         sampling: {
           temperature: input.params.temperature,

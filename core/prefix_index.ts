@@ -137,7 +137,8 @@ export class PrefixIndex<V> {
     prompt: Int32Array,
     keepTokens = 1,
   ): Promise<PrefixHit<V> | null> {
-    if (!this.enabled || this.#entries.size === 0) return null;
+    // No shortcut on an empty index: a miss costs the same whatever other tenants cached.
+    if (!this.enabled) return null;
     const B = this.options.blockTokens;
     const limit = Math.max(0, prompt.length - keepTokens);
     const keys = [

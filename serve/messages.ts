@@ -41,6 +41,8 @@ export const CONTROL_FRAME_LIMITS = {
   headerBytesMax: 64 * 1024,
   payloadBytesMax: PROMPT_BYTES_MAX + 4 * SENT_TOKENS_MAX,
 };
+/** User-turn ends a PrefillRequest may name (the prefix cache checkpoints the last ones). */
+export const TURN_ENDS_MAX = 16;
 /** Tokens in one TokenBatch message. */
 export const TOKEN_BATCH_TOKENS_MAX = 16;
 /**
@@ -82,6 +84,8 @@ export interface PrefillRequest {
    * as a decode worker sends them). Absent: report the loss and stop.
    */
   completeOnDecoderLoss?: boolean;
+  /** UTF-16 offsets into `prompt` where a chat template's user turns end (prefix checkpoints). */
+  turnEnds?: number[];
 }
 
 /**
@@ -249,6 +253,10 @@ function samplingOk(v: unknown): boolean {
     num(s.topP) && count(s.seed, 0xffffffff);
 }
 
+const turnEndsOk = (v: unknown) =>
+  Array.isArray(v) && v.length <= TURN_ENDS_MAX &&
+  v.every((x, i) => count(x, PROMPT_BYTES_MAX) && (i === 0 || x > v[i - 1]));
+
 function addressOk(v: unknown): boolean {
   if (typeof v !== "object" || v === null) return false;
   const a = v as Record<string, unknown>;
@@ -271,6 +279,8 @@ const CHECKS: Record<ServeMessage["type"], Checker> = {
       ? "decode"
       : m.completeOnDecoderLoss !== undefined && typeof m.completeOnDecoderLoss !== "boolean"
       ? "completeOnDecoderLoss"
+      : m.turnEnds !== undefined && !turnEndsOk(m.turnEnds)
+      ? "turnEnds"
       : null,
   CancelRequest: (m) =>
     !str(m.handoffId, 64)

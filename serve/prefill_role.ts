@@ -249,6 +249,7 @@ export class PrefillRole {
         prompt,
         pooled.engine,
         pooled.draft,
+        request.turnEnds && { text: request.prompt, turnEnds: request.turnEnds },
       );
       if (prefix.off && this.prefixCache.options.prefixCacheBytesMax > 0) {
         this.log(`handoff ${request.handoffId}: ${prefix.off}`);
