@@ -16,8 +16,11 @@
  * Families (every one is cached):
  * - `dense`: KV only, so one checkpoint (the deepest block boundary) is cut back
  *   (`llama_memory_seq_rm`) to serve a hit at any block boundary below it.
- * - `iswa`: global KV plus the SWA ring as it is at the checkpoint (the window's cells, past
- *   the ring's wrap); a ring cannot be cut back, so hits sit at checkpoints.
+ * - `iswa`: the global cache's page [0, P) and the SWA ring as shim pages, restored through a
+ *   StagedImport as a decoder imports a handoff: cells land at their own indices. (Restored
+ *   with `llama_state_seq_set_data`, the ring's live cells land from cell 0, and once the ring
+ *   wraps the continuation differs: measured, prefix_restore_test.ts.) Needs the native shim,
+ *   else not cached (named). A ring cannot be cut back, so hits sit at checkpoints.
  * - `recurrent` (mamba2): the conv + SSM state at the checkpoint; no pages, so the split is
  *   reported through `ExportPrefix.onUnpagedTokens`.
  * - `hybrid`: KV plus the recurrent state at the checkpoint.
@@ -31,6 +34,10 @@ import { PrefixIndex } from "../core/prefix_index.ts";
 import type { ModelFamily } from "../core/schema.ts";
 import type { Engine } from "./engine.ts";
 import type { MtpDraft } from "../ffi/mtp.ts";
+import { exportKvPage, exportSwa, StagedImport, stateBackend } from "../ffi/mod.ts";
+
+/** Largest page of a checkpoint (the whole prefix's global KV, or the SWA ring), in bytes. */
+const PAGE_BYTES_MAX = 2 ** 31 - 1;
 
 export interface PrefixCacheOptions {
   /** Bytes all checkpoints may hold together; 0 turns the cache off. */
@@ -96,12 +103,20 @@ const CACHED_FAMILIES: ReadonlySet<ModelFamily> = new Set([
 
 function erase(s: Snapshot): void {
   s.state.fill(0);
+  s.swa?.fill(0);
   s.draft?.state.fill(0);
   s.draft?.pending.fill(0);
 }
 
 interface Snapshot {
+  /** `llama_state_seq_get_data` of the sequence; for iswa, the global cache's page [0, P). */
   state: Uint8Array<ArrayBuffer>;
+  /**
+   * iswa: the SWA ring as a shim page, cells at their own indices. llama.cpp's own state
+   * writes the ring's live cells from cell 0, which moves where later tokens land once the
+   * ring wraps (measured: logits differ), so iswa checkpoints restore like a handoff's import.
+   */
+  swa: Uint8Array<ArrayBuffer> | null;
   /** The MTP draft context's sequence state and pending hidden row at the same position. */
   draft: { state: Uint8Array<ArrayBuffer>; pending: Float32Array } | null;
   /** Requests restoring from it now: eviction erases it once they are done. */
@@ -168,6 +183,11 @@ export class PrefixCache {
         `prefix cache not used for the ${this.family} family (see serve/prefix_cache.ts)`,
       );
     }
+    if (this.family === "iswa" && (await stateBackend(engine.ctx)).path !== "shim") {
+      return none(
+        "prefix cache not used for iswa without the native shim (its ring restores exactly only through it)",
+      );
+    }
     let restored = 0;
     let off: string | null = null;
     const hit = await this.#index.lookup(tenantId, prompt);
@@ -175,7 +195,8 @@ export class PrefixCache {
       const snap = hit.entry.value;
       snap.pins++;
       try {
-        await engine.ctx.stateSeqSet(snap.state, 0);
+        if (snap.swa) await this.#restoreSwa(engine, snap, hit.cachedTokens);
+        else await engine.ctx.stateSeqSet(snap.state, 0);
         // A dense entry deeper than the shared prefix is cut back to it (KV alone can be).
         if (hit.cachedTokens < hit.entry.tokens.length) {
           if (!this.#trimmable || !engine.ctx.seqRm(0, hit.cachedTokens, -1)) {
@@ -236,14 +257,19 @@ export class PrefixCache {
       checkpoints,
       onCheckpoint: async (pos) => {
         if (engine.position !== pos) return; // not where the plan said: take nothing
-        const state = await engine.ctx.stateSeqGet(0);
+        const swa = this.family === "iswa";
+        const state = swa
+          ? await exportKvPage(engine.ctx, 0, pos, { pageBytesMax: PAGE_BYTES_MAX })
+          : await engine.ctx.stateSeqGet(0);
         const value: Snapshot = {
           state,
+          swa: swa ? await exportSwa(engine.ctx, { pageBytesMax: PAGE_BYTES_MAX }) : null,
           draft: draft && { state: await draft.ctx.stateSeqGet(0), pending: draft.pending.slice() },
           pins: 0,
           erase: false,
         };
-        const bytes = state.byteLength + (value.draft?.state.byteLength ?? 0) +
+        const bytes = state.byteLength + (value.swa?.byteLength ?? 0) +
+          (value.draft?.state.byteLength ?? 0) +
           (value.draft?.pending.byteLength ?? 0);
         const tokens = prompt.subarray(0, pos);
         const kept = await this.#index.insert({
@@ -257,6 +283,22 @@ export class PrefixCache {
       },
       off,
     };
+  }
+
+  /** iswa: the global page and the ring staged and committed as a handoff's import would be. */
+  async #restoreSwa(engine: Engine, snap: Snapshot, tokens: number): Promise<void> {
+    const imp = await StagedImport.open(engine.ctx, {
+      nTokens: tokens,
+      pageBytesMax: PAGE_BYTES_MAX,
+    });
+    try {
+      await imp.addPage(snap.state);
+      await imp.setSwa(snap.swa!);
+      await imp.commit();
+    } catch (error) {
+      await imp.abort();
+      throw error;
+    }
   }
 
   /** Erases every entry (the worker stops). */
