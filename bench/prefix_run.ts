@@ -21,7 +21,7 @@ const USAGE =
 const FAMILIES = ["dense", "hybrid", "hybrid-moe-mtp"] as const;
 type Family = typeof FAMILIES[number];
 
-async function promptOf(modelPath: string, tokens: number, seed: number): Promise<string> {
+export async function promptOf(modelPath: string, tokens: number, seed: number): Promise<string> {
   using model = await LlamaModel.load(loadLlama(), modelPath);
   const n = model.vocab.nTokens;
   // The synthetic sequence, rotated by `seed`: different seeds give different texts.

@@ -20,6 +20,11 @@ function assertCase(r: CaseResult) {
   assert.equal(inOrder.verdict, "exact", JSON.stringify(inOrder.parity));
   assert.equal(inOrder.parity?.maxAbsDiff, 0);
   assert.equal(inOrder.generated, OPTIONS.steps);
+  // After a prefix-cache hit on an earlier prompt sharing 75%: still the cold run, bitwise.
+  const prefix = by["prefix-assisted"];
+  assert.equal(prefix.verdict, "exact", prefix.detail ?? JSON.stringify(prefix.parity));
+  assert.match(prefix.detail ?? "", /restored [1-9]\d* of \d+ tokens/);
+  assert.equal(prefix.generated, OPTIONS.steps);
   if (r.family === "recurrent") {
     // No KV pages at all: the page variants do not apply, and say so.
     for (const v of ["shuffled", "missing-page", "flipped-byte"]) {
