@@ -70,6 +70,13 @@ export interface ExportPrefix {
   onUnpagedTokens?: (tokens: number, cached: boolean) => void;
 }
 
+/** No prefix-cache part: nothing restored, no checkpoints. */
+export const NO_PREFIX: Readonly<ExportPrefix> = {
+  restoredTokens: 0,
+  checkpoints: [],
+  onCheckpoint: () => Promise.resolve(),
+};
+
 /** What the export produced besides the chunks. */
 export interface ExportResult {
   nTokens: number;

@@ -40,6 +40,7 @@ import {
   type ExportPrefix,
   type ExportResult,
   type FirstTokenHook,
+  NO_PREFIX,
   reexportPage,
   StateExporter,
 } from "./exporter.ts";
@@ -481,9 +482,7 @@ export class PrefillHandoff {
             this.#telemetry.push({ type: "first-token", atMs: performance.now() });
           }),
         {
-          restoredTokens: 0,
-          checkpoints: [],
-          onCheckpoint: () => Promise.resolve(),
+          ...NO_PREFIX,
           ...this.input.prefix,
           // A pure recurrent model streams no pages: its split is reported from here.
           onUnpagedTokens: (tokens, cached) =>
