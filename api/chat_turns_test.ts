@@ -2,7 +2,7 @@ import assert from "node:assert/strict";
 import { renderChat } from "./chat.ts";
 import { userTurnEnds } from "./chat_turns.ts";
 import { DENSE_CHAT_TEMPLATE } from "../models/mod.ts";
-import { TURN_ENDS_MAX } from "../serve/messages.ts";
+import { parseMessage, type PrefillRequest, TURN_ENDS_MAX } from "../serve/messages.ts";
 
 const conversation = [
   { role: "system", content: "Be terse." },
@@ -59,4 +59,30 @@ Deno.test("userTurnEnds: the plain fallback, a bounded count, and nothing a temp
   const full = renderChat(picky, conversation).prompt;
   const pickyEnds = userTurnEnds(picky, conversation, full);
   assert.deepEqual(pickyEnds, []); // the last turn's end is the prompt's end: not a checkpoint
+});
+
+Deno.test("PrefillRequest.turnEnds: ascending offsets, at most TURN_ENDS_MAX, else a named refusal", () => {
+  const request = (turnEnds: unknown) => ({
+    type: "PrefillRequest",
+    handoffId: "h1",
+    tenantId: "t",
+    prompt: "hello there",
+    generateTokens: 4,
+    sampling: { temperature: 0, topK: 40, topP: 0.95, seed: 1 },
+    decode: { host: "127.0.0.1", port: 7701, nodeId: "n" },
+    probe: false,
+    turnEnds,
+  });
+  assert.deepEqual(parseMessage<PrefillRequest>(request([3, 7])).turnEnds, [3, 7]);
+  for (
+    const bad of [
+      [7, 3],
+      [-1],
+      [1.5],
+      "3",
+      Array.from({ length: TURN_ENDS_MAX + 1 }, (_, i) => i),
+    ]
+  ) {
+    assert.throws(() => parseMessage(request(bad)), /Malformed PrefillRequest: field "turnEnds"/);
+  }
 });
