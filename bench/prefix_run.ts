@@ -6,7 +6,7 @@
  * digest is compared. Prints, per family: cached/computed tokens, prefill ms cold vs warm,
  * tokens and digests equal.
  *
- * `deno run -A --unstable-net bench/prefix_run.ts [--families hybrid,dense] [--prompt 4096]
+ * `deno run -A --unstable-net bench/prefix_run.ts [--families dense,iswa,recurrent,hybrid,hybrid-moe-mtp] [--prompt 4096]
  * [--shared 0.75]`
  */
 import { parseArgs } from "node:util";
@@ -18,7 +18,7 @@ import { LlamaModel, loadLlama } from "../ffi/mod.ts";
 
 const USAGE =
   "usage: prefix_run.ts [--families hybrid,dense] [--prompt 4096] [--shared 0.75] [--steps 16]";
-const FAMILIES = ["dense", "hybrid", "hybrid-moe-mtp"] as const;
+const FAMILIES = ["dense", "iswa", "recurrent", "hybrid", "hybrid-moe-mtp"] as const;
 type Family = typeof FAMILIES[number];
 
 export async function promptOf(modelPath: string, tokens: number, seed: number): Promise<string> {
