@@ -71,7 +71,15 @@ export async function runPrefixBench(o: {
     costs.push(await checkpointCost(m.label, modelPath));
     const n = m.promptTokens;
     const cluster = await startLocalCluster({
-      args: ["--model", modelPath, "--ctx", String(Math.ceil((n * 1.3 + 64) / 256) * 256)],
+      args: [
+        "--model",
+        modelPath,
+        "--ctx",
+        String(Math.ceil((n * 1.3 + 64) / 256) * 256),
+        // A lab-state chunk on a loaded two-core machine can outlast the default wait.
+        "--reservation-ms",
+        "120000",
+      ],
       prefillArgs: [
         "--prefix-cache-bytes-max",
         String(2 ** 30),
@@ -192,7 +200,7 @@ export async function prefixSection(
       ),
     ].join("\n"),
     notes: [
-      "Two `serve` processes on loopback (prefill worker: --prefix-cache-bytes-max 1 GiB, --prefix-checkpoints-max 1), the client in the bench process. Per repeat and hit rate: a seed request leaves a checkpoint where its first h·N tokens end (passed as a user-turn end, as the API does for chat), then the measured request of the same tenant shares those tokens and continues differently. Hit rate: measured cached / prompt tokens. TTFT on the client's clock; medians over repeats; x cold TTFT: ratio to the 0% row of the same model in the same run.",
+      "Two `serve` processes on loopback (--reservation-ms 120000; prefill worker: --prefix-cache-bytes-max 1 GiB, --prefix-checkpoints-max 1), the client in the bench process. Per repeat and hit rate: a seed request leaves a checkpoint where its first h·N tokens end (passed as a user-turn end, as the API does for chat), then the measured request of the same tenant shares those tokens and continues differently. Hit rate: measured cached / prompt tokens. TTFT on the client's clock; medians over repeats; x cold TTFT: ratio to the 0% row of the same model in the same run.",
       "Checkpoint memory: bytes of the snapshot the cache keeps (the whole sequence state: KV of its tokens plus the recurrent conv/SSM state at its end), measured in process at 64 and 128 tokens; the fixed part is the recurrent state (lab-state: Nemotron 3 Super's 172,687,360 B, about 165 MiB), the rest grows with the tokens. So a 1 GiB budget holds at most 6 lab-state checkpoints.",
     ],
     charts: {
