@@ -12,8 +12,7 @@
  * silent cold run.
  */
 import type { Family } from "../models/mod.ts";
-import { prefillAndExport } from "../ffi/mod.ts";
-import { argmax } from "../ffi/mod.ts";
+import { argmax, prefillAndExport } from "../ffi/mod.ts";
 import { PrefixCache } from "../serve/prefix_cache.ts";
 import {
   adoptHandoff,
