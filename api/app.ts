@@ -14,6 +14,7 @@ import { streamSSE } from "hono/streaming";
 import { z } from "zod";
 import { PROMPT_BYTES_MAX } from "../serve/messages.ts";
 import { type ChatFormat, renderChat } from "./chat.ts";
+import { userTurnEnds } from "./chat_turns.ts";
 import { ApiError, invalidBody, malformedJson, serverError } from "./errors.ts";
 import { type ApiKeys, UNAUTHENTICATED_TENANT } from "./keys.ts";
 import { namesModel } from "./model.ts";
@@ -95,8 +96,10 @@ export function createApp(service: ApiService, keys: ApiKeys | null): Hono<Env> 
   app.post("/v1/chat/completions", async (c) => {
     const body = parseBody(ChatBody, await readJson(c.req.raw));
     const params = checkModel(toGenerationParams(body));
-    const { prompt, format, specialSpans } = renderChat(model, chatMessages(body));
-    return await respond(c, "chat.completions", params, prompt, format, specialSpans);
+    const messages = chatMessages(body);
+    const { prompt, format, specialSpans } = renderChat(model, messages);
+    const turnEnds = userTurnEnds(model, messages, prompt); // prefix checkpoints (issue #12)
+    return await respond(c, "chat.completions", params, prompt, format, specialSpans, turnEnds);
   });
 
   function checkModel(params: GenerationParams): GenerationParams {
@@ -120,6 +123,7 @@ export function createApp(service: ApiService, keys: ApiKeys | null): Hono<Env> 
     prompt: string,
     chatFormat?: ChatFormat,
     promptSpecialSpans?: number[],
+    turnEnds?: number[],
   ) {
     const tenantId: string = c.get("tenant");
     const client = watchClient(c.req.raw);
@@ -133,6 +137,7 @@ export function createApp(service: ApiService, keys: ApiKeys | null): Hono<Env> 
           tenantId,
           signal: client.signal,
           chatFormat,
+          turnEnds,
         })
         .finally(client.done);
       c.header("x-skippy-placement", out.placement);
@@ -158,6 +163,7 @@ export function createApp(service: ApiService, keys: ApiKeys | null): Hono<Env> 
         signal,
         requestId,
         chatFormat,
+        turnEnds,
         onDelta: (piece) => send(chunks.text(piece)),
       });
     } catch (error) {

@@ -53,6 +53,8 @@ export interface RunInput {
   requestId?: string;
   /** Chat: which path rendered the prompt (echoed in the response). */
   chatFormat?: ChatFormat;
+  /** Chat: where the template's user turns end (the prefill worker checkpoints there). */
+  turnEnds?: number[];
   /** Streaming: each piece of text that is safe to send (stop sequences cut). */
   onDelta?: (text: string) => void;
 }
@@ -247,6 +249,7 @@ export class ApiService {
         colocated: planned.placement === "colocated",
         prompt: input.prompt,
         promptSpecialSpans: input.promptSpecialSpans,
+        ...(input.turnEnds?.length ? { turnEnds: input.turnEnds } : {}),
         generateTokens: maxTokens,
         sampling: {
           temperature: input.params.temperature,

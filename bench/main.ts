@@ -1,5 +1,5 @@
 /**
- * `deno task bench [--only model,state,transport,handoff,lab,payload,speculation,batch,link] [--quick] [--out DIR]`
+ * `deno task bench [--only model,state,transport,handoff,lab,payload,speculation,batch,link,prefix] [--quick] [--out DIR]`
  *
  * Runs the benchmark sections, prints their tables and writes a report folder with SVG charts
  * (default `reports/bench-<timestamp>`). Benchmarks are never asserted in the test suite.
@@ -19,6 +19,7 @@ import { linkSection } from "./link_report.ts";
 import { calibrateMain } from "./calibrate.ts";
 import { lineChart } from "./svg.ts";
 import { runBatchBench } from "./batch_bench.ts";
+import { prefixSection } from "./prefix_bench.ts";
 
 type Section = (o: { quick: boolean; modelDir: string }) => Promise<ReportSection>;
 
@@ -148,6 +149,7 @@ const SECTIONS: Record<string, Section> = {
     };
   },
   state: stateBenchSection,
+  prefix: prefixSection,
   batch: async ({ quick, modelDir }) => {
     const { rows, nodeSkipped } = await runBatchBench({
       modelDir,

@@ -6,7 +6,7 @@
  * digest is compared. Prints, per family: cached/computed tokens, prefill ms cold vs warm,
  * tokens and digests equal.
  *
- * `deno run -A --unstable-net bench/prefix_run.ts [--families hybrid,dense] [--prompt 4096]
+ * `deno run -A --unstable-net bench/prefix_run.ts [--families dense,iswa,recurrent,hybrid,hybrid-moe-mtp] [--prompt 4096]
  * [--shared 0.75]`
  */
 import { parseArgs } from "node:util";
@@ -18,10 +18,10 @@ import { LlamaModel, loadLlama } from "../ffi/mod.ts";
 
 const USAGE =
   "usage: prefix_run.ts [--families hybrid,dense] [--prompt 4096] [--shared 0.75] [--steps 16]";
-const FAMILIES = ["dense", "hybrid", "hybrid-moe-mtp"] as const;
+const FAMILIES = ["dense", "iswa", "recurrent", "hybrid", "hybrid-moe-mtp"] as const;
 type Family = typeof FAMILIES[number];
 
-async function promptOf(modelPath: string, tokens: number, seed: number): Promise<string> {
+export async function promptOf(modelPath: string, tokens: number, seed: number): Promise<string> {
   using model = await LlamaModel.load(loadLlama(), modelPath);
   const n = model.vocab.nTokens;
   // The synthetic sequence, rotated by `seed`: different seeds give different texts.

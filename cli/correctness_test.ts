@@ -25,7 +25,7 @@ Deno.test("correctness state-handoff prints a row per case and exits 0 when ever
   const rows = lines.filter((l) => /^(dense|hybrid) /.test(l));
   assert.equal(rows.length, 2);
   for (const row of rows) {
-    assert.match(row, /\s600\s+256\s+3\s.*\s0\s+exact\s+exact\s+refused\s+refused\s+pass$/);
+    assert.match(row, /\s600\s+256\s+3\s.*\s0\s+exact\s+exact\s+refused\s+refused\s+exact\s+pass$/);
   }
   assert.match(lines.at(-1)!, /^2\/2 cases pass in [\d.]+ s: every continuation bit-exact/);
 });

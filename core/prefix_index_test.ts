@@ -3,11 +3,17 @@ import { blockKeys, type PrefixEntry, PrefixIndex } from "./prefix_index.ts";
 
 const B = 4;
 const seq = (n: number, from = 0) => Int32Array.from({ length: n }, (_, i) => from + i);
-const entry = (tenantId: string, tokens: Int32Array, bytes = 10): PrefixEntry<string> => ({
+const entry = (
+  tenantId: string,
+  tokens: Int32Array,
+  bytes = 10,
+  trimmable = false,
+): PrefixEntry<string> => ({
   tenantId,
   tokens,
   bytes,
   value: `${tenantId}:${tokens.length}:${tokens[0]}`,
+  trimmable,
 });
 
 Deno.test("prefix index: longest exact prefix at a block boundary, at least one token left", async () => {
@@ -16,7 +22,6 @@ Deno.test("prefix index: longest exact prefix at a block boundary, at least one 
   assert.equal(await index.insert(entry("a", prompt.subarray(0, 4))), true);
   assert.equal(await index.insert(entry("a", prompt.subarray(0, 8))), true);
   assert.equal(await index.insert(entry("a", prompt.subarray(0, 12))), true);
-  assert.equal(await index.insert(entry("a", prompt.subarray(0, 6))), false, "not on a boundary");
   assert.equal((await index.lookup("a", prompt))?.cachedTokens, 12);
   // Shares 10 tokens: the deepest checkpoint at or before the shared length is 8.
   const other = prompt.slice();
@@ -78,4 +83,51 @@ Deno.test("prefix index: off at 0 bytes, bad options refused", async () => {
     /prefixBlockTokens/,
   );
   assert.throws(() => new PrefixIndex({ blockTokens: 4, prefixCacheBytesMax: -1 }), /BytesMax/);
+});
+
+Deno.test("prefix index: an entry off a block boundary (a user-turn end) hits exactly there", async () => {
+  const index = new PrefixIndex<string>({ blockTokens: B, prefixCacheBytesMax: 1000 });
+  const prompt = seq(14);
+  assert.equal(await index.insert(entry("a", prompt.subarray(0, 4))), true);
+  assert.equal(await index.insert(entry("a", prompt.subarray(0, 6))), true);
+  assert.equal(await index.insert(entry("a", prompt.subarray(0, 3))), true, "under one block");
+  assert.equal((await index.lookup("a", prompt))?.cachedTokens, 6);
+  // Diverges at 5: the 6-token entry no longer matches; the 4-token one does.
+  const other = prompt.slice();
+  other[5] = 999;
+  assert.equal((await index.lookup("a", other))?.cachedTokens, 4);
+  other[3] = 999;
+  assert.equal((await index.lookup("a", other))?.cachedTokens, 3);
+  // Exactly 6 tokens: the last must be computed.
+  assert.equal((await index.lookup("a", prompt.subarray(0, 6)))?.cachedTokens, 4);
+  assert.equal(await index.lookup("b", prompt), null, "another tenant");
+  // The same tokens again replace the entry, not add one.
+  const size = index.size;
+  await index.insert(entry("a", prompt.subarray(0, 6)));
+  assert.equal(index.size, size);
+  index.clear();
+  assert.equal(index.size, 0);
+  assert.equal(index.bytes, 0);
+  assert.equal(await index.lookup("a", prompt), null);
+});
+
+Deno.test("prefix index: a trimmable (dense) entry serves every block boundary below its length", async () => {
+  const index = new PrefixIndex<string>({ blockTokens: B, prefixCacheBytesMax: 1000 });
+  const prompt = seq(14);
+  await index.insert(entry("a", prompt.subarray(0, 13), 10, true));
+  assert.equal((await index.lookup("a", prompt))?.cachedTokens, 13);
+  const other = prompt.slice();
+  other[10] = 999;
+  assert.equal((await index.lookup("a", other))?.cachedTokens, 8, "cut back to a block");
+  other[5] = 999;
+  assert.equal((await index.lookup("a", other))?.cachedTokens, 4);
+  assert.equal((await index.lookup("a", prompt.subarray(0, 13)))?.cachedTokens, 12);
+  assert.equal(await index.lookup("b", prompt), null, "another tenant");
+  // A non-trimmable entry of the same length serves only its whole length.
+  const plain = new PrefixIndex<string>({ blockTokens: B, prefixCacheBytesMax: 1000 });
+  await plain.insert(entry("a", prompt.subarray(0, 13)));
+  assert.equal(await plain.lookup("a", other), null);
+  // Eviction unfiles it from every block.
+  index.clear();
+  assert.equal(await index.lookup("a", other), null);
 });

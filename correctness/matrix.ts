@@ -6,7 +6,9 @@
  * - `shuffled`: pages in a seeded shuffled order: still exact (the shim places cells at their
  *   source indices);
  * - `missing-page`: one page left out: refused at commit, naming the page's range;
- * - `flipped-byte`: one page with one flipped bit: refused when it arrives, by its checksum.
+ * - `flipped-byte`: one page with one flipped bit: refused when it arrives, by its checksum;
+ * - `prefix-assisted`: the prompt prefilled after a prefix-cache hit on an earlier prompt
+ *   sharing 75% of it (prefix_assisted.ts): exact against the cold run.
  *
  * A refused variant must leave the import uncommitted, decode through it must throw, and
  * nothing is generated; the import is then aborted and the decoder's sequence must be empty.
@@ -32,8 +34,15 @@ import {
   type StagePlan,
   syntheticPrompt,
 } from "./state_handoff.ts";
+import { prefixAssistedVariant } from "./prefix_assisted.ts";
 
-export const VARIANTS = ["in-order", "shuffled", "missing-page", "flipped-byte"] as const;
+export const VARIANTS = [
+  "in-order",
+  "shuffled",
+  "missing-page",
+  "flipped-byte",
+  "prefix-assisted",
+] as const;
 export type Variant = typeof VARIANTS[number];
 
 export interface MatrixCase {
@@ -72,7 +81,14 @@ export interface ComponentBytes {
   total: number;
 }
 
-export type Verdict = "exact" | "differs" | "refused" | "wrong-refusal" | "not-refused" | "n/a";
+export type Verdict =
+  | "exact"
+  | "differs"
+  | "refused"
+  | "wrong-refusal"
+  | "not-refused"
+  | "no-hit"
+  | "n/a";
 
 export interface VariantResult {
   variant: Variant;
@@ -153,7 +169,11 @@ export async function runCase(c: MatrixCase, options: MatrixOptions): Promise<Ca
   const variants: VariantResult[] = [];
   for (const variant of options.variants) {
     using b = await bModel.openSide(options.digestCacheFile);
-    variants.push(await runVariant(variant, a, b, prefill, reference, options.steps));
+    variants.push(
+      variant === "prefix-assisted"
+        ? await prefixAssistedVariant(a, b, c.family, tokens, reference, options.steps)
+        : await runVariant(variant, a, b, prefill, reference, options.steps),
+    );
   }
   const s = prefill.state;
   return {

@@ -8,6 +8,11 @@ const OPTIONS: MatrixOptions = {
   variants: VARIANTS,
   modelFor: (family, preset) => testModel(family, preset),
 };
+/** The long cases skip `prefix-assisted` (two more prefills each); the 1K cases run it. */
+const LONG_OPTIONS: MatrixOptions = {
+  ...OPTIONS,
+  variants: VARIANTS.filter((v) => v !== "prefix-assisted"),
+};
 
 /** The case passed for the right reasons: exact continuations, refusals naming the range. */
 function assertCase(r: CaseResult) {
@@ -20,6 +25,13 @@ function assertCase(r: CaseResult) {
   assert.equal(inOrder.verdict, "exact", JSON.stringify(inOrder.parity));
   assert.equal(inOrder.parity?.maxAbsDiff, 0);
   assert.equal(inOrder.generated, OPTIONS.steps);
+  // After a prefix-cache hit on an earlier prompt sharing 75%: still the cold run, bitwise.
+  const prefix = by["prefix-assisted"];
+  if (r.promptTokens <= 1024) {
+    assert.equal(prefix.verdict, "exact", prefix.detail ?? JSON.stringify(prefix.parity));
+    assert.match(prefix.detail ?? "", /restored [1-9]\d* of \d+ tokens/);
+    assert.equal(prefix.generated, OPTIONS.steps);
+  }
   if (r.family === "recurrent") {
     // No KV pages at all: the page variants do not apply, and say so.
     for (const v of ["shuffled", "missing-page", "flipped-byte"]) {
@@ -40,14 +52,15 @@ function assertCase(r: CaseResult) {
 }
 
 async function check(family: Family, promptTokens: number, pageTokens: number) {
-  const r = await runCase({ family, preset: "tiny", promptTokens, pageTokens }, OPTIONS);
+  const options = promptTokens <= 1024 ? OPTIONS : LONG_OPTIONS;
+  const r = await runCase({ family, preset: "tiny", promptTokens, pageTokens }, options);
   const chunks = Math.ceil(promptTokens / pageTokens);
   assert.equal(r.pages, family === "recurrent" ? 0 : chunks);
   assertCase(r);
   return r;
 }
 
-Deno.test("every family hands off 1K tokens exactly with 256- and 2048-token pages, in order and shuffled, and refuses a missing or flipped page", async (t) => {
+Deno.test("every family hands off 1K tokens exactly with 256- and 2048-token pages, in order, shuffled and after a prefix-cache hit, and refuses a missing or flipped page", async (t) => {
   for (const family of FAMILIES) {
     for (const page of [256, 2048]) {
       await t.step(`${family}, pages of ${page}`, async () => {

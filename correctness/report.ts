@@ -11,6 +11,7 @@ const VERDICT_TEXT: Record<Verdict, string> = {
   refused: "refused",
   "wrong-refusal": "WRONG-ERROR",
   "not-refused": "NOT-REFUSED",
+  "no-hit": "NO-HIT",
   "n/a": "n/a",
 };
 
@@ -19,6 +20,7 @@ const VARIANT_HEADS: Record<Variant, string> = {
   shuffled: "shuffled",
   "missing-page": "missing",
   "flipped-byte": "flipped",
+  "prefix-assisted": "prefix",
 };
 
 interface Column {

@@ -42,6 +42,12 @@ export interface PrefillOptions extends StateOptions {
   chunkTokens: number;
   /** MTP draft context (the target then runs with nextn embeddings on). */
   draft?: LlamaContext;
+  /**
+   * Tokens the context (and draft) already hold, restored from a prefix-cache checkpoint:
+   * their pages are exported first, then the prefill continues from there. With a draft, the
+   * pending hidden row of the last restored position.
+   */
+  restored?: { tokens: number; mtpPending: Float32Array | null };
 }
 
 /** Prefills `tokens` into `ctx` in chunks, exporting every chunk's page(s) right after it. */
@@ -66,7 +72,18 @@ export async function prefillAndExport(
   const attention = backend.kind !== "recurrent";
   const mtp = draft ? MtpDraft.adopt(ctx, draft) : null;
   const batch = new LlamaBatch(chunkTokens);
-  for (let p0 = 0; p0 < tokens.length; p0 += chunkTokens) {
+  const from = options.restored?.tokens ?? 0;
+  if (mtp && options.restored?.mtpPending) mtp.adoptPending(options.restored.mtpPending, from - 1);
+  for (let p0 = 0; p0 < from; p0 += chunkTokens) {
+    const p1 = Math.min(from, p0 + chunkTokens);
+    const t1 = performance.now();
+    if (attention) out.pages.push(await exportKvPage(ctx, p0, p1, options));
+    out.pageExportUs.push((performance.now() - t1) * 1000);
+    if (draft) out.mtpPages.push(await exportKvPage(draft, p0, p1, options));
+  }
+  let lastP0 = from;
+  for (let p0 = from; p0 < tokens.length; p0 += chunkTokens) {
+    lastP0 = p0;
     const chunk = tokens.subarray(p0, Math.min(tokens.length, p0 + chunkTokens));
     const p1 = p0 + chunk.length;
     const t0 = performance.now();
@@ -84,7 +101,7 @@ export async function prefillAndExport(
     out.recurrent = await exportRecurrent(ctx, options);
   }
   if (backend.kind === "iswa") out.swa = await exportSwa(ctx, options);
-  if (mtp) out.mtpHidden = exportMtpHidden(ctx, (tokens.length - 1) % chunkTokens);
+  if (mtp) out.mtpHidden = exportMtpHidden(ctx, tokens.length - 1 - lastP0);
   out.finalExportUs = (performance.now() - t2) * 1000;
   return out;
 }

@@ -90,6 +90,8 @@ export interface HandoffRequest {
   decodeAlternates?: PeerAddress[];
   /** Speculative decoding on the decoder for this request (absent: the decode worker's own). */
   speculation?: SpeculationMode;
+  /** UTF-16 offsets into `prompt` where a chat template's user turns end (prefix checkpoints). */
+  turnEnds?: number[];
 }
 
 export interface HandoffResult {
@@ -448,6 +450,7 @@ async function prefillAndHandOff(
     probe: req.probe,
     completeOnDecoderLoss: true,
     ...(req.logprobs !== undefined ? { logprobs: req.logprobs } : {}),
+    ...(req.turnEnds?.length ? { turnEnds: req.turnEnds } : {}),
   };
   const onAbort = () =>
     channel.send({ type: "CancelRequest", handoffId, tenantId: req.tenantId }).catch(() => {});

@@ -58,7 +58,19 @@ export interface ExportPrefix {
   restoredTokens: number;
   checkpoints: readonly number[];
   onCheckpoint: (pos: number) => Promise<void>;
+  /**
+   * Hears about tokens restored (`cached`) and computed where no page carries them (a pure
+   * recurrent model), so telemetry can still report the split.
+   */
+  onUnpagedTokens?: (tokens: number, cached: boolean) => void;
 }
+
+/** No prefix-cache part: nothing restored, no checkpoints. */
+export const NO_PREFIX: Readonly<ExportPrefix> = {
+  restoredTokens: 0,
+  checkpoints: [],
+  onCheckpoint: () => Promise.resolve(),
+};
 
 /** What the export produced besides the chunks. */
 export interface ExportResult {
@@ -203,12 +215,14 @@ export class StateExporter {
       if (p1 === prompt.length) sampleFirst(ctx.logits(-1));
       await this.draft?.catchUp(prompt.subarray(p0, p1), p0);
       if (paged) await this.#pages("kv-page", ctx, p0, p1, sink);
+      else prefix?.onUnpagedTokens?.(p1 - p0, false);
       // The draft's KV for these positions is final too: it streams like the target's.
       if (this.draft) await this.#pages("mtp-kv", this.draft.ctx, p0, p1, sink);
     };
     // Restored tokens: their pages go first, from the context, like computed ones.
     const restored = prefix?.restoredTokens ?? 0;
     if (restored > 0 && paged) await this.#pages("kv-page", ctx, 0, restored, sink, true);
+    if (restored > 0 && !paged) prefix?.onUnpagedTokens?.(restored, true);
     if (restored > 0 && this.draft) {
       await this.#pages("mtp-kv", this.draft.ctx, 0, restored, sink, true);
     }

@@ -47,6 +47,8 @@ export const CONTROL_FRAME_LIMITS = {
   headerBytesMax: 64 * 1024,
   payloadBytesMax: PROMPT_BYTES_MAX + 8 * PROMPT_SPECIAL_SPANS_MAX + 4 * SENT_TOKENS_MAX,
 };
+/** User-turn ends a PrefillRequest may name (the prefix cache checkpoints the last ones). */
+export const TURN_ENDS_MAX = 16;
 /** Tokens in one TokenBatch message. */
 export const TOKEN_BATCH_TOKENS_MAX = 16;
 /**
@@ -92,6 +94,8 @@ export interface PrefillRequest {
    * as a decode worker sends them). Absent: report the loss and stop.
    */
   completeOnDecoderLoss?: boolean;
+  /** UTF-16 offsets into `prompt` where a chat template's user turns end (prefix checkpoints). */
+  turnEnds?: number[];
 }
 
 /**
@@ -284,6 +288,10 @@ function spansOk(v: unknown): boolean {
     v.length <= 2 * PROMPT_SPECIAL_SPANS_MAX && v.every((x) => count(x, PROMPT_BYTES_MAX)));
 }
 
+const turnEndsOk = (v: unknown) =>
+  Array.isArray(v) && v.length <= TURN_ENDS_MAX &&
+  v.every((x, i) => count(x, PROMPT_BYTES_MAX) && (i === 0 || x > v[i - 1]));
+
 function addressOk(v: unknown): boolean {
   if (typeof v !== "object" || v === null) return false;
   const a = v as Record<string, unknown>;
@@ -310,6 +318,8 @@ const CHECKS: Record<ServeMessage["type"], Checker> = {
       ? "promptSpecialSpans"
       : m.logprobs !== undefined && !count(m.logprobs, TOP_LOGPROBS_MAX)
       ? "logprobs"
+      : m.turnEnds !== undefined && !turnEndsOk(m.turnEnds)
+      ? "turnEnds"
       : null,
   CancelRequest: (m) =>
     !str(m.handoffId, 64)

@@ -276,6 +276,11 @@ export class PrefillRole {
         prompt,
         pooled.engine,
         pooled.draft,
+        request.turnEnds && {
+          text: request.prompt,
+          turnEnds: request.turnEnds,
+          specialSpans: request.promptSpecialSpans,
+        },
       );
       if (prefix.off && this.prefixCache.options.prefixCacheBytesMax > 0) {
         this.log(`handoff ${request.handoffId}: ${prefix.off}`);

@@ -42,6 +42,7 @@ import {
   type ExportPrefix,
   type ExportResult,
   type FirstTokenHook,
+  NO_PREFIX,
   reexportPage,
   StateExporter,
 } from "./exporter.ts";
@@ -513,7 +514,18 @@ export class PrefillHandoff {
             this.input.onFirstToken!(token, logits, prefillEndMs);
             this.#telemetry.push({ type: "first-token", atMs: performance.now() });
           }),
-        this.input.prefix,
+        {
+          ...NO_PREFIX,
+          ...this.input.prefix,
+          // A pure recurrent model streams no pages: its split is reported from here.
+          onUnpagedTokens: (tokens, cached) =>
+            this.#telemetry.push({
+              type: "prefill-chunk-done",
+              atMs: performance.now(),
+              tokens,
+              cached,
+            }),
+        },
         () => {
           // Every chunk is out of the exporter: the manifest may leave before the probe runs.
           const headers = this.#retained.headers();

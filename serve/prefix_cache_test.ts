@@ -24,7 +24,7 @@ import { type HandoffRequest, runHandoff } from "./coordinator.ts";
 const BLOCK = 32;
 const WORDS = "the quick brown fox jumps over the lazy dog and ";
 
-for (const family of ["hybrid", "dense", "hybrid-moe-mtp"]) {
+for (const family of ["hybrid", "dense", "hybrid-moe-mtp", "iswa", "recurrent"]) {
   Deno.test({
     name: `prefix cache (${family}): a 75% shared prefix computes only the rest, bitwise equal`,
     sanitizeOps: false,
@@ -57,11 +57,16 @@ for (const family of ["hybrid", "dense", "hybrid-moe-mtp"]) {
         while (common < Math.min(ta.length, tb.length) && ta[common] === tb[common]) common++;
         // A's checkpoints: 4 block boundaries spread evenly up to the deepest one before its
         // end (k/4 of it, rounded down to a block); B hits the deepest at or before the common
-        // length.
+        // length. A dense checkpoint (the deepest alone) is cut back to the common length's
+        // block boundary.
         const deepest = Math.floor((ta.length - 1) / BLOCK) * BLOCK;
         const checkpoints = [1, 2, 3, 4].map((k) => Math.floor((k * deepest) / 4 / BLOCK) * BLOCK);
-        const expected = Math.max(...checkpoints.filter((c) => c <= common));
+        const expected = family === "dense"
+          ? Math.floor(Math.min(common, deepest) / BLOCK) * BLOCK
+          : Math.max(...checkpoints.filter((c) => c <= common));
         assert.ok(expected > 0 && expected >= 0.6 * tb.length, `${expected} of ${tb.length}`);
+        // Dense: the hit is cut back from A's one (deepest) checkpoint.
+        if (family === "dense") assert.ok(expected < deepest, `${expected} < ${deepest}`);
 
         const client = nodes.get("client")!;
         const run = (prompt: string, tenantId: string, over: Partial<HandoffRequest> = {}) =>

@@ -98,3 +98,64 @@ Deno.test("prefix restore (hybrid-moe-mtp): a hit restores the draft's KV and hi
   assert.deepEqual(warm.pending, cold.pending);
   cache.clear();
 });
+
+Deno.test("prefix restore (iswa): the ring restores at its cells' own indices, exact after it wraps", async () => {
+  // The tiny iswa model's window is 128 tokens and its ring holds window + ubatch cells, so a
+  // continuation from 640 to 1024 wraps it. An earlier prompt sharing 768 tokens leaves a
+  // checkpoint at 640; the warm run restores it through the cache and must equal the cold run.
+  const config = {
+    ...RUNTIME_DEFAULTS,
+    modelPath: await testModel("iswa"),
+    nCtx: 1280,
+    chunkTokens: 256,
+  };
+  const cache = new PrefixCache(
+    { prefixCacheBytesMax: 256 * 1024 * 1024, prefixBlockTokens: 128, prefixCheckpointsMax: 4 },
+    "iswa",
+  );
+  const prompt = testTokens(1024);
+  const earlier = testTokens(1024, 950, 5);
+  earlier.set(prompt.subarray(0, 768));
+  /** Prefills as the exporter does: stopping at the plan's checkpoints. */
+  const run = async (engine: Engine, tokens: Int32Array) => {
+    const plan = await cache.prepare("t", tokens, engine, null);
+    let from = plan.restoredTokens;
+    for (const b of plan.checkpoints) {
+      await engine.prefill(tokens.subarray(from, b));
+      await plan.onCheckpoint(b);
+      from = b;
+    }
+    return {
+      restored: plan.restoredTokens,
+      logits: bytes(await engine.prefill(tokens.subarray(from))),
+    };
+  };
+  const model = await LlamaModel.load(loadLlama({}), config.modelPath, {});
+  try {
+    using cold = await Engine.open(config, model);
+    const coldLogits = bytes(await cold.prefill(prompt));
+    const coldRing = await cold.ctx.stateSeqGet(0, PARTIAL_ONLY);
+    {
+      using first = await Engine.open(config, model);
+      assert.equal((await run(first, earlier)).restored, 0);
+    }
+    using warm = await Engine.open(config, model);
+    const hit = await run(warm, prompt);
+    assert.equal(hit.restored, 640);
+    assert.deepEqual(hit.logits, coldLogits);
+    assert.deepEqual(await warm.ctx.stateSeqGet(0, PARTIAL_ONLY), coldRing);
+
+    // Why not llama.cpp's own state: restored with `llama_state_seq_set_data`, the same
+    // position's state continues differently once the ring wraps.
+    using mid = await Engine.open(config, model);
+    await mid.prefill(prompt.subarray(0, 640));
+    const seqState = await mid.ctx.stateSeqGet(0);
+    using plain = await Engine.open(config, model);
+    await plain.ctx.stateSeqSet(seqState, 0);
+    plain.adoptPosition(640);
+    assert.notDeepEqual(bytes(await plain.prefill(prompt.subarray(640))), coldLogits);
+  } finally {
+    cache.clear();
+    model.free();
+  }
+});
