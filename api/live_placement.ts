@@ -20,6 +20,12 @@
  *   workers' rates: the no-link rule, named.
  * - A family not certified in the certification file (`correctness state-handoff --certify`)
  *   for the decode worker's llama.cpp build is never disaggregated automatically.
+ * - The tail's fixed costs are learned per pair from the handoffs it served
+ *   (`HandoffCostRecorder`, core/link_costs.ts: the decoder's probe, the import left at
+ *   commit, the prefiller's own work before the manifest, the first token's overhead), and so
+ *   is whether the prefill worker streams the recurrent state during the last chunk (layer
+ *   capture): a handoff that staged more bytes before prefill end than its pages account for
+ *   sent recurrent bytes early. Until a pair has served a handoff, the planner's defaults stand.
  */
 import { type CertificationFile, isCertified } from "../core/certification.ts";
 import {
@@ -28,6 +34,7 @@ import {
   type LinkEstimatorOptions,
   type PeerPair,
 } from "../core/link_estimates.ts";
+import { HandoffCostRecorder } from "../core/link_costs.ts";
 import { type NodeRates, RateRecorder } from "../core/node_rates.ts";
 import type { PlacementPrediction } from "../core/placement.ts";
 import type { StateSize } from "../core/planner.ts";
@@ -75,6 +82,8 @@ export class LivePlacement {
   /** The prefill -> decode pairs, fed only by the handoffs' own transfers. */
   readonly pairs: LinkEstimator;
   readonly #recorders = new Map<string, RateRecorder>();
+  /** Per prefill -> decode pair: the tail's measured costs, and whether layer capture was seen. */
+  readonly #pairCosts = new Map<string, { costs: HandoffCostRecorder; capture: boolean }>();
   readonly #watching = new Map<string, { conn: unknown; stop: () => void }>();
 
   constructor(readonly options: LivePlacementOptions) {
@@ -134,6 +143,7 @@ export class LivePlacement {
         "no link measurement yet (the prefill->decode link is estimated only from the handoffs' own transfers)",
       );
     }
+    const learned = this.#pairCosts.get(_pairKey(pid, did));
     const d = placeOverPeers({
       promptTokens: i.promptTokens,
       prefill: { peerNodeId: pid, peerCapabilities: i.prefill.peerCapabilities },
@@ -147,6 +157,8 @@ export class LivePlacement {
       links: this.pairs,
       nowMs: now,
       certification: this.options.certification,
+      costs: learned?.costs.costs(),
+      snapshotDuringLastChunk: learned?.capture ?? false,
       options: this.options.promptTokensMin === undefined
         ? {}
         : { promptTokensMin: this.options.promptTokensMin },
@@ -177,6 +189,7 @@ export class LivePlacement {
         this.pairs.recordTransfer(pair, sample.bytes, sample.ms, now, "handoff");
         this.pairs.recordRtt(pair, rtt.rttMs, now);
       }
+      this.#learnCosts(pair, result, now);
     } else if (clean && result.completedBy.nodeId === decodeNodeId && result.promptTokens > 0) {
       // Colocated on the decoder: its TTFT (queue included) bounds its prefill rate.
       this.#recorder(decodeNodeId).recordPrefill(result.promptTokens, result.ttftMs);
@@ -190,6 +203,27 @@ export class LivePlacement {
   close(): void {
     for (const w of this.#watching.values()) w.stop();
     this.#watching.clear();
+  }
+
+  /** The pair's tail costs and layer capture, from one clean handoff's telemetry. */
+  #learnCosts(pair: PeerPair, result: HandoffResult, now: number): void {
+    const t = result.telemetry;
+    const key = _pairKey(pair.from, pair.to);
+    let learned = this.#pairCosts.get(key);
+    if (!learned) {
+      this.#pairCosts.set(key, learned = { costs: new HandoffCostRecorder(), capture: false });
+    }
+    const bytes = t.bytesByComponent ?? {};
+    const recurrent = (bytes.conv ?? 0) + (bytes.ssm ?? 0);
+    const early = (t.stagedBeforePrefillEndFraction ?? 0) * t.totalBytes;
+    // Bytes staged before prefill end beyond every non-recurrent byte: recurrent state left
+    // during the last chunk (half a layer's worth of slack against rounding in the fraction).
+    if (recurrent > 0) learned.capture = early > t.totalBytes - recurrent + 0.5 * recurrent / 40;
+    // The link time after prefill end, as the estimate now stands (null: no estimate).
+    const bw = this.pairs.estimate(pair, now)?.bandwidthBytesPerS ?? null;
+    const after = (1 - (t.stagedBeforePrefillEndFraction ?? 0)) * t.totalBytes;
+    const linkMs = bw ? (after / bw) * 1000 : null;
+    learned.costs.record({ ...t, bytesByComponent: bytes }, result.ttftMs, linkMs);
   }
 
   #watch(link: PeerLink): void {
@@ -218,3 +252,7 @@ export class LivePlacement {
 }
 
 export type { PlacementPrediction };
+
+function _pairKey(from: string, to: string): string {
+  return `${from}>${to}`;
+}

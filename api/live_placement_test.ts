@@ -59,7 +59,9 @@ function result(placement: "disaggregated" | "colocated", t: Partial<HandoffTele
     completedBy: { nodeId: "d", role: "decode" },
     promptTokens: 16_384,
     tokens: [1, 2, 3],
-    ttftMs: 4000,
+    // The client's first token: the prefiller's prefill plus its trip when handed off; the
+    // decoder's own prefill (queue included) when colocated.
+    ttftMs: placement === "disaggregated" ? (t.prefillMs ?? 0) + 10 : 4000,
     telemetry: { promptTokens: 16_384, ...t },
   } as unknown as HandoffResult;
 }
@@ -124,4 +126,41 @@ Deno.test("LivePlacement: calibration rates by role name stand for unknown node 
   });
   const d = p.decide(input());
   assert.match(d.reason, /^no link measurement yet/);
+});
+
+Deno.test("LivePlacement: the pair's measured tail costs and its layer capture reach the prediction", () => {
+  // Two coordinators learn the same link and rates; their pairs served handoffs that differ
+  // only in the decoder's probe and in whether the recurrent state left before prefill end.
+  const recurrent = 160 * MIB;
+  const pages = 96 * MIB;
+  const served = (probeMs: number, early: boolean) => ({
+    ...handoff,
+    probeMs,
+    lastImportMs: 5,
+    commitRoundTripMs: 2,
+    uncoveredTailMs: 2, // no prefiller work before the manifest to learn in either case
+    totalBytes: pages + recurrent,
+    bytesByComponent: { "kv-page": pages, ssm: recurrent },
+    // Early: every page and the recurrent state staged before prefill end (layer capture).
+    stagedBeforePrefillEndFraction: early ? 1 : pages / (pages + recurrent),
+  });
+  const learn = (probeMs: number, early: boolean) => {
+    const p = live();
+    p.record(result("colocated", { tpotMs: 20 }), null, "d");
+    p.monitor.estimator.recordRtt({ from: "coord", to: "d" }, 0.3, performance.now());
+    p.record(result("disaggregated", served(probeMs, early)), "p", "d");
+    return p.decide({ ...input(), state: { kvBytesPerToken: 8192, recurrentBytes: recurrent } })
+      .prediction!;
+  };
+  const fastProbe = learn(20, false), slowProbe = learn(900, false), captured = learn(20, true);
+  // The decoder's measured probe is part of the tail.
+  assert.ok(
+    slowProbe.commitTailMs - fastProbe.commitTailMs > 800,
+    `${slowProbe.commitTailMs} vs ${fastProbe.commitTailMs}`,
+  );
+  // With capture seen, the recurrent state no longer waits for prefill end.
+  assert.ok(
+    captured.commitTailMs < fastProbe.commitTailMs,
+    `${captured.commitTailMs} vs ${fastProbe.commitTailMs}`,
+  );
 });

@@ -11,6 +11,7 @@ import type { CertificationFile } from "../core/certification.ts";
 import type { LinkEstimator } from "../core/link_estimates.ts";
 import type { NodeRates } from "../core/node_rates.ts";
 import { type PlacementDecision, placeRequest } from "../core/placement.ts";
+import type { MeasuredHandoffCosts } from "../core/link_costs.ts";
 import type { PlanOptions, StateSize } from "../core/planner.ts";
 import {
   canonicalJson,
@@ -43,6 +44,10 @@ export interface PeerPlacementInput {
   /** performance.now() of this process (the estimator's clock). */
   nowMs: number;
   certification: CertificationFile | null;
+  /** The pair's tail costs measured on its served handoffs (absent: none yet). */
+  costs?: MeasuredHandoffCosts;
+  /** The prefill worker sends the recurrent state during the last chunk (layer capture). */
+  snapshotDuringLastChunk?: boolean;
   options?: Partial<PlanOptions>;
 }
 
@@ -87,5 +92,7 @@ export function placeOverPeers(i: PeerPlacementInput): PlacementDecision {
     llamaBuild: typeof id.llamaBuild === "string" ? id.llamaBuild : "unknown",
     state: i.state,
     chunkTokens: i.chunkTokens,
+    costs: i.costs,
+    snapshotDuringLastChunk: i.snapshotDuringLastChunk,
   }, { links: i.links, nowMs: i.nowMs, certification: i.certification, options: i.options });
 }
