@@ -27,6 +27,8 @@ import { UsageError } from "../core/errors.ts";
 import { defaultModelPath } from "./_default_model.ts";
 import { intArg } from "./_options.ts";
 import { listenArg } from "./_peers.ts";
+import { addSpeculationOptions } from "./_speculation.ts";
+import type { SpeculationMode } from "../core/speculation.ts";
 
 interface CoordinateFlags {
   listen: { host: string; port: number };
@@ -47,10 +49,13 @@ interface CoordinateFlags {
   calibration?: string;
   certification?: string;
   linkPingMs: number;
+  speculation: SpeculationMode;
+  draftTokens: number;
+  mtpDraftTokens: number;
 }
 
 export function register(program: Command): void {
-  program
+  const cmd = program
     .command("coordinate")
     .description("serve the OpenAI-compatible API (completions, chat) in front of the workers")
     .option("--listen <host:port>", "HTTP address", listenArg, { host: "127.0.0.1", port: 8080 })
@@ -123,8 +128,11 @@ export function register(program: Command): void {
       "auto placement: ping each worker at most this often",
       intArg(100, 3_600_000),
       DEFAULT_LINK_PING_INTERVAL_MS,
-    )
-    .action((flags: CoordinateFlags) => runCoordinate(flags));
+    );
+  // With --local, the decode worker's server default (serve --speculation): every API request
+  // it decodes speculates (on contexts of its own: batching is off on such a worker, logged).
+  addSpeculationOptions(cmd);
+  cmd.action((flags: CoordinateFlags) => runCoordinate(flags));
 }
 
 async function runCoordinate(flags: CoordinateFlags): Promise<void> {
@@ -152,6 +160,14 @@ async function runCoordinate(flags: CoordinateFlags): Promise<void> {
           "--sessions-max",
           String(Math.min(64, flags.requestsInFlightMax)),
         ],
+        decodeArgs: flags.speculation === "none" ? [] : [
+          "--speculation",
+          flags.speculation,
+          "--draft-tokens",
+          String(flags.draftTokens),
+          "--mtp-draft-tokens",
+          String(flags.mtpDraftTokens),
+        ],
       });
       cleanups.push(() => cluster.stop());
       node = cluster.client;
@@ -160,6 +176,12 @@ async function runCoordinate(flags: CoordinateFlags): Promise<void> {
         { peer: cluster.decode.peer, role: "decode" },
       ]);
     } else {
+      if (flags.speculation !== "none") {
+        log(
+          `coordinate: --speculation ${flags.speculation} ignored with --peers: speculation is ` +
+            "the decode workers' default (serve --role decode --speculation <mode>)",
+        );
+      }
       node = await Node.open(flags.stateDir);
       const watch = await watchPeers(flags.peers!, null, { pollMs: flags.peersPollMs, log });
       cleanups.push(watch.stop);

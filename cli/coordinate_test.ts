@@ -23,7 +23,7 @@ async function firstJsonLine(stream: ReadableStream<Uint8Array>): Promise<Record
   throw new Error(`coordinate exited before its ready line: ${text}`);
 }
 
-Deno.test("coordinate --local serves chat with the model's template, equal to local generate", async () => {
+Deno.test("coordinate --local serves chat with the model's template, equal to local generate (the decoder speculating)", async () => {
   const model = await testModel("dense");
   const dir = await Deno.makeTempDir();
   await Deno.writeTextFile(`${dir}/keys.json`, JSON.stringify({ [KEY]: "team-a" }));
@@ -45,6 +45,9 @@ Deno.test("coordinate --local serves chat with the model's template, equal to lo
       "disaggregated",
       "--telemetry",
       `${dir}/telemetry.jsonl`,
+      // The decode worker's default: the API's request speculates, and its text is unchanged.
+      "--speculation",
+      "suffix",
     ],
     stdout: "piped",
     stderr: "piped",
@@ -96,6 +99,8 @@ Deno.test("coordinate --local serves chat with the model's template, equal to lo
   assert.equal(record.tenantId, "team-a");
   assert.equal(record.placement, "disaggregated");
   assert.ok(record.handoff.totalBytes > 0);
+  assert.equal(record.handoff.speculation?.mode, "suffix");
+  assert.ok(record.handoff.speculation.rounds > 0, "the decoder ran speculative rounds");
   assert.doesNotMatch(lines[0], /hello there/, "no content in telemetry");
   await Deno.remove(dir, { recursive: true });
 });
