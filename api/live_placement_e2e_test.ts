@@ -68,7 +68,9 @@ Deno.test("auto placement: the live decision reaches skippy.placement_reason and
     const first = await complete();
     assert.equal(first.placement, "disaggregated");
     assert.match(first.placement_reason, /^no link measurement yet.*no-link rule/);
-    assert.equal((await lastRecord()).handoff.prediction, null);
+    const unmeasured = (await lastRecord()).handoff;
+    assert.equal(unmeasured.prediction, null);
+    assert.equal(unmeasured.bandwidthBytesPerS, null, "no link facts before a measurement");
     // The coordinator's RTT to the decode worker (its pings) stands in for the pair's RTT; the
     // next handoff's own transfer then is the link sample the planner reads.
     live.monitor.estimator.recordRtt(
@@ -86,6 +88,10 @@ Deno.test("auto placement: the live decision reaches skippy.placement_reason and
     assert.equal(record.handoff.prediction.placement, planned.planned_placement);
     assert.ok(record.handoff.prediction.ttftDisaggregatedMs > 0);
     assert.ok(record.handoff.ttftMs > 0, "the measurement sits beside it");
+    // The link facts placement used: the pair's estimate (bandwidth from the handoffs' own
+    // transfers, RTT from the coordinator's pings to the decode worker).
+    assert.ok(record.handoff.bandwidthBytesPerS > 0);
+    assert.ok(record.handoff.rttMs > 0);
     // The decode worker's path travels from its GenerateDone into the record and the metrics.
     assert.match(record.handoff.decodePath, /^(batched|per-session)$/);
     const metrics = await (await fetch(`${server.url}/metrics`)).text();

@@ -308,8 +308,18 @@ export class ApiService {
     if (record.handoff) {
       // The prediction beside the measurement (null: the placement was not planned on costs).
       const p = planned.prediction;
+      // The link facts placement used: the live estimate of the prefill -> decode pair (null
+      // without auto placement, or before the pair's first handoff: nothing measured it).
+      const est = o.live && picked.prefill
+        ? o.live.pairs.estimate(
+          { from: picked.prefill.peer.nodeId, to: picked.decode.peer.nodeId },
+          performance.now(),
+        )
+        : null;
       record.handoff = {
         ...record.handoff,
+        bandwidthBytesPerS: record.handoff.bandwidthBytesPerS ?? est?.bandwidthBytesPerS ?? null,
+        rttMs: record.handoff.rttMs ?? est?.rttMs ?? null,
         prediction: p ? { placement: planned.placement, ...p } : null,
       };
     }
