@@ -44,6 +44,7 @@ import {
   buildNativeRelay,
   type EmulatedLink,
   measureNativeCeiling,
+  openGridLink,
   openLink,
 } from "./native_relay.ts";
 import { runCcComparison } from "./cc_bench.ts";
@@ -304,15 +305,10 @@ async function _runPoint(
   const decode = x.cluster.decode.peer;
   let link: EmulatedLink;
   try {
-    link = await openLink(x.relayBinary, {
-      target: { hostname: decode.host, port: decode.port },
-      rateBitsPerS: p.rateBitsPerS,
-      oneWayDelayMs: p.rttMs / 2,
-      lossFraction: p.lossFraction,
-      // 50 ms of queue at the link rate (at least a few packets).
-      queueBytesMax: Math.max(32 * 1024, (p.rateBitsPerS / 8) * 0.05),
+    link = await openGridLink(x.relayBinary, decode, p, {
       ceilingBitsPerS: x.ceilingBitsPerS,
       seed: 7,
+      queueBytesMin: 32 * 1024,
     });
   } catch (error) {
     row.refused = (error as Error).message.split(":")[0];

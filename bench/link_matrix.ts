@@ -32,7 +32,7 @@ import {
   measureNativeCeiling,
   type NativeCeiling,
   NativeLinkRelay,
-  openLink,
+  openGridLink,
 } from "./native_relay.ts";
 import { HandoffCostRecorder } from "../core/link_costs.ts";
 import type { StateSize } from "../core/planner.ts";
@@ -257,13 +257,7 @@ async function _runPoint(
   const decode = x.cluster.decode.peer;
   let link: EmulatedLink;
   try {
-    link = await openLink(x.binary, {
-      target: { hostname: decode.host, port: decode.port },
-      rateBitsPerS: p.rateBitsPerS,
-      oneWayDelayMs: p.rttMs / 2,
-      lossFraction: p.lossFraction,
-      // 50 ms of queue at the link rate (at least a few packets).
-      queueBytesMax: Math.max(64 * 1024, (p.rateBitsPerS / 8) * 0.05),
+    link = await openGridLink(x.binary, decode, p, {
       ceilingBitsPerS: x.ceilingBitsPerS,
       seed: 7 + rep,
     });

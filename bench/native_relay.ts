@@ -329,3 +329,36 @@ export async function openLink(
 ): Promise<EmulatedLink> {
   return binary ? await NativeLinkRelay.start(binary, o) : new _TsLink(o);
 }
+
+/** A link-grid point: rate, round trip and loss. */
+export interface GridPoint {
+  rateBitsPerS: number;
+  rttMs: number;
+  lossFraction: number;
+}
+
+/**
+ * Opens the emulated link of one grid point in front of `target` (half the RTT each way) with
+ * 50 ms of queue at the link rate, at least `queueBytesMin`.
+ *
+ * @example
+ * ```ts
+ * const link = await openGridLink(binary, decode, point, { ceilingBitsPerS, seed: 7 });
+ * ```
+ */
+export function openGridLink(
+  binary: string | null,
+  target: { host: string; port: number },
+  p: GridPoint,
+  o: { ceilingBitsPerS: number; seed: number; queueBytesMin?: number },
+): Promise<EmulatedLink> {
+  return openLink(binary, {
+    target: { hostname: target.host, port: target.port },
+    rateBitsPerS: p.rateBitsPerS,
+    oneWayDelayMs: p.rttMs / 2,
+    lossFraction: p.lossFraction,
+    queueBytesMax: Math.max(o.queueBytesMin ?? 64 * 1024, (p.rateBitsPerS / 8) * 0.05),
+    ceilingBitsPerS: o.ceilingBitsPerS,
+    seed: o.seed,
+  });
+}
