@@ -308,8 +308,9 @@ export class ApiService {
     if (record.handoff) {
       // The prediction beside the measurement (null: the placement was not planned on costs).
       const p = planned.prediction;
-      // The link facts placement used: the live estimate of the prefill -> decode pair (null
-      // without auto placement, or before the pair's first handoff: nothing measured it).
+      // Link facts: the RTT the handoff measured itself (its reservation round trip), else the
+      // live estimate placement used; bandwidth only from that estimate (null without auto
+      // placement, or before the pair's first handoff: nothing measured it).
       const est = o.live && picked.prefill
         ? o.live.pairs.estimate(
           { from: picked.prefill.peer.nodeId, to: picked.decode.peer.nodeId },

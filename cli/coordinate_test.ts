@@ -100,6 +100,7 @@ Deno.test("coordinate --local serves chat with the model's template, equal to lo
   assert.equal(record.placement, "disaggregated");
   assert.ok(record.handoff.totalBytes > 0);
   assert.equal(record.handoff.speculation?.mode, "suffix");
+  assert.ok(record.handoff.rttMs > 0, "the prefill -> decode reservation round trip");
   assert.ok(record.handoff.speculation.rounds > 0, "the decoder ran speculative rounds");
   assert.doesNotMatch(lines[0], /hello there/, "no content in telemetry");
   await Deno.remove(dir, { recursive: true });

@@ -41,6 +41,8 @@ export type PrefillerTelemetryEvent =
    */
   | { type: "chunk-staged"; atMs: number; seq: number; bytes: number }
   | { type: "manifest-sent"; atMs: number }
+  /** ReserveAccepted arrived: the prefill -> decode round trip of its ReserveRequest. */
+  | { type: "reserved"; atMs: number; roundTripMs: number }
   /** The probe digest left, after the manifest (the prefiller's probe ran meanwhile). */
   | { type: "probe-digest-sent"; atMs: number }
   | { type: "commit-ack"; atMs: number }
@@ -203,7 +205,7 @@ export function deriveTelemetry(input: {
   /** Measured by the client: end of prefill to the first token received (see the field). */
   firstTokenAfterPrefillMs?: number | null;
 }): HandoffTelemetry {
-  const p = _prefillerSide(
+  const { reserveRoundTripMs, ...p } = _prefillerSide(
     Array.isArray(input.prefiller)
       ? summarizePrefiller(input.prefiller)
       : input.prefiller as PrefillerTelemetrySummary,
@@ -219,7 +221,9 @@ export function deriveTelemetry(input: {
     ...p,
     ...d,
     bandwidthBytesPerS: input.link?.bandwidthBytesPerS ?? null,
-    rttMs: input.link?.rttMs ?? null,
+    // Measured outside the handoff when given, else the reservation's own round trip (the
+    // decoder's reservation work included: an upper bound on the link's RTT).
+    rttMs: input.link?.rttMs ?? reserveRoundTripMs,
     firstTokenAfterPrefillMs: input.firstTokenAfterPrefillMs ?? null,
   };
 }
@@ -244,6 +248,7 @@ function _prefillerSide(s: PrefillerTelemetrySummary) {
     totalBytes: s.totalBytes,
     chunksSent: s.chunksSent ?? null,
     chunkBytesMaxSent: s.chunkBytesMaxSent ?? null,
+    reserveRoundTripMs: s.reserveRoundTripMs ?? null,
     prefillMs: _sub(s.prefillEndMs, s.startMs),
     exportMs: s.exportMs,
     queueMs: s.queueMs,

@@ -35,6 +35,8 @@ export interface PrefillerTelemetrySummary {
   /** State chunks sent, and the largest payload among them (bounded chunks, schema 3). */
   chunksSent?: number;
   chunkBytesMaxSent?: number;
+  /** The shortest ReserveRequest -> ReserveAccepted round trip over attempts, in ms. */
+  reserveRoundTripMs?: number;
   exportMs: number;
   queueMs: number;
   wireMs: number;
@@ -190,6 +192,9 @@ export class PrefillerTelemetry {
         return;
       case "manifest-sent":
         s.manifestSentMs ??= e.atMs;
+        return;
+      case "reserved":
+        s.reserveRoundTripMs = Math.min(s.reserveRoundTripMs ?? Infinity, e.roundTripMs);
         return;
       case "commit-ack":
         s.commitAckMs ??= e.atMs;

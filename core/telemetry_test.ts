@@ -159,3 +159,24 @@ Deno.test("the decoder's parity verdict reaches the record and the line, fields 
   });
   assert.equal(bitwise.parity, "bitwise");
 });
+
+Deno.test("rttMs: the link facts when given, else the shortest reservation round trip", () => {
+  const events = [
+    ...prefillerEvents(),
+    // Two attempts (a retry): the second reservation answered faster.
+    { type: "reserved", atMs: 1001, roundTripMs: 0.9 },
+    { type: "reserved", atMs: 1002, roundTripMs: 0.4 },
+  ] satisfies PrefillerTelemetryEvent[];
+  const own = deriveTelemetry({ prefiller: events, decoder: decoderEvents() });
+  assert.equal(own.rttMs, 0.4);
+  assert.equal(own.bandwidthBytesPerS, null, "no bandwidth without a measurement");
+  assert.ok(!("reserveRoundTripMs" in own), "the record has one RTT field");
+  const given = deriveTelemetry({
+    prefiller: events,
+    decoder: decoderEvents(),
+    link: { bandwidthBytesPerS: 5e9, rttMs: 0.3 },
+  });
+  assert.equal(given.rttMs, 0.3);
+  const none = deriveTelemetry({ prefiller: prefillerEvents(), decoder: decoderEvents() });
+  assert.equal(none.rttMs, null);
+});

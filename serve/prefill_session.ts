@@ -115,6 +115,8 @@ export class PrefillHandoff {
   #exportError: unknown = null;
   #manifestFed = false;
   #probeFed = false;
+  /** When this attempt's ReserveRequest left (null: answered, or none sent). */
+  #reserveSentAt: number | null = null;
   #decoder: DecoderChannel | null = null;
   #stream: HandoffSender | null = null;
   #binding: BindingContext | null = null;
@@ -331,6 +333,15 @@ export class PrefillHandoff {
       case "send":
         return await this.#send(a.msg);
       case "bind":
+        // The reservation was accepted: its round trip is this attempt's RTT to the decoder.
+        if (this.#reserveSentAt !== null) {
+          this.#telemetry.push({
+            type: "reserved",
+            atMs: now,
+            roundTripMs: now - this.#reserveSentAt,
+          });
+          this.#reserveSentAt = null;
+        }
         return await this.#bind(a.bindingKey);
       case "retry":
         this.#telemetry.push({ type: "retry", atMs: now, reason: a.reason });
@@ -377,6 +388,7 @@ export class PrefillHandoff {
         return;
       }
       if (!this.#decoder) throw new Error("no connection to the decode worker");
+      if (msg.type === "ReserveRequest") this.#reserveSentAt = performance.now();
       await this.#decoder.send({ ...msg } as unknown as Record<string, unknown>);
     } catch (error) {
       if (error instanceof LimitExceededError || error instanceof StateValidationError) {
