@@ -38,15 +38,13 @@ import type { DecoderChannel } from "./decoder_channel.ts";
 import type { Engine } from "./engine.ts";
 import {
   DEFAULT_EXPORT_LIMITS,
-  type ExportedChunk,
   type ExportPrefix,
   type ExportResult,
   type FirstTokenHook,
-  NO_PREFIX,
   reexportPage,
-  StateExporter,
 } from "./exporter.ts";
-import { ExportStopped, RetainedState } from "./_retained_state.ts";
+import { RetainedState } from "./_retained_state.ts";
+import { runExport } from "./_export_run.ts";
 import { within } from "./_deadline.ts";
 import type { ResolvedIdentity } from "./identity.ts";
 import { describeAbort, type PrefillOutcome, type PrefillRequest } from "./messages.ts";
@@ -506,77 +504,20 @@ export class PrefillHandoff {
   }
 
   async #runExporter(): Promise<void> {
-    const r = this.input.request;
-    const { engine, identity, draft } = this.input;
-    const exporter = new StateExporter(engine, identity, r.handoffId, draft, {
-      ...DEFAULT_EXPORT_LIMITS,
-      layerCapture: this.input.limits.layerCapture,
-      chunkBytesMax: this.input.limits.chunkBytesMax,
+    const wake = () => this.#events.tryPush({ type: "Tick", elapsedMs: 0 });
+    const end = await runExport(this.input, {
+      telemetry: this.#telemetry,
+      retained: this.#retained,
+      wake,
+      onTailExported: (manifest) => this.#exportDone = { manifest },
     });
-    const { seed, ...sampling } = r.sampling;
-    const sampler = { seed, draws: 0 }; // advanced by the first token's draw
-    try {
-      const result = await exporter.run(
-        this.input.prompt,
-        sampling,
-        sampler,
-        (chunk, exportMs) => this.#accept(chunk, exportMs),
-        this.input.onFirstToken &&
-          ((token, logits, prefillEndMs) => {
-            this.input.onFirstToken!(token, logits, prefillEndMs);
-            this.#telemetry.push({ type: "first-token", atMs: performance.now() });
-          }),
-        {
-          ...NO_PREFIX,
-          ...this.input.prefix,
-          // A pure recurrent model streams no pages: its split is reported from here.
-          onUnpagedTokens: (tokens, cached) =>
-            this.#telemetry.push({
-              type: "prefill-chunk-done",
-              atMs: performance.now(),
-              tokens,
-              cached,
-            }),
-        },
-        () => {
-          // Every chunk is out of the exporter: the manifest may leave before the probe runs.
-          const headers = this.#retained.headers();
-          this.#exportDone = {
-            manifest: exporter.manifest(headers, this.input.prompt.length, null),
-          };
-          this.#events.tryPush({ type: "Tick", elapsedMs: 0 }); // wake the loop
-        },
-      );
-      this.#probeDigest = result.probeLogitsSha256;
-      this.#exportResult = { result, sampler };
-    } catch (error) {
-      if (!(error instanceof ExportStopped)) this.#exportError = error;
+    if (end.done) {
+      this.#probeDigest = end.done.result.probeLogitsSha256;
+      this.#exportResult = end.done;
+    } else if (end.error !== null) {
+      this.#exportError = end.error;
     }
-    this.#events.tryPush({ type: "Tick", elapsedMs: 0 }); // wake the loop
-  }
-
-  /** The exporter's sink: retain the chunk, then wait while too many bytes are unsent. */
-  async #accept(chunk: ExportedChunk, exportMs: number): Promise<void> {
-    const now = performance.now();
-    const h = chunk.header;
-    if (h.kind === "kv-page") {
-      const tokens = h.tokenRange[1] - h.tokenRange[0];
-      this.#telemetry.push({
-        type: "prefill-chunk-done",
-        atMs: now - exportMs,
-        tokens,
-        cached: chunk.cached === true,
-      });
-    }
-    this.#telemetry.push({
-      type: "export",
-      atMs: now,
-      kind: h.kind,
-      bytes: h.payloadBytes,
-      durationMs: exportMs,
-    });
-    // Wake the loop to feed the chunk to the table.
-    await this.#retained.add(chunk, () => this.#events.tryPush({ type: "Tick", elapsedMs: 0 }));
+    wake(); // the loop sees the end
   }
 
   #result(outcome: PrefillOutcome["outcome"], reason: AbortReason | null, message: string | null) {
