@@ -4,6 +4,8 @@
  * with and without loss, repeats interleaved so machine load falls on both alike. Part of
  * `--only link`, and standalone: `deno run -A --unstable-net bench/cc_bench.ts --help`.
  */
+import { parseArgs } from "node:util";
+import { numberList } from "./cli_args.ts";
 import { createEphemeralTlsCertificate } from "../transport/tls.ts";
 import { connectQuicRaw, listenQuicRaw } from "../transport/quic.ts";
 import { buildNativeRelay, measureNativeCeiling, openLink } from "./native_relay.ts";
@@ -123,18 +125,24 @@ async function _once(
 }
 
 if (import.meta.main) {
-  const args = Deno.args;
-  if (args.includes("--help")) {
+  const { values: v } = parseArgs({
+    args: Deno.args,
+    options: {
+      rates: { type: "string", default: "100,400,1000" },
+      "rtt-ms": { type: "string", default: "2" },
+      losses: { type: "string", default: "0,0.001,0.01" },
+      mib: { type: "string", default: "32" },
+      repeats: { type: "string", default: "3" },
+      help: { type: "boolean", default: false },
+    },
+  });
+  if (v.help) {
     console.log(
       "deno run -A --unstable-net bench/cc_bench.ts [--rates 100,400,1000 (Mbit/s)] " +
         "[--rtt-ms 2] [--losses 0,0.001,0.01] [--mib 32] [--repeats 3]",
     );
     Deno.exit(0);
   }
-  const opt = (name: string, dflt: string) => {
-    const k = args.indexOf(name);
-    return k >= 0 ? args[k + 1] : dflt;
-  };
   const binary = await buildNativeRelay();
   const ceiling = binary ? await measureNativeCeiling(binary) : null;
   const load = await Deno.readTextFile("/proc/loadavg").catch(() => "?");
@@ -143,15 +151,15 @@ if (import.meta.main) {
       ceiling ? (ceiling.bitsPerS / 1e6).toFixed(0) : "?"
     } Mbit/s; load ${load.trim()}`,
   );
-  for (const mbit of opt("--rates", "100,400,1000").split(",").map(Number)) {
+  for (const mbit of numberList("--rates", v.rates)) {
     const rows = await runCcComparison({
       rateBitsPerS: mbit * 1e6,
-      rttMs: Number(opt("--rtt-ms", "2")),
-      losses: opt("--losses", "0,0.001,0.01").split(",").map(Number),
-      bytes: Number(opt("--mib", "32")) << 20,
+      rttMs: numberList("--rtt-ms", v["rtt-ms"])[0],
+      losses: numberList("--losses", v.losses),
+      bytes: numberList("--mib", v.mib)[0] * 2 ** 20,
       ceilingBitsPerS: ceiling?.bitsPerS ?? 40e6,
       relayBinary: binary,
-      repeats: Number(opt("--repeats", "3")),
+      repeats: numberList("--repeats", v.repeats)[0],
     });
     for (const r of rows) {
       console.log(

@@ -15,6 +15,8 @@
  * loop so the prefill rate a prediction uses was measured minutes, not an hour, before.
  * Machine load (/proc/loadavg) is recorded with every row.
  */
+import { parseArgs } from "node:util";
+import { numberList } from "./cli_args.ts";
 import { ensureModelFile } from "../models/mod.ts";
 import { runHandoff } from "../serve/coordinator.ts";
 import { type LocalCluster, startLocalCluster } from "../serve/local_cluster.ts";
@@ -374,12 +376,20 @@ async function _tokensPerSentence(model: string): Promise<number> {
 }
 
 if (import.meta.main) {
-  const args = Deno.args;
-  const opt = (name: string, dflt: string) => {
-    const k = args.indexOf(name);
-    return k >= 0 ? args[k + 1] : dflt;
-  };
-  if (args.includes("--help")) {
+  const { values: v } = parseArgs({
+    args: Deno.args,
+    options: {
+      model: { type: "string", default: "super-mini" },
+      prompts: { type: "string" },
+      rates: { type: "string", default: "100,400,1000" },
+      rtts: { type: "string", default: "0.2,2,10" },
+      losses: { type: "string", default: "0,0.001" },
+      repeats: { type: "string", default: "1" },
+      out: { type: "string", default: "" },
+      help: { type: "boolean", default: false },
+    },
+  });
+  if (v.help) {
     console.log(
       "deno run -A --unstable-net bench/link_matrix.ts --model super-mini|lab-state " +
         "[--prompts 512,2048,8192,32768] [--rates 100,400,1000] [--rtts 0.2,2,10] " +
@@ -387,16 +397,15 @@ if (import.meta.main) {
     );
     Deno.exit(0);
   }
-  const model = opt("--model", "super-mini") as keyof typeof MODELS;
+  const model = v.model as keyof typeof MODELS;
   if (!MODELS[model]) {
     console.error(`error: unknown --model ${model} (use super-mini or lab-state)`);
     Deno.exit(2);
   }
-  const nums = (s: string) => s.split(",").map(Number);
   const points: MatrixPoint[] = [];
-  for (const r of nums(opt("--rates", "100,400,1000"))) {
-    for (const rtt of nums(opt("--rtts", "0.2,2,10"))) {
-      for (const loss of nums(opt("--losses", "0,0.001"))) {
+  for (const r of numberList("--rates", v.rates)) {
+    for (const rtt of numberList("--rtts", v.rtts)) {
+      for (const loss of numberList("--losses", v.losses)) {
         points.push({ rateBitsPerS: r * 1e6, rttMs: rtt, lossFraction: loss });
       }
     }
@@ -404,12 +413,13 @@ if (import.meta.main) {
   const f = (v: number | null | undefined) => (v == null ? "-" : v.toFixed(0));
   const result = await runLinkMatrix({
     model,
-    prompts: nums(
-      opt("--prompts", model === "lab-state" ? "512,2048,4096" : "512,2048,8192,32768"),
+    prompts: numberList(
+      "--prompts",
+      v.prompts ?? (model === "lab-state" ? "512,2048,4096" : "512,2048,8192,32768"),
     ),
     points,
-    repeats: Number(opt("--repeats", "1")),
-    outFile: opt("--out", "") || undefined,
+    repeats: numberList("--repeats", v.repeats)[0],
+    outFile: v.out || undefined,
     log: (r) =>
       console.log(
         `${r.rateBitsPerS / 1e6}M ${r.rttMs}ms ${r.lossFraction * 100}% n=${r.promptTokens} ` +

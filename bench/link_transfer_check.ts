@@ -9,6 +9,8 @@
  *   deno run -A --unstable-net bench/link_transfer_check.ts [--mib 1,11,44]
  *     [--rates 100,400,1000] [--rtts 0.2,2,10] [--losses 0,0.001] [--out FILE.json]
  */
+import { parseArgs } from "node:util";
+import { numberList } from "./cli_args.ts";
 import { createEphemeralTlsCertificate } from "../transport/tls.ts";
 import { connectQuicRaw, listenQuicRaw } from "../transport/quic.ts";
 import type { RawConnection } from "../transport/channel.ts";
@@ -169,24 +171,29 @@ export async function runTransferCheck(o: {
 }
 
 if (import.meta.main) {
-  const args = Deno.args;
-  if (args.includes("--help")) {
+  const { values: v } = parseArgs({
+    args: Deno.args,
+    options: {
+      mib: { type: "string", default: "1,11,44" },
+      rates: { type: "string", default: "100,400,1000" },
+      rtts: { type: "string", default: "0.2,2,10" },
+      losses: { type: "string", default: "0,0.001" },
+      out: { type: "string", default: "" },
+      help: { type: "boolean", default: false },
+    },
+  });
+  if (v.help) {
     console.log(
       "deno run -A --unstable-net bench/link_transfer_check.ts [--mib 1,11,44] " +
         "[--rates 100,400,1000] [--rtts 0.2,2,10] [--losses 0,0.001] [--out FILE.json]",
     );
     Deno.exit(0);
   }
-  const opt = (name: string, dflt: string) => {
-    const k = args.indexOf(name);
-    return k >= 0 ? args[k + 1] : dflt;
-  };
-  const nums = (s: string) => s.split(",").map(Number);
   const r = await runTransferCheck({
-    mib: nums(opt("--mib", "1,11,44")),
-    rates: nums(opt("--rates", "100,400,1000")).map((m) => m * 1e6),
-    rtts: nums(opt("--rtts", "0.2,2,10")),
-    losses: nums(opt("--losses", "0,0.001")),
+    mib: numberList("--mib", v.mib),
+    rates: numberList("--rates", v.rates).map((m) => m * 1e6),
+    rtts: numberList("--rtts", v.rtts),
+    losses: numberList("--losses", v.losses),
     log: (x) =>
       console.log(
         `${x.rateBitsPerS / 1e6}M ${x.rttMs}ms ${x.lossFraction * 100}% load ${x.loadAvg1m} ` +
@@ -207,6 +214,5 @@ if (import.meta.main) {
       errs.filter((e) => Math.abs(e) <= 0.15).length
     }/${errs.length} transfers predicted within 15%`,
   );
-  const out = opt("--out", "");
-  if (out) await Deno.writeTextFile(out, JSON.stringify(r));
+  if (v.out) await Deno.writeTextFile(v.out, JSON.stringify(r));
 }
