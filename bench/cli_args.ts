@@ -9,8 +9,9 @@
  * ```
  */
 export function numberList(flag: string, text: string): number[] {
-  const out = text.split(",").map((s) => Number(s.trim()));
-  if (out.length === 0 || out.some((x) => !Number.isFinite(x))) {
+  const parts = text.split(",").map((s) => s.trim());
+  const out = parts.map(Number);
+  if (parts.some((s) => s === "") || out.some((x) => !Number.isFinite(x))) {
     throw new Error(`${flag} ${text}: expected comma-separated numbers, e.g. ${flag} 1,2,3`);
   }
   return out;
