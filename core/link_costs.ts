@@ -22,6 +22,8 @@ export interface HandoffCostFacts {
   prefillMs: number | null;
   uncoveredTailMs: number | null;
   commitRoundTripMs: number | null;
+  /** The prefiller's export work after prefill end (absent or null: an older prefiller). */
+  tailExportMs?: number | null;
 }
 
 /** What the recorder has learned; a term with no sample is absent. */
@@ -61,9 +63,12 @@ export class HandoffCostRecorder {
 
   /**
    * One served handoff, the client's TTFT for it when the caller measured one, and the link
-   * time after prefill end the model predicted for it. Prefill end to the manifest leaving is
-   * the prefiller's own work only where the link was not what it waited for, so it is learned
-   * from handoffs whose predicted link time is under a quarter of it (0 on an unshaped link).
+   * time after prefill end the model predicted for it. The prefiller's own work after prefill
+   * end is its measured tail export (`tailExportMs`). From an older prefiller that does not
+   * report it, prefill end to the manifest leaving is learned only where nothing can have held
+   * the manifest back (`predictedLinkMs` 0: an unshaped link): inferring it wherever the link
+   * was predicted to be short learned link stalls the model missed (flow control, loss
+   * recovery) as prefiller work, and over-predicted every later tail.
    */
   record(
     t: HandoffCostFacts,
@@ -71,9 +76,13 @@ export class HandoffCostRecorder {
     predictedLinkMs: number | null = null,
   ): void {
     this.#samples++;
-    if (t.uncoveredTailMs !== null && t.commitRoundTripMs !== null && predictedLinkMs !== null) {
+    if (t.tailExportMs !== undefined && t.tailExportMs !== null && t.tailExportMs >= 0) {
+      this.#push(this.#prefillerPost, t.tailExportMs);
+    } else if (
+      t.uncoveredTailMs !== null && t.commitRoundTripMs !== null && predictedLinkMs === 0
+    ) {
       const post = t.uncoveredTailMs - t.commitRoundTripMs;
-      if (post >= 0 && predictedLinkMs <= post / 4) this.#push(this.#prefillerPost, post);
+      if (post >= 0) this.#push(this.#prefillerPost, post);
     }
     if (t.probeMs !== null && t.probeMs >= 0) this.#push(this.#probe, t.probeMs);
     // What is left to import at commit: everything but the pages staged on arrival.

@@ -33,12 +33,24 @@ Deno.test("HandoffCostRecorder keeps the median of the newest samples of each te
   assert.equal(c.prefillerPostMs, undefined); // no predicted link time given: not learned
 });
 
-Deno.test("HandoffCostRecorder learns the prefiller's post-prefill work only where the link hid under it", () => {
+Deno.test("HandoffCostRecorder learns the prefiller's post-prefill work from its measured tail export", () => {
   const r = new HandoffCostRecorder();
+  // Prefill end to the manifest took 200 ms, but only 12 ms of it was export work: the rest
+  // was the link (flow control, a lost packet) and must not be learned as the prefiller's.
+  r.record({ ...facts(40, 0), tailExportMs: 12 }, null, 5);
+  r.record({ ...facts(40, 0), tailExportMs: 20 }, null, 5);
+  r.record({ ...facts(40, 0), tailExportMs: 16 }, null, 5);
+  assert.equal(r.costs().prefillerPostMs, 16);
+});
+
+Deno.test("HandoffCostRecorder infers post-prefill work from an older prefiller only on an unshaped link", () => {
+  const r = new HandoffCostRecorder();
+  r.record(facts(40, 0), null, 20); // shaped: the 200 ms may be the link's; not a sample
+  r.record(facts(40, 0), null, 1); // even where the model predicted a short link time
+  assert.equal(r.costs().prefillerPostMs, undefined);
   r.record(facts(40, 0), null, 0); // unshaped: 200 ms from prefill end to the manifest
-  r.record(facts(40, 0), null, 180); // the link took most of those 200 ms: not a sample
   assert.equal(r.costs().prefillerPostMs, 200);
-  r.record({ ...facts(40, 0), uncoveredTailMs: 420 }, null, 20);
+  r.record({ ...facts(40, 0), uncoveredTailMs: 420 }, null, 0);
   assert.equal(r.costs().prefillerPostMs, 160); // median of 200 and 120
 });
 

@@ -24,6 +24,12 @@ export * from "./telemetry_summary.ts";
 export type PrefillerTelemetryEvent =
   | { type: "request-start"; atMs: number }
   | { type: "prefill-chunk-done"; atMs: number; tokens: number; cached: boolean }
+  /**
+   * The prompt's last chunk finished computing and the first token was sampled. With layer
+   * capture this precedes that chunk's "prefill-chunk-done" (recorded when its page export
+   * starts, after the captured layers were handed to the sink); the tail counts from here.
+   */
+  | { type: "prefill-computed"; atMs: number }
   | { type: "export"; atMs: number; kind: ComponentKind; bytes: number; durationMs: number }
   | { type: "chunk-queued"; atMs: number; seq: number; kind: ComponentKind; bytes: number }
   /** The chunk's last byte was handed to the transport; `durationMs` is the write's duration. */
@@ -125,6 +131,11 @@ export interface HandoffTelemetry {
   stagedBeforePrefillEndFraction: number | null;
   /** End of the last prefill chunk to CommitAck. */
   uncoveredTailMs: number | null;
+  /**
+   * Prefiller: export work after the end of prefill (the last page, state not captured
+   * during the last chunk), without waits for the link; null or absent: not measured.
+   */
+  tailExportMs?: number | null;
   bandwidthBytesPerS: number | null;
   /** Bytes sent over the summed write time: what the handoff actually achieved. */
   achievedBytesPerS: number | null;
@@ -239,6 +250,11 @@ function _fraction(s: PrefillerTelemetrySummary, early: number): number | null {
   return total > 0 ? Math.min(1, early / total) : null;
 }
 
+/** When the prompt's last chunk finished computing (older prefillers: its page export). */
+function _prefillEnd(s: PrefillerTelemetrySummary): number | null {
+  return s.prefillComputedMs ?? s.prefillEndMs;
+}
+
 function _prefillerSide(s: PrefillerTelemetrySummary) {
   return {
     promptTokens: s.cachedTokens + s.computedTokens,
@@ -249,19 +265,20 @@ function _prefillerSide(s: PrefillerTelemetrySummary) {
     chunksSent: s.chunksSent ?? null,
     chunkBytesMaxSent: s.chunkBytesMaxSent ?? null,
     reserveRoundTripMs: s.reserveRoundTripMs ?? null,
-    prefillMs: _sub(s.prefillEndMs, s.startMs),
+    prefillMs: _sub(_prefillEnd(s), s.startMs),
     exportMs: s.exportMs,
     queueMs: s.queueMs,
     wireMs: s.wireMs,
     commitRoundTripMs: _sub(s.commitAckMs, s.manifestSentMs),
     overlapFraction: _fraction(s, s.kvSentByPrefillEndBytes),
     stagedBeforePrefillEndFraction: _fraction(s, s.kvStagedByPrefillEndBytes),
-    uncoveredTailMs: _sub(s.commitAckMs, s.prefillEndMs),
+    uncoveredTailMs: _sub(s.commitAckMs, _prefillEnd(s)),
+    tailExportMs: s.prefillEndMs === null ? null : s.tailExportMs ?? null,
     achievedBytesPerS: s.wireMs > 0 ? (s.totalBytes / s.wireMs) * 1000 : null,
     retries: s.retries,
     retryReasons: [...s.retryReasons],
     fallbackReason: s.fallbackReason,
-    firstTokenDelayMs: _sub(s.firstTokenMs, s.prefillEndMs),
+    firstTokenDelayMs: _sub(s.firstTokenMs, _prefillEnd(s)),
     ttftMs: _sub(s.firstTokenMs, s.startMs),
   };
 }

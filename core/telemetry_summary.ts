@@ -26,8 +26,10 @@ const RECENT_MAX = 32;
  */
 export interface PrefillerTelemetrySummary {
   startMs: number | null;
-  /** End of the last prefill chunk. */
+  /** End of the last prefill chunk (when its page export started). */
   prefillEndMs: number | null;
+  /** When the last chunk's compute finished and the first token was sampled. */
+  prefillComputedMs?: number | null;
   cachedTokens: number;
   computedTokens: number;
   bytesByComponent: Partial<Record<ComponentKind, number>>;
@@ -55,6 +57,12 @@ export interface PrefillerTelemetrySummary {
   /** KV bytes sent / staged by the end of prefill (snapshot at the last chunk end). */
   kvSentByPrefillEndBytes: number;
   kvStagedByPrefillEndBytes: number;
+  /**
+   * Export work that started at or after the end of prefill (the last page and whatever state
+   * was not captured during the last chunk), summed: the prefiller's own part of the tail,
+   * without any wait for the link or the decoder's credit.
+   */
+  tailExportMs?: number;
 }
 
 /** What the decoder's events add up to: fixed-size, whatever the generation length. */
@@ -138,6 +146,7 @@ export class PrefillerTelemetry {
     lastKvBytes: 0,
     kvSentByPrefillEndBytes: 0,
     kvStagedByPrefillEndBytes: 0,
+    tailExportMs: 0,
   };
   /** Queue time of chunks queued and not yet sent, by seq. */
   readonly #queued = new Map<number, number>();
@@ -156,12 +165,20 @@ export class PrefillerTelemetry {
         else s.computedTokens += e.tokens;
         if (s.prefillEndMs === null || e.atMs >= s.prefillEndMs) {
           s.prefillEndMs = e.atMs;
+          s.tailExportMs = 0; // only exports after the last chunk's end count
           s.kvSentByPrefillEndBytes = s.kvSentBytes - _after(this.#recentSent, e.atMs);
           s.kvStagedByPrefillEndBytes = this.#kvStagedBytes - _after(this.#recentStaged, e.atMs);
         }
         return;
+      case "prefill-computed":
+        s.prefillComputedMs = e.atMs;
+        return;
       case "export":
         s.exportMs += e.durationMs;
+        // The last page's export starts exactly at the chunk's end (the same subtraction).
+        if (s.prefillEndMs !== null && e.atMs - e.durationMs >= s.prefillEndMs - 1e-6) {
+          s.tailExportMs = (s.tailExportMs ?? 0) + e.durationMs;
+        }
         return;
       case "chunk-queued":
         this.#queued.set(e.seq, e.atMs);

@@ -180,3 +180,35 @@ Deno.test("rttMs: the link facts when given, else the shortest reservation round
   const none = deriveTelemetry({ prefiller: prefillerEvents(), decoder: decoderEvents() });
   assert.equal(none.rttMs, null);
 });
+
+Deno.test("tailExportMs sums only the export work that started at or after the last chunk's end", () => {
+  const e = prefillerEvents(); // pages export 1 ms after each chunk's end
+  // As serve/_export_run.ts records it: a chunk's end is its page export's start.
+  const paged: PrefillerTelemetryEvent[] = [
+    { type: "request-start", atMs: 0 },
+    { type: "prefill-chunk-done", atMs: 100, tokens: 512, cached: false },
+    { type: "export", atMs: 104, kind: "kv-page", bytes: MIB, durationMs: 4 },
+    // Captured recurrent layers of the last chunk, exported while it computed: not tail work.
+    { type: "export", atMs: 150, kind: "ssm", bytes: MIB, durationMs: 3 },
+    { type: "prefill-chunk-done", atMs: 200, tokens: 512, cached: false },
+    { type: "export", atMs: 205, kind: "kv-page", bytes: MIB, durationMs: 5 },
+    { type: "export", atMs: 212, kind: "conv", bytes: MIB, durationMs: 2 },
+  ];
+  assert.equal(deriveTelemetry({ prefiller: paged, decoder: [] }).tailExportMs, 7);
+  // The fixture's exports all start after their chunk's end: only the last one counts.
+  assert.equal(deriveTelemetry({ prefiller: e, decoder: decoderEvents() }).tailExportMs, 1);
+  assert.equal(deriveTelemetry({ prefiller: [], decoder: [] }).tailExportMs, null);
+});
+
+Deno.test("the tail and TTFT count from the last chunk's compute end when the prefiller reports it", () => {
+  // Layer capture: the last chunk computed at 1300, its captured layers drained into a slow
+  // link until 1400, when its page export started (the fixture's last chunk-done).
+  const e = prefillerEvents();
+  e.splice(1, 0, { type: "prefill-computed", atMs: 1300 });
+  const t = deriveTelemetry({ prefiller: e, decoder: decoderEvents() });
+  assert.equal(t.prefillMs, 300);
+  assert.equal(t.uncoveredTailMs, 171); // CommitAck at 1471
+  assert.equal(t.firstTokenDelayMs, 102);
+  const old = deriveTelemetry({ prefiller: prefillerEvents(), decoder: decoderEvents() });
+  assert.equal(old.prefillMs, 400); // an older prefiller: the last chunk-done stands in
+});

@@ -60,11 +60,13 @@ export async function runExport(
       sampling,
       sampler,
       (chunk, exportMs) => _accept(sinks, chunk, exportMs),
-      input.onFirstToken &&
-        ((token, logits, prefillEndMs) => {
-          input.onFirstToken!(token, logits, prefillEndMs);
-          telemetry.push({ type: "first-token", atMs: performance.now() });
-        }),
+      (token, logits, prefillEndMs) => {
+        // The last chunk's compute is done: the tail is measured from here.
+        telemetry.push({ type: "prefill-computed", atMs: prefillEndMs });
+        if (!input.onFirstToken) return;
+        input.onFirstToken(token, logits, prefillEndMs);
+        telemetry.push({ type: "first-token", atMs: performance.now() });
+      },
       {
         ...NO_PREFIX,
         ...input.prefix,

@@ -204,15 +204,29 @@ export class StateExporter {
     const kinds = this.identity.numerical.layerKinds;
     const chunks = (part: "conv" | "ssm", layers: Range, payload: Uint8Array) =>
       this.#cut(part, layers, payload, false, [0, n]);
+    // With layer capture the last chunk's decode returns before its captured layers have
+    // been handed to the (bounded) sink: the first token leaves then, not after the layers
+    // drained through a slow link.
     const hooks: PrefillHooks = capture && kinds.includes("recurrent")
       ? {
         lastDecode: (decode, finalPos) =>
-          streamLayers({ capture, kinds, decode, finalPos, sink, chunks, sent: captured }),
+          streamLayers({
+            capture,
+            kinds,
+            decode: async () => {
+              await decode();
+              sampleFirst(ctx.logits(-1));
+            },
+            finalPos,
+            sink,
+            chunks,
+            sent: captured,
+          }),
       }
       : {};
     const onChunk = async ({ p0, p1, computeMs }: ChunkDone) => {
       chunkMs.push(computeMs);
-      if (p1 === prompt.length) sampleFirst(ctx.logits(-1));
+      if (p1 === prompt.length && firstToken < 0) sampleFirst(ctx.logits(-1));
       await this.draft?.catchUp(prompt.subarray(p0, p1), p0);
       if (paged) await this.#pages("kv-page", ctx, p0, p1, sink);
       else prefix?.onUnpagedTokens?.(p1 - p0, false);
