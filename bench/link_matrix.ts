@@ -5,7 +5,7 @@
  *
  *   deno run -A --unstable-net bench/link_matrix.ts --model super-mini|lab-state
  *     [--prompts 512,2048,8192,32768] [--rates 100,400,1000] [--rtts 0.2,2,10]
- *     [--losses 0,0.001] [--repeats 1] [--out FILE.json]
+ *     [--losses 0,0.001] [--repeats 1] [--worker-threads 1] [--out FILE.json]
  *
  * Per link point the link is measured as a live node measures it (pings and one bounded probe
  * through the relay); node rates and the decoder's commit costs come from the handoffs already
@@ -112,6 +112,14 @@ export async function runLinkMatrix(o: {
   prompts: number[];
   points: MatrixPoint[];
   repeats: number;
+  /**
+   * llama.cpp threads per worker. Both workers and the relay share this machine's cores: one
+   * thread each stands in for two machines; two each put four spinning compute threads on two
+   * cores whenever both decode at once (the prefiller's and the decoder's continuation probes
+   * overlap), and a barrier then waits for a descheduled thread (probe steps of 22 ms to 1.5 s
+   * measured on one idle machine).
+   */
+  workerThreads?: number;
   log?: (row: MatrixRow) => void;
   /** Written after every row, so a run cut short keeps what it measured. */
   outFile?: string;
@@ -124,7 +132,13 @@ export async function runLinkMatrix(o: {
   const perSentence = await _tokensPerSentence(model);
   const maxPrompt = Math.max(...o.prompts);
   const cluster = await startLocalCluster({
-    args: ["--model", model, "--ctx", String(maxPrompt + 512)],
+    args: [
+      "--model",
+      model,
+      "--ctx",
+      String(maxPrompt + 512),
+      ...(o.workerThreads ? ["--threads", String(o.workerThreads)] : []),
+    ],
   });
   const rows: MatrixRow[] = [];
   const calibration: CalibrationRun[] = [];
@@ -184,6 +198,7 @@ export async function runLinkMatrix(o: {
               JSON.stringify({
                 ceiling,
                 relay: binary ? "native" : "typescript",
+                workerThreads: o.workerThreads ?? null,
                 rows,
                 calibration,
               }),
@@ -385,6 +400,7 @@ if (import.meta.main) {
       rtts: { type: "string", default: "0.2,2,10" },
       losses: { type: "string", default: "0,0.001" },
       repeats: { type: "string", default: "1" },
+      "worker-threads": { type: "string", default: "1" },
       out: { type: "string", default: "" },
       help: { type: "boolean", default: false },
     },
@@ -393,7 +409,7 @@ if (import.meta.main) {
     console.log(
       "deno run -A --unstable-net bench/link_matrix.ts --model super-mini|lab-state " +
         "[--prompts 512,2048,8192,32768] [--rates 100,400,1000] [--rtts 0.2,2,10] " +
-        "[--losses 0,0.001] [--repeats 1] [--out FILE.json]",
+        "[--losses 0,0.001] [--repeats 1] [--worker-threads 1] [--out FILE.json]",
     );
     Deno.exit(0);
   }
@@ -419,6 +435,7 @@ if (import.meta.main) {
     ),
     points,
     repeats: numberList("--repeats", v.repeats)[0],
+    workerThreads: numberList("--worker-threads", v["worker-threads"])[0],
     outFile: v.out || undefined,
     log: (r) =>
       console.log(

@@ -1,7 +1,12 @@
 import assert from "node:assert/strict";
 import { PeerError } from "../core/errors.ts";
 import { makeTestNodes } from "./_conformance.ts";
-import { DEFAULT_LINK_PROBE_OPTIONS, PingAnswerBudget, PingTracker } from "./link_probe.ts";
+import {
+  ArrivalRate,
+  DEFAULT_LINK_PROBE_OPTIONS,
+  PingAnswerBudget,
+  PingTracker,
+} from "./link_probe.ts";
 import { fakeLoopbackPeers } from "./loopback.ts";
 
 async function pair(serverProbe = {}) {
@@ -77,4 +82,35 @@ Deno.test("probeBandwidth() is bounded on both ends: oversize is refused before 
   } finally {
     link.drop();
   }
+});
+
+Deno.test("ArrivalRate: a backlog read at once at the start does not inflate the rate", () => {
+  // 12.5 bytes/us (100 Mbit/s) in 16 KiB frames; the reader was 300 KB behind when the clock
+  // started, so the first 19 frames come out of the receive buffer at once.
+  const frame = 16_384, perMs = 12_500;
+  const r = new ArrivalRate(1_800_000);
+  let bytes = 0;
+  r.add(0, 0);
+  for (let k = 0; k < 19; k++) r.add(0.01 * (k + 1), bytes += frame);
+  const backlog = bytes;
+  while (bytes < 1_800_000) {
+    bytes += frame;
+    r.add((bytes - backlog) / perMs, bytes);
+  }
+  const elapsedMs = (bytes - backlog) / perMs;
+  const naive = bytes / elapsedMs; // what bytes over elapsed time says
+  assert.ok(naive > perMs * 1.15, `naive ${naive}`);
+  const fitted = bytes / r.receiveMs(bytes)!;
+  assert.ok(Math.abs(fitted / perMs - 1) < 0.05, `fitted ${fitted}`);
+});
+
+Deno.test("ArrivalRate: too little after the first quarter or no time passing gives no rate", () => {
+  const r = new ArrivalRate(1000);
+  for (let k = 0; k <= 6; k++) r.add(k, k * 100); // 250 to 600: under half after the quarter
+  assert.equal(r.receiveMs(600), null);
+  r.add(8, 800);
+  assert.equal(r.receiveMs(800), (800 * 5) / 500); // from (3 ms, 300) to (8 ms, 800)
+  const flat = new ArrivalRate(1000);
+  for (let k = 0; k <= 10; k++) flat.add(5, k * 100);
+  assert.equal(flat.receiveMs(1000), null);
 });
