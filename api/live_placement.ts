@@ -22,10 +22,9 @@
  *   for the decode worker's llama.cpp build is never disaggregated automatically.
  * - The tail's fixed costs are learned per pair from the handoffs it served
  *   (`HandoffCostRecorder`, core/link_costs.ts: the decoder's probe, the import left at
- *   commit, the prefiller's own work before the manifest, the first token's overhead), and so
- *   is whether the prefill worker streams the recurrent state during the last chunk (layer
- *   capture): a handoff that staged more bytes before prefill end than its pages account for
- *   sent recurrent bytes early. Until a pair has served a handoff, the planner's defaults stand.
+ *   commit, the prefiller's measured tail export, the first token's overhead). Until a pair
+ *   has served a handoff, the planner's defaults stand. Whether the prefill worker streams the
+ *   recurrent state during the last chunk (layer capture) is what it announces.
  */
 import { type CertificationFile, isCertified } from "../core/certification.ts";
 import {
@@ -82,8 +81,8 @@ export class LivePlacement {
   /** The prefill -> decode pairs, fed only by the handoffs' own transfers. */
   readonly pairs: LinkEstimator;
   readonly #recorders = new Map<string, RateRecorder>();
-  /** Per prefill -> decode pair: the tail's measured costs, and whether layer capture was seen. */
-  readonly #pairCosts = new Map<string, { costs: HandoffCostRecorder; capture: boolean }>();
+  /** Per prefill -> decode pair: the tail's measured costs. */
+  readonly #pairCosts = new Map<string, HandoffCostRecorder>();
   readonly #watching = new Map<string, { conn: unknown; stop: () => void }>();
 
   constructor(readonly options: LivePlacementOptions) {
@@ -157,8 +156,9 @@ export class LivePlacement {
       links: this.pairs,
       nowMs: now,
       certification: this.options.certification,
-      costs: learned?.costs.costs(),
-      snapshotDuringLastChunk: learned?.capture ?? false,
+      costs: learned?.costs(),
+      // Announced by the prefill worker (capabilities.ts), from a capture it really opened.
+      snapshotDuringLastChunk: i.prefill.peerCapabilities.layerCapture === true,
       options: this.options.promptTokensMin === undefined
         ? {}
         : { promptTokensMin: this.options.promptTokensMin },
@@ -205,25 +205,18 @@ export class LivePlacement {
     this.#watching.clear();
   }
 
-  /** The pair's tail costs and layer capture, from one clean handoff's telemetry. */
+  /** The pair's tail costs, from one clean handoff's telemetry. */
   #learnCosts(pair: PeerPair, result: HandoffResult, now: number): void {
     const t = result.telemetry;
     const key = _pairKey(pair.from, pair.to);
     let learned = this.#pairCosts.get(key);
-    if (!learned) {
-      this.#pairCosts.set(key, learned = { costs: new HandoffCostRecorder(), capture: false });
-    }
+    if (!learned) this.#pairCosts.set(key, learned = new HandoffCostRecorder());
     const bytes = t.bytesByComponent ?? {};
-    const recurrent = (bytes.conv ?? 0) + (bytes.ssm ?? 0);
-    const early = (t.stagedBeforePrefillEndFraction ?? 0) * t.totalBytes;
-    // Bytes staged before prefill end beyond every non-recurrent byte: recurrent state left
-    // during the last chunk (half a layer's worth of slack against rounding in the fraction).
-    if (recurrent > 0) learned.capture = early > t.totalBytes - recurrent + 0.5 * recurrent / 40;
     // The link time after prefill end, as the estimate now stands (null: no estimate).
     const bw = this.pairs.estimate(pair, now)?.bandwidthBytesPerS ?? null;
     const after = (1 - (t.stagedBeforePrefillEndFraction ?? 0)) * t.totalBytes;
     const linkMs = bw ? (after / bw) * 1000 : null;
-    learned.costs.record({ ...t, bytesByComponent: bytes }, result.ttftMs, linkMs);
+    learned.record({ ...t, bytesByComponent: bytes }, result.ttftMs, linkMs);
   }
 
   #watch(link: PeerLink): void {

@@ -16,6 +16,9 @@ Deno.test("auto placement: the live decision reaches skippy.placement_reason and
   // Certify what the decode worker announces (family and llama.cpp build), as --certify would.
   const id = (await cluster.client.links.get(cluster.decode.peer)).peerCapabilities
     .numericalIdentity as Record<string, string>;
+  // The hybrid prefill worker opened its layer capture and says so; placement reads it.
+  const prefillCaps = (await cluster.client.links.get(cluster.prefill.peer)).peerCapabilities;
+  assert.equal(prefillCaps.layerCapture, true);
   const certification = withCertification(emptyCertification(), {
     family: id.family as "hybrid",
     llamaBuild: id.llamaBuild,

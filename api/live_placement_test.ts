@@ -128,29 +128,36 @@ Deno.test("LivePlacement: calibration rates by role name stand for unknown node 
   assert.match(d.reason, /^no link measurement yet/);
 });
 
-Deno.test("LivePlacement: the pair's measured tail costs and its layer capture reach the prediction", () => {
-  // Two coordinators learn the same link and rates; their pairs served handoffs that differ
-  // only in the decoder's probe and in whether the recurrent state left before prefill end.
+Deno.test("LivePlacement: the pair's measured tail costs and the announced layer capture reach the prediction", () => {
+  // Coordinators learn the same link and rates; their pairs served handoffs that differ only
+  // in the decoder's probe, and their prefill workers in whether they announce layer capture.
   const recurrent = 160 * MIB;
   const pages = 96 * MIB;
-  const served = (probeMs: number, early: boolean) => ({
+  const served = (probeMs: number) => ({
     ...handoff,
     probeMs,
     lastImportMs: 5,
     commitRoundTripMs: 2,
-    uncoveredTailMs: 2, // no prefiller work before the manifest to learn in either case
+    uncoveredTailMs: 2,
+    tailExportMs: 1,
     totalBytes: pages + recurrent,
     bytesByComponent: { "kv-page": pages, ssm: recurrent },
-    // Early: every page and the recurrent state staged before prefill end (layer capture).
-    stagedBeforePrefillEndFraction: early ? 1 : pages / (pages + recurrent),
+    stagedBeforePrefillEndFraction: pages / (pages + recurrent),
   });
-  const learn = (probeMs: number, early: boolean) => {
+  const learn = (probeMs: number, layerCapture: boolean) => {
     const p = live();
     p.record(result("colocated", { tpotMs: 20 }), null, "d");
     p.monitor.estimator.recordRtt({ from: "coord", to: "d" }, 0.3, performance.now());
-    p.record(result("disaggregated", served(probeMs, early)), "p", "d");
-    return p.decide({ ...input(), state: { kvBytesPerToken: 8192, recurrentBytes: recurrent } })
-      .prediction!;
+    p.record(result("disaggregated", served(probeMs)), "p", "d");
+    const prefill = {
+      ...fakeLink("p", "prefill"),
+      peerCapabilities: { ...caps("prefill"), layerCapture },
+    } as unknown as PeerLink;
+    return p.decide({
+      ...input(),
+      prefill,
+      state: { kvBytesPerToken: 8192, recurrentBytes: recurrent },
+    }).prediction!;
   };
   const fastProbe = learn(20, false), slowProbe = learn(900, false), captured = learn(20, true);
   // The decoder's measured probe is part of the tail.
@@ -158,7 +165,7 @@ Deno.test("LivePlacement: the pair's measured tail costs and its layer capture r
     slowProbe.commitTailMs - fastProbe.commitTailMs > 800,
     `${slowProbe.commitTailMs} vs ${fastProbe.commitTailMs}`,
   );
-  // With capture seen, the recurrent state no longer waits for prefill end.
+  // A prefill worker announcing capture sends the recurrent state during the last chunk.
   assert.ok(
     captured.commitTailMs < fastProbe.commitTailMs,
     `${captured.commitTailMs} vs ${fastProbe.commitTailMs}`,

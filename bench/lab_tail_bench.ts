@@ -75,6 +75,12 @@ export async function runLabTailBench(o: {
   payloadRepeats: number;
   /** Prompts at least this long run once (an 8K prefill takes minutes here). */
   onceFromTokens: number;
+  /**
+   * llama.cpp threads per worker (undefined: the runtime default). Both workers share this
+   * machine's cores: one thread each keeps the prefiller's probe decode and the decoder's
+   * from putting four spinning threads on two cores when they overlap.
+   */
+  workerThreads?: number;
 }): Promise<LabTailResult> {
   const model = await ensureModelFile(o.modelDir, {
     family: "hybrid",
@@ -101,6 +107,7 @@ export async function runLabTailBench(o: {
         // A loaded two-core machine can stretch one probe decode to seconds: a commit timeout
         // there would end the run in a fallback, and this bench measures the handoff's tail.
         ...["--commit-timeout-ms", String(COMMIT_TIMEOUT_MS), "--lease-ms", String(LEASE_MS)],
+        ...(o.workerThreads ? ["--threads", String(o.workerThreads)] : []),
       ],
     });
     try {
@@ -200,7 +207,8 @@ async function tokensPerSentence(model: string): Promise<number> {
 /** The `lab` section of `deno task bench`: table, notes and the tail-vs-floor chart. */
 export async function labTailSection(o: { quick: boolean; modelDir: string }) {
   // SKIPPY_LAB_PROMPTS / SKIPPY_LAB_CAPTURE_OFF (comma-separated token counts, "" for none) and
-  // SKIPPY_LAB_ONCE_FROM (prompts this long run once) narrow a run on a loaded machine.
+  // SKIPPY_LAB_ONCE_FROM (prompts this long run once) narrow a run on a loaded machine;
+  // SKIPPY_LAB_THREADS sets llama.cpp threads per worker (default: the runtime's).
   const sizes = (name: string, fallback: number[]) => {
     const v = Deno.env.get(name);
     return v === undefined ? fallback : v.split(",").filter(Boolean).map(Number);
@@ -213,6 +221,7 @@ export async function labTailSection(o: { quick: boolean; modelDir: string }) {
     repeats: o.quick ? 1 : 2,
     payloadRepeats: o.quick ? 3 : 7,
     onceFromTokens: sizes("SKIPPY_LAB_ONCE_FROM", [8192])[0] ?? 8192,
+    workerThreads: sizes("SKIPPY_LAB_THREADS", [])[0],
   });
   const on = r.rows.filter((x) => x.layerCapture);
   const off = r.rows.filter((x) => !x.layerCapture);

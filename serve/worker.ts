@@ -43,6 +43,7 @@ import { ADMISSION_DEFAULTS, type AdmissionOptions } from "./admission.ts";
 import { BATCHING_DEFAULTS, SequencePool } from "./batch_pool.ts";
 import { DEFAULT_PREFILL_LIMITS, type PrefillLimits } from "./prefill_session.ts";
 import { type PrefillHooks, PrefillRole } from "./prefill_role.ts";
+import { openLayerCapture } from "./_layer_stream.ts";
 import { DEFAULT_PREFILL_QUEUE, type PrefillQueueOptions } from "./prefill_queue.ts";
 import { LocalGeneration } from "./prefill_completion.ts";
 import { DEFAULT_PREFIX_CACHE, PrefixCache, type PrefixCacheOptions } from "./prefix_cache.ts";
@@ -122,12 +123,19 @@ export class Worker {
     const pool = await EnginePool.open(options.runtime, options.sessionsMax);
     const probe = await pool.tryAcquire();
     let identity: ResolvedIdentity;
+    let layerCapture = false;
     try {
       const backend = await stateBackend(probe!.engine.ctx);
       identity = await resolveIdentity(probe!.engine, {
         digestCacheFile: `${node.stateDir}/digests.json`,
         shimAbiVersion: backend.path === "shim" ? SKIPPY_SHIM_ABI_VERSION : 0,
       });
+      // Announced from a capture really opened on this context (it keeps it for its first
+      // handoff), so placement never assumes an overlap the worker cannot deliver.
+      const limits = { ...DEFAULT_PREFILL_LIMITS, ...options.prefillLimits };
+      layerCapture = roleCovers(options.role, "prefill") && limits.layerCapture &&
+        identity.numerical.layerKinds.includes("recurrent") &&
+        (await openLayerCapture(probe!.engine.ctx)) !== null;
     } finally {
       pool.release(probe!);
     }
@@ -144,6 +152,7 @@ export class Worker {
       kvCodecs: ["llama-kv-cells"],
       kvDtypes: [identity.numerical.kType],
       numericalIdentity: exact,
+      ...(layerCapture ? { layerCapture } : {}),
     };
     const announced = options.announceCapabilities === false ? {} : capabilities;
     const listener = node.listen(options.hostname, options.port, announced);

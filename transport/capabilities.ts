@@ -38,6 +38,11 @@ export interface Capabilities {
   numericalIdentity?: string | Record<string, unknown>;
   /** Version of the link ping/probe exchange the node answers (link_probe.ts). */
   linkProbeVersion?: number;
+  /**
+   * A prefill worker that sends each recurrent layer's final state while the prompt's last
+   * chunk still computes (layer capture): placement predicts its tail with that overlap.
+   */
+  layerCapture?: boolean;
 }
 
 /** Parsed capabilities plus notes about fields that were dropped. */
@@ -103,6 +108,10 @@ export function parseCapabilities(value: unknown): ParsedCapabilities {
   if (raw.linkProbeVersion !== undefined) {
     if (_isVersion(raw.linkProbeVersion)) capabilities.linkProbeVersion = raw.linkProbeVersion;
     else problems.push('"linkProbeVersion" is not a non-negative integer');
+  }
+  if (raw.layerCapture !== undefined) {
+    if (typeof raw.layerCapture === "boolean") capabilities.layerCapture = raw.layerCapture;
+    else problems.push('"layerCapture" is not a boolean');
   }
   const identity = raw.numericalIdentity;
   if (identity !== undefined) {

@@ -78,3 +78,11 @@ Deno.test("eligibleForHandoff() marks an older or mismatched peer ineligible wit
 Deno.test("canonicalJson() sorts keys and renders bytes as hex", () => {
   assertEquals(canonicalJson({ b: 1, a: [new Uint8Array([1, 255])] }), '{"a":["0x01ff"],"b":1}');
 });
+
+Deno.test("parseCapabilities() keeps a boolean layerCapture and drops any other value with a note", () => {
+  assertEquals(parseCapabilities({ layerCapture: true }).capabilities, { layerCapture: true });
+  assertEquals(parseCapabilities({ layerCapture: false }).capabilities, { layerCapture: false });
+  const bad = parseCapabilities({ layerCapture: "yes" });
+  assertEquals(bad.capabilities, {});
+  assert(bad.problems[0].includes("layerCapture"));
+});
