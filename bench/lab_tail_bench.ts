@@ -51,6 +51,8 @@ export interface LabTailRow {
 }
 
 export interface LabTailResult {
+  /** llama.cpp threads per worker (null: the runtime default). */
+  workerThreads: number | null;
   rawMBps: number;
   rttMs: number;
   payload: PayloadPathResult;
@@ -140,7 +142,13 @@ export async function runLabTailBench(o: {
       await cluster.stop();
     }
   }
-  return { rawMBps: transport.rawMBpsMedian, rttMs, payload, rows };
+  return {
+    workerThreads: o.workerThreads ?? null,
+    rawMBps: transport.rawMBpsMedian,
+    rttMs,
+    payload,
+    rows,
+  };
 }
 
 function row(
@@ -277,7 +285,9 @@ export async function labTailSection(o: { quick: boolean; modelDir: string }) {
       } MB/s vs raw QUIC ${p.rawMBps.toFixed(0)} MB/s (medians of ${p.ratios.length}); ratio ${
         p.ratio.toFixed(2)
       } (median of the paired per-repeat ratios ${p.ratios.map((x) => x.toFixed(2)).join(", ")}).`,
-      "Both workers and the client share two cores: sending while the last chunk computes competes with it (prefill ms, capture on vs off).",
+      `Both workers and the client share two cores: sending while the last chunk computes competes with it (prefill ms, capture on vs off). llama.cpp threads per worker: ${
+        r.workerThreads ?? "the runtime default"
+      } (SKIPPY_LAB_THREADS).`,
     ],
     charts: {
       "lab-tail-vs-floor.svg": lineChart([
