@@ -155,39 +155,50 @@ export async function sendProbe(
 }
 
 /**
- * The arrival rate of a byte stream in its steady state: from the frame that completes the
- * first quarter of the expected bytes to the last frame. Bytes over the elapsed time from the
- * first counted frame overstates the link when the reader was behind at that frame (the
- * backlog in the receive buffer is read at memory speed: a 100 Mbit/s emulated link probed
- * at 15-17 MB/s, 20-35% over its 12.5 MB/s); a backlog drained within the first quarter, or
- * one that stays constant, does not move this rate.
+ * The arrival rate of a byte stream in its steady state: the counted bytes are cut into
+ * `windows` equal windows by arrival and the rate is the median of the windows' rates. Bytes
+ * over the elapsed time overstates the link whenever data reaches the reader in bursts: a
+ * backlog in the receive buffer when the clock starts, or packets held back behind a lost one
+ * and released at once when its retransmission arrives (a 100 Mbit/s emulated link, whose
+ * bounded queue drops, probed at 13-67 MB/s, up to 5x its 12.5 MB/s). A burst makes one window
+ * fast and the stall before it one window slow; the median takes neither.
  *
  * @example
  * ```ts
- * const r = new ArrivalRate(400_000);
- * r.add(0, 0); r.add(8, 100_000); r.add(40, 500_000);
- * r.receiveMs(500_000); // 40: 400,000 bytes in the 32 ms after the first quarter
+ * const r = new ArrivalRate(800_000, 8); // a window every 100,000 bytes
+ * for (let k = 1; k <= 8; k++) r.add(8 * k, 100_000 * k); // 12.5 bytes/us throughout
+ * r.receiveMs(800_000); // 64
  * ```
  */
 export class ArrivalRate {
-  #from: { ms: number; bytes: number } | null = null;
-  #last: { ms: number; bytes: number } | null = null;
+  readonly #windowBytes: number;
+  #last = { ms: 0, bytes: 0 };
+  #edge = { ms: 0, bytes: 0 };
+  readonly #rates: number[] = [];
 
-  constructor(readonly expectedBytes: number) {}
+  constructor(readonly expectedBytes: number, readonly windows = 8) {
+    this.#windowBytes = expectedBytes / windows;
+  }
 
+  /** Bytes counted so far and when (ms from the clock's start), in arrival order. */
   add(ms: number, bytes: number): void {
-    if (this.#from === null && bytes * 4 >= this.expectedBytes) this.#from = { ms, bytes };
     this.#last = { ms, bytes };
+    if (bytes - this.#edge.bytes < this.#windowBytes) return;
+    const dt = ms - this.#edge.ms;
+    this.#rates.push(dt > 0 ? (bytes - this.#edge.bytes) / dt : Infinity);
+    this.#edge = { ms, bytes };
   }
 
   /**
-   * The time `bytes` take at the steady rate, or null when under half the expected bytes
-   * came after the first quarter or no time passed (the caller then uses the elapsed time).
+   * The time `bytes` take at the median window rate, or null with under half the windows
+   * measured or no finite median (the caller then uses the elapsed time).
    */
   receiveMs(bytes: number): number | null {
-    const a = this.#from, b = this.#last;
-    if (!a || !b || (b.bytes - a.bytes) * 2 < this.expectedBytes || !(b.ms > a.ms)) return null;
-    return (bytes * (b.ms - a.ms)) / (b.bytes - a.bytes);
+    const r = [...this.#rates].sort((a, b) => a - b);
+    if (r.length * 2 < this.windows) return null;
+    const m = r.length >> 1;
+    const rate = r.length % 2 ? r[m] : (r[m - 1] + r[m]) / 2;
+    return Number.isFinite(rate) && rate > 0 ? bytes / rate : null;
   }
 }
 
@@ -198,8 +209,8 @@ export class ArrivalRate {
  * start takes about log2(bandwidth x RTT / initial window) round trips, 70 ms at 1 Gbit/s and
  * 10 ms), and a rate over the whole probe would understate the link (measured here: a 100
  * Mbit/s, 10 ms link probed at 3.5 MB/s from the first frame). The frame that starts the clock
- * is not counted either (its arrival starts it). The rate is taken once a quarter of the counted bytes
- * arrived (`ArrivalRate`), reported as the time the counted bytes take at that rate.
+ * is not counted either (its arrival starts it). The rate is the median over windows of the counted bytes
+ * (`ArrivalRate`), reported as the time the counted bytes take at that rate.
  */
 export async function answerProbe(
   open: { bytes?: unknown },
@@ -231,7 +242,6 @@ export async function answerProbe(
         rate.add(now - startMs, counted);
       } else if (total * 2 >= want || f.final) {
         startMs = now;
-        rate.add(0, 0);
       }
       if (f.final) break;
     }

@@ -84,33 +84,33 @@ Deno.test("probeBandwidth() is bounded on both ends: oversize is refused before 
   }
 });
 
-Deno.test("ArrivalRate: a backlog read at once at the start does not inflate the rate", () => {
-  // 12.5 bytes/us (100 Mbit/s) in 16 KiB frames; the reader was 300 KB behind when the clock
-  // started, so the first 19 frames come out of the receive buffer at once.
-  const frame = 16_384, perMs = 12_500;
-  const r = new ArrivalRate(1_800_000);
-  let bytes = 0;
-  r.add(0, 0);
-  for (let k = 0; k < 19; k++) r.add(0.01 * (k + 1), bytes += frame);
-  const backlog = bytes;
-  while (bytes < 1_800_000) {
-    bytes += frame;
-    r.add((bytes - backlog) / perMs, bytes);
-  }
-  const elapsedMs = (bytes - backlog) / perMs;
-  const naive = bytes / elapsedMs; // what bytes over elapsed time says
-  assert.ok(naive > perMs * 1.15, `naive ${naive}`);
-  const fitted = bytes / r.receiveMs(bytes)!;
-  assert.ok(Math.abs(fitted / perMs - 1) < 0.05, `fitted ${fitted}`);
+Deno.test("ArrivalRate: a backlog at the start or a burst after a loss does not inflate the rate", () => {
+  // 12.5 bytes/us (100 Mbit/s) in 16 KiB frames.
+  const frame = 16_384, perMs = 12_500, total = 1_800_000;
+  const run = (arrival: (bytes: number) => number) => {
+    const r = new ArrivalRate(total);
+    for (let bytes = frame; bytes <= total; bytes += frame) r.add(arrival(bytes), bytes);
+    return { fitted: total / r.receiveMs(total)!, naive: total / arrival(total) };
+  };
+  // The reader was 300 KB behind when the clock started: those bytes arrive at once.
+  const backlog = run((b) => Math.max(0, b - 300_000) / perMs);
+  assert.ok(backlog.naive > perMs * 1.15, `naive ${backlog.naive}`);
+  assert.ok(Math.abs(backlog.fitted / perMs - 1) < 0.02, `fitted ${backlog.fitted}`);
+  // A lost packet holds 400 KB back for 200 ms; they are released together at the end.
+  const held = (b: number) => (b > 1_300_000 ? 1_700_000 / perMs + 200 : b / perMs);
+  const burst = run((
+    b,
+  ) => (b > 1_300_000 && b < total - frame ? held(b) : b / perMs + (b >= total - frame ? 200 : 0)));
+  assert.ok(Math.abs(burst.fitted / perMs - 1) < 0.02, `fitted ${burst.fitted}`);
 });
 
-Deno.test("ArrivalRate: too little after the first quarter or no time passing gives no rate", () => {
-  const r = new ArrivalRate(1000);
-  for (let k = 0; k <= 6; k++) r.add(k, k * 100); // 250 to 600: under half after the quarter
-  assert.equal(r.receiveMs(600), null);
-  r.add(8, 800);
-  assert.equal(r.receiveMs(800), (800 * 5) / 500); // from (3 ms, 300) to (8 ms, 800)
-  const flat = new ArrivalRate(1000);
-  for (let k = 0; k <= 10; k++) flat.add(5, k * 100);
+Deno.test("ArrivalRate: under half the windows, or all at once, gives no rate", () => {
+  const r = new ArrivalRate(1000, 8); // windows of 125 bytes
+  for (let k = 1; k <= 3; k++) r.add(k, k * 125);
+  assert.equal(r.receiveMs(375), null);
+  r.add(4, 500);
+  assert.equal(r.receiveMs(1000), 8); // 4 windows of 125 bytes per ms
+  const flat = new ArrivalRate(1000, 8);
+  for (let k = 1; k <= 8; k++) flat.add(5, k * 125);
   assert.equal(flat.receiveMs(1000), null);
 });
