@@ -213,10 +213,13 @@ export class LivePlacement {
     if (!learned) this.#pairCosts.set(key, learned = new HandoffCostRecorder());
     const bytes = t.bytesByComponent ?? {};
     // The link time after prefill end, as the estimate now stands (null: no estimate).
-    const bw = this.pairs.estimate(pair, now)?.bandwidthBytesPerS ?? null;
+    const est = this.pairs.estimate(pair, now);
+    const bw = est?.bandwidthBytesPerS ?? null;
     const after = (1 - (t.stagedBeforePrefillEndFraction ?? 0)) * t.totalBytes;
     const linkMs = bw ? (after / bw) * 1000 : null;
-    learned.record({ ...t, bytesByComponent: bytes }, result.ttftMs, linkMs);
+    // The RTT the predictions use, so the link residual is measured against it.
+    const rttMs = est?.rttMs ?? t.rttMs;
+    learned.record({ ...t, bytesByComponent: bytes, rttMs }, result.ttftMs, linkMs);
   }
 
   #watch(link: PeerLink): void {

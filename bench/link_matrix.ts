@@ -231,10 +231,12 @@ function _learn(
   t: HandoffTelemetry,
   clientTtftMs: number,
   predictedLinkMs: number | null,
+  /** The RTT the prediction used (the row's pings); absent: the handoff's own figure. */
+  rttMs?: number | null,
 ): void {
   if (t.prefillMs) x.prefillRates.recordPrefill(t.promptTokens, t.prefillMs);
   if (t.tpotMs) x.decodeRates.recordDecode(1, t.tpotMs, t.promptTokens);
-  x.costs.record(t, clientTtftMs, predictedLinkMs);
+  x.costs.record({ ...t, rttMs: rttMs ?? t.rttMs }, clientTtftMs, predictedLinkMs);
   const b = t.bytesByComponent;
   x.state.kvBytesPerToken = Math.max(x.state.kvBytesPerToken, (b["kv-page"] ?? 0) / t.promptTokens);
   x.state.recurrentBytes = Math.max(x.state.recurrentBytes, (b.conv ?? 0) + (b.ssm ?? 0));
@@ -370,7 +372,7 @@ async function _runPoint(
       wireMs: t.wireMs,
       stagedEarly: t.stagedBeforePrefillEndFraction,
     };
-    _learn(x, t, r.ttftMs, row.predicted?.transferMs ?? null);
+    _learn(x, t, r.ttftMs, row.predicted?.transferMs ?? null, row.estimate?.rttMs);
     if (link instanceof NativeLinkRelay) {
       const s = await link.stats();
       row.relay = {

@@ -40,10 +40,15 @@ export function replay(run: RunFile): Replayed[] {
   const prefill = new RateRecorder("p", 3), decode = new RateRecorder("d", 3);
   const costs = new HandoffCostRecorder();
   const state: StateSize = { kvBytesPerToken: 0, recurrentBytes: 0 };
-  const learn = (t: HandoffTelemetry, ttft: number | null, linkMs: number | null) => {
+  const learn = (
+    t: HandoffTelemetry,
+    ttft: number | null,
+    linkMs: number | null,
+    rttMs?: number | null,
+  ) => {
     if (t.prefillMs) prefill.recordPrefill(t.promptTokens, t.prefillMs);
     if (t.tpotMs) decode.recordDecode(1, t.tpotMs, t.promptTokens);
-    costs.record(t, ttft, linkMs);
+    costs.record({ ...t, rttMs: rttMs ?? t.rttMs }, ttft, linkMs);
     const b = t.bytesByComponent;
     state.kvBytesPerToken = Math.max(state.kvBytesPerToken, (b["kv-page"] ?? 0) / t.promptTokens);
     state.recurrentBytes = Math.max(state.recurrentBytes, (b.conv ?? 0) + (b.ssm ?? 0));
@@ -96,7 +101,7 @@ export function replay(run: RunFile): Replayed[] {
       link: measLink === null ? null : [predLink, measLink],
       probe: m.probeMs === null ? null : [est.probeMs ?? 0, m.probeMs],
     });
-    learn(t, m.ttftMs, est.uncoveredKvMs + est.snapshotTransferMs);
+    learn(t, m.ttftMs, est.uncoveredKvMs + est.snapshotTransferMs, e.rttMs);
   }
   return out;
 }

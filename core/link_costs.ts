@@ -3,8 +3,9 @@
  * a pair of nodes served (their telemetry), so the planner predicts with measurements, never
  * constants: the decoder's continuation probe (a first decode in a freshly imported context,
  * which costs several decode steps), the import that could not overlap the wire, the
- * prefiller's own work between prefill end and the manifest (tail export, its probe step), and
- * what the client waits for beyond the prefill (connection, reservation, the first token's trip).
+ * prefiller's own work between prefill end and the manifest (its tail export), what the link
+ * part took beyond the model's transfer (the link residual), and what the client waits for
+ * beyond the prefill (connection, reservation, the first token's trip).
  *
  * Pure: no clock, no I/O. Each term is the median of the newest `samplesMax` samples.
  *
@@ -24,6 +25,10 @@ export interface HandoffCostFacts {
   commitRoundTripMs: number | null;
   /** The prefiller's export work after prefill end (absent or null: an older prefiller). */
   tailExportMs?: number | null;
+  /** Decoder: manifest received to commit (absent or null: not measured). */
+  commitMs?: number | null;
+  /** The RTT the predictions use for this link (absent or null: not measured). */
+  rttMs?: number | null;
 }
 
 /** What the recorder has learned; a term with no sample is absent. */
@@ -52,6 +57,8 @@ export class HandoffCostRecorder {
   readonly #importPerMiB: number[] = [];
   readonly #firstToken: number[] = [];
   readonly #prefillerPost: number[] = [];
+  /** (RTT, what the link part took beyond the model's transfer and one RTT), in ms. */
+  readonly #residual: [rttMs: number, ms: number][] = [];
   #samples = 0;
 
   constructor(samplesMax = 8) {
@@ -84,6 +91,13 @@ export class HandoffCostRecorder {
       const post = t.uncoveredTailMs - t.commitRoundTripMs;
       if (post >= 0) this.#push(this.#prefillerPost, post);
     }
+    const rtt = t.rttMs ?? null, commit = t.commitMs ?? null;
+    if (predictedLinkMs !== null && rtt !== null && commit !== null && t.uncoveredTailMs !== null) {
+      // The tail less the decoder's part (import, probe) is the link's part.
+      const own = Math.max(predictedLinkMs, t.tailExportMs ?? 0);
+      this.#residual.push([rtt, t.uncoveredTailMs - commit - own - rtt]);
+      if (this.#residual.length > this.samplesMax) this.#residual.shift();
+    }
     if (t.probeMs !== null && t.probeMs >= 0) this.#push(this.#probe, t.probeMs);
     // What is left to import at commit: everything but the pages staged on arrival.
     const tailBytes = t.totalBytes - (t.bytesByComponent["kv-page"] ?? 0);
@@ -101,6 +115,9 @@ export class HandoffCostRecorder {
     if (this.#importPerMiB.length) out.importMsPerMiB = _median(this.#importPerMiB);
     if (this.#firstToken.length) out.firstTokenOverheadMs = _median(this.#firstToken);
     if (this.#prefillerPost.length) out.prefillerPostMs = _median(this.#prefillerPost);
+    if (this.#residual.length) {
+      out.linkResidual = { samples: this.#residual.map(([r, ms]) => [r, ms]) };
+    }
     return out;
   }
 

@@ -64,3 +64,20 @@ Deno.test("HandoffCostRecorder skips a term its record does not carry", () => {
   assert.equal(c.importMsPerMiB, 0); // imports all staged on arrival: nothing left at commit
   assert.throws(() => new HandoffCostRecorder(0), /samplesMax/);
 });
+
+Deno.test("HandoffCostRecorder keeps the link residual with the RTT it was measured at", () => {
+  const r = new HandoffCostRecorder(2);
+  // Tail 500 ms = decoder commit 300 + the model's link time 40 + RTT 10 + 150 unexplained.
+  r.record({ ...facts(40, 0), commitMs: 300, rttMs: 10, tailExportMs: 5 }, null, 40);
+  assert.deepEqual(r.costs().linkResidual, { samples: [[10, 150]] });
+  // The prefiller's own export, when later than the model's link time, is not residual.
+  r.record({ ...facts(40, 0), commitMs: 300, rttMs: 10, tailExportMs: 100 }, null, 40);
+  assert.deepEqual(r.costs().linkResidual!.samples[1], [10, 90]);
+  // No RTT, no decoder commit or no predicted link time: nothing to measure it against.
+  r.record({ ...facts(40, 0), commitMs: 300 }, null, 40);
+  r.record({ ...facts(40, 0), rttMs: 10 }, null, 40);
+  r.record({ ...facts(40, 0), commitMs: 300, rttMs: 10 }, null, null);
+  assert.equal(r.costs().linkResidual!.samples.length, 2);
+  r.record({ ...facts(40, 0), commitMs: 100, rttMs: 2 }, null, 0); // the oldest leaves
+  assert.deepEqual(r.costs().linkResidual!.samples, [[10, 90], [2, 398]]);
+});

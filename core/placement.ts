@@ -150,7 +150,11 @@ export function planInputFor(
     // A measured probe (a first decode in a fresh context) over the decode rate's step.
     probeMs: r.costs?.probeMs ?? msPerTokenAt(dr.decode, r.promptTokens),
     snapshotDuringLastChunk: r.snapshotDuringLastChunk ?? false,
-    costs: { importMsPerMiB: r.costs?.importMsPerMiB, prefillerPostMs: r.costs?.prefillerPostMs },
+    costs: {
+      importMsPerMiB: r.costs?.importMsPerMiB,
+      prefillerPostMs: r.costs?.prefillerPostMs,
+      linkResidual: r.costs?.linkResidual,
+    },
     flags: {
       prefillerHasPrefillRole: r.prefiller.hasRole,
       decoderHasDecodeRole: r.decoder.hasRole,

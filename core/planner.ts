@@ -107,6 +107,15 @@ export interface HandoffCosts {
    * meanwhile, so the tail waits for the later of the two.
    */
   prefillerPostMs?: number;
+  /**
+   * Link: what the tail's link part took beyond the model's `bytes / bandwidth` (or the
+   * prefiller's tail export, if later) and one RTT, on served handoffs, each with the RTT it
+   * was measured at: the transfer right after compute end runs slower than a continuous probe
+   * (the congestion window regrowing for the burst left then, frame handling on both ends).
+   * Predicted as the median of the samples measured at an RTT within a factor of 2 of the
+   * link's (all samples where none is), never below 0.
+   */
+  linkResidual?: { samples: [rttMs: number, ms: number][] };
 }
 
 /** Thresholds, each with its unit last. */
@@ -173,6 +182,8 @@ export interface PlanEstimates {
   importMs: number;
   /** The prefiller's own work after prefill end beyond the transfer (0: the link is later). */
   manifestWaitMs?: number;
+  /** The measured link residual at this RTT (HandoffCosts.linkResidual; 0 without one). */
+  linkResidualMs?: number;
   commitRoundTripMs: number;
   handoffTailMs: number;
   disaggregatedMs: number;
@@ -362,6 +373,23 @@ function _economics(e: PlanEstimates, o: PlanOptions): PlanReason[] {
   }];
 }
 
+/**
+ * HandoffCosts.linkResidual at `rttMs`: the median of the samples measured at an RTT within a
+ * factor of 2 of it (of all samples where none is), never below 0; 0 without samples.
+ *
+ * @example
+ * ```ts
+ * linkResidualAt([[0.3, 40], [0.2, 60], [11, 900]], 0.25); // 50
+ * ```
+ */
+export function linkResidualAt(samples: readonly [number, number][], rttMs: number): number {
+  if (samples.length === 0) return 0;
+  const near = samples.filter(([r]) => Math.max(r, rttMs) <= 2 * Math.min(r, rttMs));
+  const ys = (near.length ? near : samples).map(([, y]) => y).sort((a, b) => a - b);
+  const m = ys.length >> 1;
+  return Math.max(0, ys.length % 2 ? ys[m] : (ys[m - 1] + ys[m]) / 2);
+}
+
 function _colocatedMs(i: PlanInput): number {
   return (i.promptTokens / i.decoderPrefillTokensPerS) * 1000;
 }
@@ -402,7 +430,8 @@ export function estimate(
       : (importBytes / o.importBytesPerS) * 1000) + (reprime ? i.mtpReprimeMs! : 0);
   const linkMs = stream.uncoveredMs + snapshotTransferMs;
   const manifestWaitMs = Math.max(0, (i.costs?.prefillerPostMs ?? 0) - linkMs);
-  const handoffTailMs = linkMs + manifestWaitMs + importMs + link.rttMs;
+  const linkResidualMs = linkResidualAt(i.costs?.linkResidual?.samples ?? [], link.rttMs);
+  const handoffTailMs = linkMs + manifestWaitMs + linkResidualMs + importMs + link.rttMs;
   const probeMs = i.probeMs ?? 0;
   const disaggregatedMs = (i.prefillerQueueMs ?? 0) + stream.prefillMs + handoffTailMs;
   const colocatedMs = _colocatedMs(i);
@@ -417,6 +446,7 @@ export function estimate(
     mtpTransferMs: reprime ? 0 : mtpBytes / bwPerMs,
     importMs,
     manifestWaitMs,
+    linkResidualMs,
     commitRoundTripMs: link.rttMs,
     handoffTailMs,
     disaggregatedMs,
