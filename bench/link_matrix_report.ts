@@ -23,6 +23,8 @@ interface RunFile {
   ceiling: { bitsPerS: number; rttFloorUsMedian: number; trialsBitsPerS?: number[] } | null;
   rows: MatrixRow[];
   calibration: CalibrationRun[];
+  /** llama.cpp threads per worker (absent or null: the runtime default). */
+  workerThreads?: number | null;
 }
 
 /** One row's replayed prediction beside its measurement (ms). */
@@ -134,8 +136,12 @@ if (import.meta.main) {
       });
     const loads = run.rows.map((x) => x.loadAvg1m).filter(Number.isFinite).sort((a, b) => a - b);
     const c = run.ceiling;
+    const prompts = [...new Set(run.rows.map((x) => x.promptTokens))].join(", ");
+    const threads = run.workerThreads ?? RUNTIME_DEFAULTS.threads;
     notes.push(
-      `${run.rows[0]?.model}: relay ${run.relay}, ceiling ${
+      `${run.rows[0]?.model} (${f.split("/").pop()}: prompts ${prompts}, ${
+        threads === 1 ? "1 llama.cpp thread" : `${threads} llama.cpp threads`
+      } per worker): relay ${run.relay}, ceiling ${
         c ? (c.bitsPerS / 1e6).toFixed(0) : "?"
       } Mbit/s (best of trials ${
         (c?.trialsBitsPerS ?? []).map((b) => (b / 1e6).toFixed(0)).join(", ")
