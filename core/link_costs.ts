@@ -13,6 +13,7 @@
  */
 import type { HandoffCosts } from "./planner.ts";
 import { UsageError } from "./errors.ts";
+import { median } from "./median.ts";
 
 /** The telemetry fields `HandoffCostRecorder.record` reads (core/telemetry.ts). */
 export interface HandoffCostFacts {
@@ -111,10 +112,10 @@ export class HandoffCostRecorder {
 
   costs(): MeasuredHandoffCosts {
     const out: MeasuredHandoffCosts = { samples: this.#samples };
-    if (this.#probe.length) out.probeMs = _median(this.#probe);
-    if (this.#importPerMiB.length) out.importMsPerMiB = _median(this.#importPerMiB);
-    if (this.#firstToken.length) out.firstTokenOverheadMs = _median(this.#firstToken);
-    if (this.#prefillerPost.length) out.prefillerPostMs = _median(this.#prefillerPost);
+    if (this.#probe.length) out.probeMs = median(this.#probe);
+    if (this.#importPerMiB.length) out.importMsPerMiB = median(this.#importPerMiB);
+    if (this.#firstToken.length) out.firstTokenOverheadMs = median(this.#firstToken);
+    if (this.#prefillerPost.length) out.prefillerPostMs = median(this.#prefillerPost);
     if (this.#residual.length) {
       out.linkResidual = { samples: this.#residual.map(([r, ms]) => [r, ms]) };
     }
@@ -127,8 +128,17 @@ export class HandoffCostRecorder {
   }
 }
 
-function _median(xs: number[]): number {
-  const s = [...xs].sort((a, b) => a - b);
-  const m = s.length >> 1;
-  return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2;
+/**
+ * HandoffCosts.linkResidual at `rttMs`: the median of the samples measured at an RTT within a
+ * factor of 2 of it (of all samples where none is), never below 0; 0 without samples.
+ *
+ * @example
+ * ```ts
+ * linkResidualAt([[0.3, 40], [0.2, 60], [11, 900]], 0.25); // 50
+ * ```
+ */
+export function linkResidualAt(samples: readonly [number, number][], rttMs: number): number {
+  if (samples.length === 0) return 0;
+  const near = samples.filter(([r]) => Math.max(r, rttMs) <= 2 * Math.min(r, rttMs));
+  return Math.max(0, median((near.length ? near : samples).map(([, y]) => y)));
 }

@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { HandoffCostRecorder } from "./link_costs.ts";
+import { HandoffCostRecorder, linkResidualAt } from "./link_costs.ts";
 
 const MIB = 2 ** 20;
 
@@ -80,4 +80,13 @@ Deno.test("HandoffCostRecorder keeps the link residual with the RTT it was measu
   assert.equal(r.costs().linkResidual!.samples.length, 2);
   r.record({ ...facts(40, 0), commitMs: 100, rttMs: 2 }, null, 0); // the oldest leaves
   assert.deepEqual(r.costs().linkResidual!.samples, [[10, 90], [2, 398]]);
+});
+
+Deno.test("linkResidualAt() takes the median of the samples measured at a similar RTT", () => {
+  assert.equal(linkResidualAt([], 1), 0);
+  const samples: [number, number][] = [[0.3, 40], [0.2, 60], [11, 900], [10, 1100]];
+  assert.equal(linkResidualAt(samples, 0.25), 50); // 0.3 and 0.2 ms are near 0.25
+  assert.equal(linkResidualAt(samples, 12), 1000); // 11 and 10 ms
+  assert.equal(linkResidualAt(samples, 3), 480); // none within 2x: all four
+  assert.equal(linkResidualAt([[1, -20]], 1), 0); // never below 0
 });

@@ -11,6 +11,7 @@
  * @module
  */
 import { UsageError } from "./errors.ts";
+import { median } from "./median.ts";
 
 /** A directed pair of nodes: the prefiller sends to the decoder. */
 export interface PeerPair {
@@ -177,8 +178,8 @@ export class LinkEstimator {
     const oldestNewest = Math.min(newest(bw), newest(rtt));
     return {
       pair: { ...s.pair },
-      bandwidthBytesPerS: bw.length ? _median(recentBw.map((x) => x.value)) : null,
-      rttMs: rtt.length ? _median(recentRtt.map((x) => x.value)) : null,
+      bandwidthBytesPerS: bw.length ? median(recentBw.map((x) => x.value)) : null,
+      rttMs: rtt.length ? median(recentRtt.map((x) => x.value)) : null,
       lossFraction: pings.length ? pings.reduce((n, p) => n + p.value, 0) / pings.length : null,
       ageMs: Number.isFinite(oldestNewest) ? atMs - oldestNewest : Infinity,
       bandwidthSamples: bw.length,
@@ -195,7 +196,7 @@ export class LinkEstimator {
 
   #bandwidthDrop(bw: Sample[]): LinkDegradation | null {
     if (bw.length < 2) return null;
-    const before = _median(bw.slice(0, -1).map((x) => x.value));
+    const before = median(bw.slice(0, -1).map((x) => x.value));
     const last = bw[bw.length - 1].value;
     if (last >= this.options.bandwidthDropRatio * before) return null;
     return {
@@ -209,7 +210,7 @@ export class LinkEstimator {
     const k = this.options.recentSamples;
     if (rtt.length <= k) return null;
     const baseline = Math.min(...rtt.slice(0, -k).map((x) => x.value));
-    const recent = _median(rtt.slice(-k).map((x) => x.value));
+    const recent = median(rtt.slice(-k).map((x) => x.value));
     const o = this.options;
     if (recent <= baseline * o.rttRiseRatio || recent - baseline < o.rttRiseMsMin) return null;
     return {
@@ -267,12 +268,6 @@ function _push(xs: Sample[], x: Sample, max: number): void {
 
 function _fresh(xs: Sample[], atMs: number, windowMs: number): Sample[] {
   return xs.filter((x) => atMs - x.atMs <= windowMs);
-}
-
-function _median(xs: number[]): number {
-  const s = [...xs].sort((a, b) => a - b);
-  const m = s.length >> 1;
-  return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2;
 }
 
 function _mbps(bytesPerS: number): string {

@@ -22,6 +22,7 @@
 import { UsageError } from "./errors.ts";
 import { DEFAULT_STATE_BOUNDS, TOKEN_BYTES } from "./schema.ts";
 import { streamFinish } from "./link_stream.ts";
+import { linkResidualAt } from "./link_costs.ts";
 
 /** State sizes of the model as measured from runtime export (not assumed). */
 export interface StateSize {
@@ -371,23 +372,6 @@ function _economics(e: PlanEstimates, o: PlanOptions): PlanReason[] {
       _ms(e.colocatedMs)
     }) by benefitMsMin ${o.benefitMsMin}`,
   }];
-}
-
-/**
- * HandoffCosts.linkResidual at `rttMs`: the median of the samples measured at an RTT within a
- * factor of 2 of it (of all samples where none is), never below 0; 0 without samples.
- *
- * @example
- * ```ts
- * linkResidualAt([[0.3, 40], [0.2, 60], [11, 900]], 0.25); // 50
- * ```
- */
-export function linkResidualAt(samples: readonly [number, number][], rttMs: number): number {
-  if (samples.length === 0) return 0;
-  const near = samples.filter(([r]) => Math.max(r, rttMs) <= 2 * Math.min(r, rttMs));
-  const ys = (near.length ? near : samples).map(([, y]) => y).sort((a, b) => a - b);
-  const m = ys.length >> 1;
-  return Math.max(0, ys.length % 2 ? ys[m] : (ys[m - 1] + ys[m]) / 2);
 }
 
 function _colocatedMs(i: PlanInput): number {

@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
 import { UsageError } from "./errors.ts";
-import { estimate, linkResidualAt, plan, type PlanInput, stateBytesFor } from "./planner.ts";
+import { estimate, plan, type PlanInput, stateBytesFor } from "./planner.ts";
 
 const MIB = 1024 * 1024;
 
@@ -292,15 +292,6 @@ Deno.test("estimate() waits for the later of the link and the prefiller's own po
   const hidden = estimate({ ...i, costs: { prefillerPostMs: linkMs / 2 } }, i.link!);
   assert.equal(hidden.handoffTailMs, base.handoffTailMs);
   assert.equal(hidden.manifestWaitMs, 0);
-});
-
-Deno.test("linkResidualAt() takes the median of the samples measured at a similar RTT", () => {
-  assert.equal(linkResidualAt([], 1), 0);
-  const samples: [number, number][] = [[0.3, 40], [0.2, 60], [11, 900], [10, 1100]];
-  assert.equal(linkResidualAt(samples, 0.25), 50); // 0.3 and 0.2 ms are near 0.25
-  assert.equal(linkResidualAt(samples, 12), 1000); // 11 and 10 ms
-  assert.equal(linkResidualAt(samples, 3), 480); // none within 2x: all four
-  assert.equal(linkResidualAt([[1, -20]], 1), 0); // never below 0
 });
 
 Deno.test("estimate() adds the measured link residual to the tail", () => {
