@@ -12,7 +12,8 @@ import {
   recurrentPayloadBytes,
 } from "../ffi/mod.ts";
 
-const STEP_TOKENS = 256;
+/** Tokens between the two measurements: the state grows by exactly this many cells. */
+const STEP_TOKENS = 32;
 /** Per-cell metadata of a one-sequence state blob: pos (i32), n_seq_id (u32), seq_id (i32). */
 export const CELL_META_BYTES = 12;
 
