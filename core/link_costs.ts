@@ -2,7 +2,9 @@
  * The fixed costs of a handoff that the link rate does not explain, learned from the handoffs
  * a pair of nodes served (their telemetry), so the planner predicts with measurements, never
  * constants: the decoder's continuation probe (a first decode in a freshly imported context,
- * which costs several decode steps), the import that could not overlap the wire, the
+ * which costs several decode steps), how long its result waits for the prefiller's probe
+ * digest (the prefiller's own first decode after prefill, which starts after its manifest
+ * leaves and can end later than the decoder's import and probe), the import that could not overlap the wire, the
  * prefiller's own work between prefill end and the manifest (its tail export), what the link
  * part took beyond the model's transfer (the link residual), and what the client waits for
  * beyond the prefill (connection, reservation, the first token's trip).
@@ -30,6 +32,11 @@ export interface HandoffCostFacts {
   commitMs?: number | null;
   /** The RTT the predictions use for this link (absent or null: not measured). */
   rttMs?: number | null;
+  /**
+   * Decoder: how long its probe result waited for the prefiller's probe digest (absent or
+   * null: not measured).
+   */
+  probeWaitMs?: number | null;
 }
 
 /** What the recorder has learned; a term with no sample is absent. */
@@ -55,6 +62,7 @@ export interface MeasuredHandoffCosts extends HandoffCosts {
 export class HandoffCostRecorder {
   readonly samplesMax: number;
   readonly #probe: number[] = [];
+  readonly #probeWait: number[] = [];
   readonly #importPerMiB: number[] = [];
   readonly #firstToken: number[] = [];
   readonly #prefillerPost: number[] = [];
@@ -100,6 +108,8 @@ export class HandoffCostRecorder {
       if (this.#residual.length > this.samplesMax) this.#residual.shift();
     }
     if (t.probeMs !== null && t.probeMs >= 0) this.#push(this.#probe, t.probeMs);
+    const wait = t.probeWaitMs ?? null;
+    if (wait !== null && wait >= 0) this.#push(this.#probeWait, wait);
     // What is left to import at commit: everything but the pages staged on arrival.
     const tailBytes = t.totalBytes - (t.bytesByComponent["kv-page"] ?? 0);
     if (tailBytes > 0 && t.lastImportMs >= 0) {
@@ -113,6 +123,7 @@ export class HandoffCostRecorder {
   costs(): MeasuredHandoffCosts {
     const out: MeasuredHandoffCosts = { samples: this.#samples };
     if (this.#probe.length) out.probeMs = median(this.#probe);
+    if (this.#probeWait.length) out.probeWaitMs = median(this.#probeWait);
     if (this.#importPerMiB.length) out.importMsPerMiB = median(this.#importPerMiB);
     if (this.#firstToken.length) out.firstTokenOverheadMs = median(this.#firstToken);
     if (this.#prefillerPost.length) out.prefillerPostMs = median(this.#prefillerPost);

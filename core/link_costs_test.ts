@@ -54,6 +54,15 @@ Deno.test("HandoffCostRecorder infers post-prefill work from an older prefiller 
   assert.equal(r.costs().prefillerPostMs, 160); // median of 200 and 120
 });
 
+Deno.test("HandoffCostRecorder learns the decoder's wait for the prefiller's probe digest", () => {
+  const r = new HandoffCostRecorder(3);
+  assert.equal(r.costs().probeWaitMs, undefined);
+  r.record({ ...facts(40, 0), probeWaitMs: null }); // not measured: no sample
+  assert.equal(r.costs().probeWaitMs, undefined);
+  for (const wait of [500, 0, 110, 90]) r.record({ ...facts(40, 0), probeWaitMs: wait });
+  assert.equal(r.costs().probeWaitMs, 90); // median of the newest three: 0, 110, 90
+});
+
 Deno.test("HandoffCostRecorder skips a term its record does not carry", () => {
   const r = new HandoffCostRecorder();
   r.record(facts(null, 0, 1000), null);

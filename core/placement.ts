@@ -60,7 +60,10 @@ export interface PlacementPrediction {
   ttftDisaggregatedMs: number;
   /** Client's first token, colocated: the decoder prefilling itself. */
   ttftColocatedMs: number;
-  /** Prefill end to CommitAck on the prefiller: the handoff tail plus the probe step. */
+  /**
+   * Prefill end to CommitAck on the prefiller: the handoff tail plus the probe step and the
+   * measured wait for the prefiller's probe digest.
+   */
   commitTailMs: number;
 }
 

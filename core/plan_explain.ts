@@ -80,6 +80,9 @@ function _tail(e: PlanEstimates, add: Add): void {
   add("tail", "commit round trip", e.commitRoundTripMs, "CommitAck, one RTT");
   add("tail", "= handoff tail", e.handoffTailMs, "");
   if (e.probeMs) add("tail", "+ continuation probe", e.probeMs, "one decode step before CommitAck");
+  if (e.probeWaitMs) {
+    add("tail", "+ probe digest wait", e.probeWaitMs, "the prefiller's own probe ending later");
+  }
 }
 
 function _benefit(i: PlanInput, e: PlanEstimates, add: Add): void {

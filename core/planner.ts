@@ -117,6 +117,13 @@ export interface HandoffCosts {
    * link's (all samples where none is), never below 0.
    */
   linkResidual?: { samples: [rttMs: number, ms: number][] };
+  /**
+   * Decoder: how long its probe result waited for the prefiller's probe digest before
+   * CommitAck. The prefiller runs its own probe decode (its first decode after the last
+   * chunk) once the manifest has left; where the manifest arrives quickly and that decode is
+   * slower than the decoder's import and probe, CommitAck waits for it.
+   */
+  probeWaitMs?: number;
 }
 
 /** Thresholds, each with its unit last. */
@@ -197,7 +204,9 @@ export interface PlanEstimates {
   mtpMode?: "transfer" | "reprime" | "none";
   /** The decoder's continuation probe inside the tail (0 when not given). */
   probeMs?: number;
-  /** Prefill end to CommitAck as the prefiller sees it: `handoffTailMs + probeMs`. */
+  /** The decoder's measured wait for the prefiller's probe digest (HandoffCosts; 0 without). */
+  probeWaitMs?: number;
+  /** Prefill end to CommitAck as the prefiller sees it: `handoffTailMs + probeMs + probeWaitMs`. */
   commitTailMs?: number;
   /** Prefiller queue wait (contention) counted against the benefit. */
   prefillerQueueMs?: number;
@@ -417,6 +426,7 @@ export function estimate(
   const linkResidualMs = linkResidualAt(i.costs?.linkResidual?.samples ?? [], link.rttMs);
   const handoffTailMs = linkMs + manifestWaitMs + linkResidualMs + importMs + link.rttMs;
   const probeMs = i.probeMs ?? 0;
+  const probeWaitMs = i.costs?.probeWaitMs ?? 0;
   const disaggregatedMs = (i.prefillerQueueMs ?? 0) + stream.prefillMs + handoffTailMs;
   const colocatedMs = _colocatedMs(i);
   const ls = i.layerSplit;
@@ -442,7 +452,8 @@ export function estimate(
     overlapFraction: stream.overlapFraction,
     mtpMode,
     probeMs,
-    commitTailMs: handoffTailMs + probeMs,
+    probeWaitMs,
+    commitTailMs: handoffTailMs + probeMs + probeWaitMs,
     prefillerQueueMs: i.prefillerQueueMs ?? 0,
   };
 }

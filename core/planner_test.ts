@@ -303,3 +303,13 @@ Deno.test("estimate() adds the measured link residual to the tail", () => {
   assert.equal(withResidual.linkResidualMs, 35); // the sample at a similar RTT
   assert.ok(Math.abs(withResidual.handoffTailMs - base.handoffTailMs - 35) < 1e-9);
 });
+
+Deno.test("estimate() adds the measured wait for the prefiller's probe digest after the probe", () => {
+  const i = input({ probeMs: 40 });
+  const base = estimate(i, i.link!);
+  const waited = estimate({ ...i, costs: { probeWaitMs: 120 } }, i.link!);
+  assert.equal(base.probeWaitMs, 0);
+  assert.equal(waited.probeWaitMs, 120);
+  assert.equal(waited.handoffTailMs, base.handoffTailMs); // the transfer part is unchanged
+  assert.ok(Math.abs(waited.commitTailMs! - (base.handoffTailMs + 40 + 120)) < 1e-9);
+});

@@ -1,0 +1,37 @@
+import assert from "node:assert/strict";
+import { explainPlan } from "./plan_explain.ts";
+import { plan, type PlanInput } from "./planner.ts";
+
+const MIB = 1024 * 1024;
+
+const INPUT: PlanInput = {
+  promptTokens: 8192,
+  state: { kvBytesPerToken: 8192, recurrentBytes: 160 * MIB },
+  link: { bandwidthBytesPerS: 1.25e9, rttMs: 2, ageMs: 1000 },
+  prefillerPrefillTokensPerS: 4000,
+  decoderPrefillTokensPerS: 1500,
+  decoderFreeBytes: 64 * 1024 * MIB,
+  chunkTokens: 2048,
+  probeMs: 45,
+  costs: { prefillerPostMs: 1e4, importMsPerMiB: 0.5, probeWaitMs: 80 },
+  flags: {
+    prefillerHasPrefillRole: true,
+    decoderHasDecodeRole: true,
+    schemaShared: true,
+    identityMatch: true,
+    familyCertified: true,
+  },
+};
+
+Deno.test("explainPlan: the tail's terms add up to the handoff tail, then probe and digest wait to the commit tail", () => {
+  const p = plan(INPUT);
+  const terms = explainPlan(INPUT, p).filter((t) => t.group === "tail");
+  const at = terms.findIndex((t) => t.label === "= handoff tail");
+  const parts = terms.slice(0, at).reduce((s, t) => s + (t.ms ?? 0), 0);
+  assert.ok(Math.abs(parts - p.estimates!.handoffTailMs) < 1e-6, `${parts}`);
+  const after = terms.slice(at + 1);
+  assert.deepEqual(after.map((t) => t.label), ["+ continuation probe", "+ probe digest wait"]);
+  const commit = p.estimates!.handoffTailMs + after.reduce((s, t) => s + t.ms!, 0);
+  assert.ok(Math.abs(commit - p.estimates!.commitTailMs!) < 1e-6);
+  assert.ok(terms.some((t) => t.label === "prefiller work" && t.ms! > 0), "the slow sender shows");
+});
