@@ -3,7 +3,10 @@
  * manifest leaving, the decoder's verify + import, its probe, and how long its probe result
  * waited for the prefiller's probe digest. Used for docs/bench-report/lab/ on a loaded machine.
  *
- * `deno run -A --unstable-net bench/tail_breakdown.ts [--runs 3] [--sentences 25] [--capture on]`
+ * `deno run -A --unstable-net bench/tail_breakdown.ts [--runs 3] [--sentences 25] [--capture on]
+ * [--per-cluster 1] [--threads N]`: `--per-cluster` handoffs on each process pair (more than one:
+ * the later ones run on warm workers, as in serving, where the prefiller's own probe decode can
+ * be what CommitAck waits for); `--threads` llama.cpp threads per worker (default: the workers').
  * Prints one line per handoff: counts and milliseconds only.
  */
 import { parseArgs } from "node:util";
@@ -19,6 +22,8 @@ const { values } = parseArgs({
     runs: { type: "string", default: "3" },
     sentences: { type: "string", default: "25" },
     capture: { type: "string", default: "on" },
+    "per-cluster": { type: "string", default: "1" },
+    threads: { type: "string" },
   },
 });
 const model = await ensureModelFile(`${cacheDir()}/models`, {
@@ -27,39 +32,47 @@ const model = await ensureModelFile(`${cacheDir()}/models`, {
   seed: 1,
 });
 const ms = (x: number | null | undefined) => (x ?? NaN).toFixed(0);
+const perCluster = Number(values["per-cluster"]);
+if (!Number.isInteger(perCluster) || perCluster < 1) {
+  console.error(`--per-cluster ${values["per-cluster"]}: use a whole number of handoffs >= 1`);
+  Deno.exit(2);
+}
 for (let i = 0; i < Number(values.runs); i++) {
-  // One process pair per handoff, as each row of the report; a loaded machine stretches probes
-  // to seconds, so the commit timeout is raised (a fallback would measure nothing).
+  // A loaded machine stretches probes to seconds, so the commit timeout is raised (a fallback
+  // would measure nothing).
   const cluster = await startLocalCluster({
     args: [
       ...["--model", model, "--ctx", "1024", "--layer-capture", values.capture!],
       ...["--commit-timeout-ms", "120000", "--lease-ms", "180000"],
+      ...(values.threads ? ["--threads", values.threads] : []),
     ],
   });
   try {
-    const r = await runHandoff(cluster.client, {
-      prefill: cluster.prefill.peer,
-      decode: cluster.decode.peer,
-      prompt: SENTENCE.repeat(Number(values.sentences)),
-      generateTokens: 2,
-      sampling: { temperature: 0, topK: 40, topP: 0.95, seed: 1 },
-      tenantId: "bench",
-      probe: false,
-      timeoutMs: 600_000,
-    });
-    const t = r.telemetry;
-    const tail = t.uncoveredTailMs ?? NaN;
-    const probe = t.probeMs ?? NaN;
-    const wait = t.probeWaitMs ?? 0;
-    console.log(
-      `${r.placement} prompt ${r.promptTokens} load ${Deno.loadavg()[0].toFixed(1)}: tail ${
-        ms(tail)
-      } ms, decoder probe ${ms(probe)}, probe wait ${ms(t.probeWaitMs)}, tail-probe ${
-        ms(tail - probe)
-      }, before manifest ${ms(tail - (t.commitRoundTripMs ?? NaN))}, verify+import ${
-        ms((t.commitMs ?? NaN) - probe - wait)
-      }, prefill ${ms(t.prefillMs)}`,
-    );
+    for (let j = 0; j < perCluster; j++) {
+      const r = await runHandoff(cluster.client, {
+        prefill: cluster.prefill.peer,
+        decode: cluster.decode.peer,
+        prompt: SENTENCE.repeat(Number(values.sentences)),
+        generateTokens: 2,
+        sampling: { temperature: 0, topK: 40, topP: 0.95, seed: 1 },
+        tenantId: "bench",
+        probe: false,
+        timeoutMs: 600_000,
+      });
+      const t = r.telemetry;
+      const tail = t.uncoveredTailMs ?? NaN;
+      const probe = t.probeMs ?? NaN;
+      const wait = t.probeWaitMs ?? 0;
+      console.log(
+        `${r.placement} prompt ${r.promptTokens} load ${Deno.loadavg()[0].toFixed(1)}: tail ${
+          ms(tail)
+        } ms, decoder probe ${ms(probe)}, probe wait ${ms(t.probeWaitMs)}, tail-probe ${
+          ms(tail - probe)
+        }, before manifest ${ms(tail - (t.commitRoundTripMs ?? NaN))}, verify+import ${
+          ms((t.commitMs ?? NaN) - probe - wait)
+        }, prefill ${ms(t.prefillMs)}, cluster ${i} handoff ${j}`,
+      );
+    }
   } finally {
     await cluster.stop();
   }
