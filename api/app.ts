@@ -17,7 +17,7 @@ import { type ChatFormat, renderChat } from "./chat.ts";
 import { userTurnEnds } from "./chat_turns.ts";
 import { ApiError, invalidBody, malformedJson, serverError } from "./errors.ts";
 import { type ApiKeys, UNAUTHENTICATED_TENANT } from "./keys.ts";
-import { namesModel } from "./model.ts";
+import { namesModel, type ServedModel } from "./model.ts";
 import { ChunkWriter, type Endpoint, wholeResponse } from "./responses.ts";
 import {
   ChatBody,
@@ -89,109 +89,25 @@ export function createApp(service: ApiService, keys: ApiKeys | null): Hono<Env> 
 
   app.post("/v1/completions", async (c) => {
     const body = parseBody(CompletionBody, await readJson(c.req.raw));
-    const params = checkModel(toGenerationParams(body));
+    const params = checkModel(model, toGenerationParams(body));
     const prompt = typeof body.prompt === "string" ? body.prompt : body.prompt[0];
-    return await respond(c, "completions", params, prompt);
+    return await respond(service, c, { endpoint: "completions", params, prompt });
   });
   app.post("/v1/chat/completions", async (c) => {
     const body = parseBody(ChatBody, await readJson(c.req.raw));
-    const params = checkModel(toGenerationParams(body));
+    const params = checkModel(model, toGenerationParams(body));
     const messages = chatMessages(body);
     const { prompt, format, specialSpans } = renderChat(model, messages);
     const turnEnds = userTurnEnds(model, messages, prompt); // prefix checkpoints (issue #12)
-    return await respond(c, "chat.completions", params, prompt, format, specialSpans, turnEnds);
-  });
-
-  function checkModel(params: GenerationParams): GenerationParams {
-    if (!namesModel(model, params.model)) {
-      throw new ApiError(
-        404,
-        "not_found_error",
-        `The model "${
-          params.model.slice(0, 200)
-        }" does not exist: this server serves "${model.id}"`,
-        { code: "model_not_found", param: "model" },
-      );
-    }
-    return params;
-  }
-
-  async function respond(
-    c: Context<Env>,
-    endpoint: Endpoint,
-    params: GenerationParams,
-    prompt: string,
-    chatFormat?: ChatFormat,
-    promptSpecialSpans?: number[],
-    turnEnds?: number[],
-  ) {
-    const tenantId: string = c.get("tenant");
-    const client = watchClient(c.req.raw);
-    if (!params.stream) {
-      const out = await service
-        .run({
-          endpoint,
-          params,
-          prompt,
-          promptSpecialSpans,
-          tenantId,
-          signal: client.signal,
-          chatFormat,
-          turnEnds,
-        })
-        .finally(client.done);
-      c.header("x-skippy-placement", out.placement);
-      if (out.fallbackReason) c.header("x-skippy-fallback", headerSafe(out.fallbackReason));
-      return c.json(wholeResponse(endpoint, params.model, out, (t) => model.pieceBytes(t)));
-    }
-    const requestId = crypto.randomUUID();
-    const chunks = new ChunkWriter(endpoint, params.model, requestId);
-    const gone = new AbortController();
-    const signal = AbortSignal.any([client.signal, gone.signal]);
-    // Writes are queued in order; a write to a closed stream is dropped (the abort frees it).
-    let writes = Promise.resolve();
-    let send = (_data: string) => {};
-    // Context and admission refusals keep their HTTP status: they come before the stream.
-    let admitted: Awaited<ReturnType<ApiService["admit"]>>;
-    try {
-      admitted = await service.admit({
-        endpoint,
-        params,
-        prompt,
-        promptSpecialSpans,
-        tenantId,
-        signal,
-        requestId,
-        chatFormat,
-        turnEnds,
-        onDelta: (piece) => send(chunks.text(piece)),
-      });
-    } catch (error) {
-      client.done();
-      throw error;
-    }
-    return streamSSE(c, async (stream) => {
-      stream.onAbort(() => gone.abort());
-      send = (data: string) => {
-        writes = writes.then(() => stream.writeSSE({ data })).catch(() => gone.abort());
-      };
-      const opening = chunks.opening();
-      if (opening) send(opening);
-      try {
-        const out = await admitted.run();
-        send(chunks.finish(out));
-        if (params.includeUsage) send(chunks.usage(out));
-      } catch (error) {
-        if (signal.aborted) return; // the client went away: nothing to tell it
-        const api = error instanceof ApiError ? error : serverError(error);
-        send(JSON.stringify(api.body()));
-      } finally {
-        client.done();
-      }
-      send("[DONE]");
-      await writes;
+    return await respond(service, c, {
+      endpoint: "chat.completions",
+      params,
+      prompt,
+      chatFormat: format,
+      promptSpecialSpans: specialSpans,
+      turnEnds,
     });
-  }
+  });
 
   return app;
 }
@@ -242,4 +158,99 @@ function parseBody<T extends z.ZodType>(schema: T, json: unknown): z.infer<T> {
 /** A header value: one line of printable ASCII, bounded. */
 function headerSafe(s: string): string {
   return s.replace(/[^\x20-\x7e]/g, "?").slice(0, 300);
+}
+
+/** `params`, or a 404 naming the model when it is not the one served here. */
+function checkModel(model: ServedModel, params: GenerationParams): GenerationParams {
+  if (!namesModel(model, params.model)) {
+    throw new ApiError(
+      404,
+      "not_found_error",
+      `The model "${params.model.slice(0, 200)}" does not exist: this server serves "${model.id}"`,
+      { code: "model_not_found", param: "model" },
+    );
+  }
+  return params;
+}
+
+/** What a completion route hands to `respond`. */
+interface Ask {
+  endpoint: Endpoint;
+  params: GenerationParams;
+  prompt: string;
+  chatFormat?: ChatFormat;
+  promptSpecialSpans?: number[];
+  turnEnds?: number[];
+}
+
+/** Runs one completion: a whole JSON response, or server-sent events when it streams. */
+async function respond(service: ApiService, c: Context<Env>, ask: Ask) {
+  const { endpoint, params, prompt, chatFormat, promptSpecialSpans, turnEnds } = ask;
+  const model = service.options.model;
+  const tenantId: string = c.get("tenant");
+  const client = watchClient(c.req.raw);
+  if (!params.stream) {
+    const out = await service
+      .run({
+        endpoint,
+        params,
+        prompt,
+        promptSpecialSpans,
+        tenantId,
+        signal: client.signal,
+        chatFormat,
+        turnEnds,
+      })
+      .finally(client.done);
+    c.header("x-skippy-placement", out.placement);
+    if (out.fallbackReason) c.header("x-skippy-fallback", headerSafe(out.fallbackReason));
+    return c.json(wholeResponse(endpoint, params.model, out, (t) => model.pieceBytes(t)));
+  }
+  const requestId = crypto.randomUUID();
+  const chunks = new ChunkWriter(endpoint, params.model, requestId);
+  const gone = new AbortController();
+  const signal = AbortSignal.any([client.signal, gone.signal]);
+  // Writes are queued in order; a write to a closed stream is dropped (the abort frees it).
+  let writes = Promise.resolve();
+  let send = (_data: string) => {};
+  // Context and admission refusals keep their HTTP status: they come before the stream.
+  let admitted: Awaited<ReturnType<ApiService["admit"]>>;
+  try {
+    admitted = await service.admit({
+      endpoint,
+      params,
+      prompt,
+      promptSpecialSpans,
+      tenantId,
+      signal,
+      requestId,
+      chatFormat,
+      turnEnds,
+      onDelta: (piece) => send(chunks.text(piece)),
+    });
+  } catch (error) {
+    client.done();
+    throw error;
+  }
+  return streamSSE(c, async (stream) => {
+    stream.onAbort(() => gone.abort());
+    send = (data: string) => {
+      writes = writes.then(() => stream.writeSSE({ data })).catch(() => gone.abort());
+    };
+    const opening = chunks.opening();
+    if (opening) send(opening);
+    try {
+      const out = await admitted.run();
+      send(chunks.finish(out));
+      if (params.includeUsage) send(chunks.usage(out));
+    } catch (error) {
+      if (signal.aborted) return; // the client went away: nothing to tell it
+      const api = error instanceof ApiError ? error : serverError(error);
+      send(JSON.stringify(api.body()));
+    } finally {
+      client.done();
+    }
+    send("[DONE]");
+    await writes;
+  });
 }

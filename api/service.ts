@@ -15,13 +15,16 @@ import { ApiError, contextTooSmall, serverError } from "./errors.ts";
 import { ApiMetrics } from "./metrics.ts";
 import type { ChatFormat } from "./chat.ts";
 import type { ServedModel } from "./model.ts";
-import type { PeerSet } from "./peers.ts";
+import type { PeerSet, WorkerEntry } from "./peers.ts";
 import type { LivePlacement } from "./live_placement.ts";
 import { decidePlacement, type PlacementDecision, type PlacementMode } from "./placement.ts";
 import type { GenerationParams } from "./schemas.ts";
 import { StopMatcher } from "./stop.ts";
 import { registerWorkerMetrics, type WorkerMetricsOptions } from "./worker_metrics.ts";
 import { type RequestLog, type RequestRecord } from "./telemetry.ts";
+
+/** The workers a request was given (`PeerSet.pick`). */
+type Picked = NonNullable<ReturnType<PeerSet["pick"]>>;
 
 export interface ServiceOptions {
   node: Node;
@@ -206,25 +209,7 @@ export class ApiService {
         retryAfterS: o.admission.options.retryAfterS,
       });
     }
-    const linkOf = (w: typeof picked.prefill) =>
-      w ? o.node.links.get(w.peer).catch(() => null) : Promise.resolve(null);
-    const planned = o.placement === "auto" && o.live
-      ? o.live.decide({
-        promptTokens: record.promptTokens,
-        state: o.model.state,
-        family: o.model.family,
-        hasPrefillWorker: picked.prefill !== null,
-        prefill: await linkOf(picked.prefill),
-        decode: await linkOf(picked.decode),
-      })
-      : decidePlacement({
-        mode: o.placement,
-        promptTokens: record.promptTokens,
-        state: o.model.state,
-        family: o.model.family,
-        hasPrefillWorker: picked.prefill !== null,
-        promptTokensMin: o.promptTokensMin,
-      });
+    const planned = await this.#plan(record.promptTokens, picked);
     record.plannedPlacement = planned.placement;
     record.placementReason = planned.reason;
     const handoffId = crypto.randomUUID();
@@ -305,25 +290,7 @@ export class ApiService {
       ? result?.fallbackReason ?? null
       : null;
     this.#finish(record, result, placement, fallbackReason, generated, finishReason, t0);
-    if (record.handoff) {
-      // The prediction beside the measurement (null: the placement was not planned on costs).
-      const p = planned.prediction;
-      // Link facts: the RTT the handoff measured itself (its reservation round trip), else the
-      // live estimate placement used; bandwidth only from that estimate (null without auto
-      // placement, or before the pair's first handoff: nothing measured it).
-      const est = o.live && picked.prefill
-        ? o.live.pairs.estimate(
-          { from: picked.prefill.peer.nodeId, to: picked.decode.peer.nodeId },
-          performance.now(),
-        )
-        : null;
-      record.handoff = {
-        ...record.handoff,
-        bandwidthBytesPerS: record.handoff.bandwidthBytesPerS ?? est?.bandwidthBytesPerS ?? null,
-        rttMs: record.handoff.rttMs ?? est?.rttMs ?? null,
-        prediction: p ? { placement: planned.placement, ...p } : null,
-      };
-    }
+    this.#recordPrediction(record, planned, picked);
     if (result && o.live) {
       o.live.record(result, picked.prefill?.peer.nodeId ?? null, picked.decode.peer.nodeId);
     }
@@ -340,6 +307,51 @@ export class ApiService {
       fallbackReason,
       chatFormat: input.chatFormat ?? null,
       logprobs,
+    };
+  }
+
+  /** Where the request runs: the live planner under `--placement auto`, else the no-link rule. */
+  async #plan(promptTokens: number, picked: Picked): Promise<PlacementDecision> {
+    const o = this.options;
+    const linkOf = (w: WorkerEntry | null) =>
+      w ? o.node.links.get(w.peer).catch(() => null) : Promise.resolve(null);
+    const common = {
+      promptTokens,
+      state: o.model.state,
+      family: o.model.family,
+      hasPrefillWorker: picked.prefill !== null,
+    };
+    return o.placement === "auto" && o.live
+      ? o.live.decide({
+        ...common,
+        prefill: await linkOf(picked.prefill),
+        decode: await linkOf(picked.decode),
+      })
+      : decidePlacement({ ...common, mode: o.placement, promptTokensMin: o.promptTokensMin });
+  }
+
+  /**
+   * The handoff record's prediction beside its measurement (null: the placement was not
+   * planned on costs), and its link facts: the RTT the handoff measured itself (its
+   * reservation round trip), else the live estimate placement used; bandwidth only from that
+   * estimate (null without auto placement, or before the pair's first handoff: nothing
+   * measured it).
+   */
+  #recordPrediction(record: RequestRecord, planned: PlacementDecision, picked: Picked): void {
+    if (!record.handoff) return;
+    const o = this.options;
+    const p = planned.prediction;
+    const est = o.live && picked.prefill
+      ? o.live.pairs.estimate(
+        { from: picked.prefill.peer.nodeId, to: picked.decode.peer.nodeId },
+        performance.now(),
+      )
+      : null;
+    record.handoff = {
+      ...record.handoff,
+      bandwidthBytesPerS: record.handoff.bandwidthBytesPerS ?? est?.bandwidthBytesPerS ?? null,
+      rttMs: record.handoff.rttMs ?? est?.rttMs ?? null,
+      prediction: p ? { placement: planned.placement, ...p } : null,
     };
   }
 

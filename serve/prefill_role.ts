@@ -215,61 +215,9 @@ export class PrefillRole {
       () => pooled.engine.position,
     );
     try {
-      // State goes only to a peer trusted here as a decode worker (an untrusted one fails to
-      // connect below, with its own message).
-      const target = this.node.trust.lookup(request.decode.nodeId);
-      // No longer trusted here: a link made before is not used (the connect below refuses).
-      if (!target) this.links.forget(request.decode);
-      if (target && !rolesOf(target).has("decode")) {
-        const message = `the decode worker ${request.decode.nodeId} is trusted on the prefill ` +
-          `worker, but not as "decode": add the role there with \`skippy-disagg trust add ` +
-          `<its card> --roles decode\``;
-        this.log(`handoff ${request.handoffId}: ${message}`);
-        return {
-          ...failed(request, message, prompt.length),
-          outcome: "fallback",
-          reason: "capability-missing",
-        } satisfies PrefillOutcome;
-      }
-      let link: PeerLink;
-      try {
-        link = await this.links.get(request.decode);
-      } catch (error) {
-        if (request.completeOnDecoderLoss) {
-          // Nothing was prefilled yet: run the whole request here (colocated on this worker).
-          const message = `the decode worker is unreachable (${
-            (error as Error).message
-          }); ran on the prefill worker`;
-          this.log(`handoff ${request.handoffId}: ${message}`);
-          await this.#reply(active.peer, {
-            ...failed(request, message, prompt.length),
-            outcome: "fallback",
-            reason: "connection-lost",
-            completedHere: true,
-          });
-          await generateHere(active.peer, localRequest(request), pooled.engine, cancel);
-          return null;
-        }
-        return {
-          ...failed(
-            request,
-            `Cannot reach the decode worker: ${(error as Error).message}`,
-            prompt.length,
-          ),
-          outcome: "fallback",
-          reason: "connection-lost",
-        } satisfies PrefillOutcome;
-      }
-      const eligible = eligibleForHandoff(this.capabilities, link.peerCapabilities, "decode");
-      if (!eligible.ok) {
-        this.log(`handoff ${request.handoffId}: decode worker not eligible: ${eligible.reason}`);
-        return {
-          ...failed(request, `Decode worker not eligible: ${eligible.reason}`, prompt.length),
-          outcome: "fallback",
-          reason: "capability-missing",
-        } satisfies PrefillOutcome;
-      }
-      let first: PeerLink | null = link;
+      const checked = await this.#decoderLink(request, prompt, active, pooled);
+      if (!("link" in checked)) return checked.outcome;
+      let first: PeerLink | null = checked.link;
       // A cached prefix of this tenant is restored into the context; only the rest computes.
       const prefix = await this.prefixCache.prepare(
         request.tenantId,
@@ -314,23 +262,7 @@ export class PrefillRole {
       const outcome = await handoff.run();
       // The outcome follows the first token on the same stream, never overtakes it.
       await firstTokenSent;
-      if (handoff.completion) {
-        // The decode worker was lost before the commit: finish the request here, from the
-        // state this context still holds (see serve/prefill_completion.ts).
-        this.log(`handoff ${request.handoffId}: ${outcome.message}`);
-        await this.#reply(active.peer, outcome);
-        await completeOnPrefill(active.peer, request, pooled.engine, handoff.completion, cancel);
-        return null;
-      }
-      const summary = formatTelemetry(
-        deriveTelemetry({ prefiller: outcome.telemetry ?? [], decoder: [] }),
-        { side: "prefill" },
-      );
-      this.log(
-        `handoff ${request.handoffId}: ${outcome.outcome}` +
-          (outcome.reason ? ` (${outcome.reason})` : "") + ` | ${summary}`,
-      );
-      return outcome;
+      return await this.#settle(request, active, pooled, handoff, outcome);
     } catch (error) {
       return failed(request, (error as Error).message, prompt.length);
     } finally {
@@ -339,6 +271,99 @@ export class PrefillRole {
       // The handoff leaves the shared link (which stays open for the next handoff).
       (decoder as DecoderChannel | null)?.close();
     }
+  }
+
+  /**
+   * After the handoff ran: the request finished here from the state this context still holds
+   * when the decode worker was lost before the commit (null), else the outcome, logged.
+   */
+  async #settle(
+    request: PrefillRequest,
+    active: Active,
+    pooled: PooledEngine,
+    handoff: PrefillHandoff,
+    outcome: PrefillOutcome,
+  ): Promise<PrefillOutcome | null> {
+    if (handoff.completion) {
+      // See serve/prefill_completion.ts.
+      this.log(`handoff ${request.handoffId}: ${outcome.message}`);
+      await this.#reply(active.peer, outcome);
+      const cancel = active.controller.signal;
+      await completeOnPrefill(active.peer, request, pooled.engine, handoff.completion, cancel);
+      return null;
+    }
+    const summary = formatTelemetry(
+      deriveTelemetry({ prefiller: outcome.telemetry ?? [], decoder: [] }),
+      { side: "prefill" },
+    );
+    this.log(
+      `handoff ${request.handoffId}: ${outcome.outcome}` +
+        (outcome.reason ? ` (${outcome.reason})` : "") + ` | ${summary}`,
+    );
+    return outcome;
+  }
+
+  /**
+   * The link to the request's decode worker, checked: trusted here as a decode worker,
+   * reachable and eligible. Otherwise the outcome to answer with (a named fallback), or null
+   * when the request already ran here (an unreachable decoder, `completeOnDecoderLoss`).
+   */
+  async #decoderLink(
+    request: PrefillRequest,
+    prompt: Int32Array,
+    active: Active,
+    pooled: PooledEngine,
+  ): Promise<{ link: PeerLink } | { outcome: PrefillOutcome | null }> {
+    const fallback = (message: string, reason: "capability-missing" | "connection-lost") => ({
+      outcome: {
+        ...failed(request, message, prompt.length),
+        outcome: "fallback",
+        reason,
+      } satisfies PrefillOutcome,
+    });
+    // State goes only to a peer trusted here as a decode worker (an untrusted one fails to
+    // connect below, with its own message).
+    const target = this.node.trust.lookup(request.decode.nodeId);
+    // No longer trusted here: a link made before is not used (the connect below refuses).
+    if (!target) this.links.forget(request.decode);
+    if (target && !rolesOf(target).has("decode")) {
+      const message = `the decode worker ${request.decode.nodeId} is trusted on the prefill ` +
+        `worker, but not as "decode": add the role there with \`skippy-disagg trust add ` +
+        `<its card> --roles decode\``;
+      this.log(`handoff ${request.handoffId}: ${message}`);
+      return fallback(message, "capability-missing");
+    }
+    let link: PeerLink;
+    try {
+      link = await this.links.get(request.decode);
+    } catch (error) {
+      if (request.completeOnDecoderLoss) {
+        // Nothing was prefilled yet: run the whole request here (colocated on this worker).
+        const message = `the decode worker is unreachable (${
+          (error as Error).message
+        }); ran on the prefill worker`;
+        this.log(`handoff ${request.handoffId}: ${message}`);
+        await this.#reply(active.peer, {
+          ...failed(request, message, prompt.length),
+          outcome: "fallback",
+          reason: "connection-lost",
+          completedHere: true,
+        });
+        const cancel = active.controller.signal;
+        await generateHere(active.peer, localRequest(request), pooled.engine, cancel);
+        return { outcome: null };
+      }
+      return fallback(
+        `Cannot reach the decode worker: ${(error as Error).message}`,
+        "connection-lost",
+      );
+    }
+    const eligible = eligibleForHandoff(this.capabilities, link.peerCapabilities, "decode");
+    if (!eligible.ok) {
+      this.log(`handoff ${request.handoffId}: decode worker not eligible: ${eligible.reason}`);
+      return fallback(`Decode worker not eligible: ${eligible.reason}`, "capability-missing");
+    }
+    return { link };
   }
 
   /** Sends the outcome; one that cannot be sent is replaced by a failure saying why. */

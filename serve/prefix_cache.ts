@@ -205,6 +205,22 @@ export class PrefixCache {
         "prefix cache not used for iswa without the native shim (its ring restores exactly only through it)",
       );
     }
+    const { restored, off } = await this.#restore(tenantId, prompt, engine, draft);
+    return {
+      restoredTokens: restored,
+      checkpoints: this.#checkpoints(prompt, restored, engine, hints),
+      onCheckpoint: (pos) => this.#checkpoint(tenantId, prompt, pos, engine, draft),
+      off,
+    };
+  }
+
+  /** Restores the tenant's deepest cached prefix of `prompt` into `engine` (0: none, or refused). */
+  async #restore(
+    tenantId: string,
+    prompt: Int32Array,
+    engine: Engine,
+    draft: MtpDraft | null,
+  ): Promise<{ restored: number; off: string | null }> {
     let restored = 0;
     let off: string | null = null;
     const hit = await this.#index.lookup(tenantId, prompt);
@@ -244,6 +260,19 @@ export class PrefixCache {
         if (--snap.pins === 0 && snap.erase) erase(snap);
       }
     }
+    return { restored, off };
+  }
+
+  /**
+   * Where this prompt's prefill stops to be snapshotted, after the `restored` tokens: spread
+   * over the prompt, and where the chat template's user turns end.
+   */
+  #checkpoints(
+    prompt: Int32Array,
+    restored: number,
+    engine: Engine,
+    hints?: TurnHints,
+  ): number[] {
     const block = this.options.prefixBlockTokens;
     const deepest = Math.floor((prompt.length - 1) / block) * block;
     // Spread over the prompt, not bunched at its end: the k-th of N sits at k/N of the deepest
@@ -266,40 +295,43 @@ export class PrefixCache {
         this.options.prefixCheckpointsMax,
       )
       : [];
-    const checkpoints = [...new Set([...spread, ...turns])]
+    return [...new Set([...spread, ...turns])]
       .filter((b) => b > restored && b < prompt.length)
       .sort((a, b) => a - b);
-    return {
-      restoredTokens: restored,
-      checkpoints,
-      onCheckpoint: async (pos) => {
-        if (engine.position !== pos) return; // not where the plan said: take nothing
-        const swa = this.family === "iswa";
-        const state = swa
-          ? await exportKvPage(engine.ctx, 0, pos, { pageBytesMax: PAGE_BYTES_MAX })
-          : await engine.ctx.stateSeqGet(0);
-        const value: Snapshot = {
-          state,
-          swa: swa ? await exportSwa(engine.ctx, { pageBytesMax: PAGE_BYTES_MAX }) : null,
-          draft: draft && { state: await draft.ctx.stateSeqGet(0), pending: draft.pending.slice() },
-          pins: 0,
-          erase: false,
-        };
-        const bytes = state.byteLength + (value.swa?.byteLength ?? 0) +
-          (value.draft?.state.byteLength ?? 0) +
-          (value.draft?.pending.byteLength ?? 0);
-        const tokens = prompt.subarray(0, pos);
-        const kept = await this.#index.insert({
-          tenantId,
-          tokens,
-          bytes,
-          value,
-          trimmable: this.#trimmable,
-        });
-        if (!kept) erase(value); // larger than the whole budget: never stored
-      },
-      off,
+  }
+
+  /** Snapshots the sequence at `pos` (a checkpoint the plan named) into the cache. */
+  async #checkpoint(
+    tenantId: string,
+    prompt: Int32Array,
+    pos: number,
+    engine: Engine,
+    draft: MtpDraft | null,
+  ): Promise<void> {
+    if (engine.position !== pos) return; // not where the plan said: take nothing
+    const swa = this.family === "iswa";
+    const state = swa
+      ? await exportKvPage(engine.ctx, 0, pos, { pageBytesMax: PAGE_BYTES_MAX })
+      : await engine.ctx.stateSeqGet(0);
+    const value: Snapshot = {
+      state,
+      swa: swa ? await exportSwa(engine.ctx, { pageBytesMax: PAGE_BYTES_MAX }) : null,
+      draft: draft && { state: await draft.ctx.stateSeqGet(0), pending: draft.pending.slice() },
+      pins: 0,
+      erase: false,
     };
+    const bytes = state.byteLength + (value.swa?.byteLength ?? 0) +
+      (value.draft?.state.byteLength ?? 0) +
+      (value.draft?.pending.byteLength ?? 0);
+    const tokens = prompt.subarray(0, pos);
+    const kept = await this.#index.insert({
+      tenantId,
+      tokens,
+      bytes,
+      value,
+      trimmable: this.#trimmable,
+    });
+    if (!kept) erase(value); // larger than the whole budget: never stored
   }
 
   /** iswa: the global page and the ring staged and committed as a handoff's import would be. */
