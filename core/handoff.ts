@@ -219,6 +219,14 @@ export interface ReservedEvent {
   type: "Reserved";
   creditBytes: number;
   bindingKey: Uint8Array;
+  /**
+   * The reservation's parity verdict (serve/_reservation.ts). Only where bitwise parity is
+   * claimed must the decoder's probe digest equal the prefiller's; where it is not (a
+   * parity-only identity field differs, or is unknown: another device of the same backend,
+   * whose kernels may round differently), the handoff was accepted on the must-match fields
+   * and commits on the decoder's own probe. Absent: "bitwise".
+   */
+  parity?: "bitwise" | "not-claimed";
 }
 /** Decoder: a local step failed (reserve, stage, verify, import, probe), with its reason. */
 export interface StepFailedEvent {

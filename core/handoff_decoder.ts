@@ -4,8 +4,10 @@
  * the readiness probe, and only then commit (CommitAck + `allow-generate`), once the probe's
  * digest equals the prefiller's. That digest is in the manifest, or (`probe.logitsSha256:
  * null`) follows it in a ProbeDigest message, which may arrive at any point from the manifest
- * to the decoder's own probe: the table holds whichever comes first. Any failure before
- * commit releases the session uncommitted and tells the prefiller why.
+ * to the decoder's own probe: the table holds whichever comes first. Where the reservation
+ * did not claim bitwise parity (`Reserved.parity: "not-claimed"`), the digests are not
+ * compared: the decoder commits on its own probe and a digest that follows is ignored. Any
+ * failure before commit releases the session uncommitted and tells the prefiller why.
  *
  * @module
  */
@@ -51,6 +53,8 @@ export interface DecoderState {
   readonly peerProbe: string | null;
   /** This decoder's own probe digest, once its probe ran. */
   readonly ownProbe: string | null;
+  /** Whether the probe digests must be equal (bitwise parity claimed at reservation). */
+  readonly probeCompared: boolean;
   readonly outcome: { reason: AbortReason } | null;
 }
 
@@ -76,6 +80,7 @@ export function createDecoder(timing: HandoffTiming = DEFAULT_HANDOFF_TIMING): D
     position: null,
     peerProbe: null,
     ownProbe: null,
+    probeCompared: true,
     outcome: null,
   };
 }
@@ -132,7 +137,9 @@ const onReserveRequest: Handler = (s, e) => {
 const onReserved: Handler = (s, e) => {
   const keyOk = e.type === "Reserved" && e.bindingKey instanceof Uint8Array &&
     e.bindingKey.length === BINDING_KEY_BYTES;
-  if (e.type !== "Reserved" || !keyOk || !isCount(e.creditBytes)) {
+  const parityOk = e.type === "Reserved" &&
+    (e.parity === undefined || e.parity === "bitwise" || e.parity === "not-claimed");
+  if (e.type !== "Reserved" || !keyOk || !parityOk || !isCount(e.creditBytes)) {
     return _protocolError(s, e, "malformed reservation result");
   }
   const msg = {
@@ -140,7 +147,8 @@ const onReserved: Handler = (s, e) => {
     creditBytes: e.creditBytes,
     bindingKey: e.bindingKey,
   };
-  return { state: { ...s, phase: Phase.Streaming }, actions: [_send(s, msg)] };
+  const next: S = { ...s, phase: Phase.Streaming, probeCompared: e.parity !== "not-claimed" };
+  return { state: next, actions: [_send(s, msg)] };
 };
 
 const onStateChunk: Handler = (s, e) => {
@@ -227,7 +235,9 @@ const onProbeDigest: Handler = (s, e) => {
 function _settleProbe(s: S): StepResult<S> {
   if (s.ownProbe === null) return { state: s, actions: [] };
   const probe = s.manifest!.probe;
-  const want = probe === undefined ? s.ownProbe : probe.logitsSha256 ?? s.peerProbe;
+  const want = probe === undefined || !s.probeCompared
+    ? s.ownProbe
+    : probe.logitsSha256 ?? s.peerProbe;
   if (want === null) return { state: s, actions: [] };
   if (want !== s.ownProbe) return _abort(s, "probe-failed", true);
   const position = s.manifest!.logical.position;
@@ -238,6 +248,15 @@ function _settleProbe(s: S): StepResult<S> {
     actions: [_send(s, { type: "CommitAck", position }), { type: "allow-generate" }],
   };
 }
+
+/** After commit without comparing digests: the prefiller's digest may still arrive. */
+const onDigestAfterCommit: Handler = (s, e) => {
+  const ok = e.type === "ProbeDigest" && isHex(e.logitsSha256, SHA256_BYTES);
+  if (s.probeCompared || e.type !== "ProbeDigest" || !ok || s.peerProbe !== null) {
+    return rejectEvent(s, e, "probe digest after commit");
+  }
+  return { state: { ...s, peerProbe: e.logitsSha256 }, actions: [] };
+};
 
 const onStepFailed: Handler = (s, e) => {
   const reason = "reason" in e && isAbortReason(e.reason) ? e.reason : "protocol-error";
@@ -325,7 +344,7 @@ export const DECODER_TABLE: Readonly<
     ChunkRejected: onStepFailed,
     ...FAILURES,
   },
-  Committed: { SessionEnded: onSessionEnded, ...FAILURES },
+  Committed: { SessionEnded: onSessionEnded, ProbeDigest: onDigestAfterCommit, ...FAILURES },
 };
 
 /**

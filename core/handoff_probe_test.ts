@@ -16,12 +16,20 @@ const OTHER = "cd".repeat(32);
 const STREAM = completeStream("hybrid", 2048);
 const m = { handoffId: ID, attempt: 0 };
 
-function decoderAt(manifestProbe: { logitsSha256: string | null } | undefined) {
+function decoderAt(
+  manifestProbe: { logitsSha256: string | null } | undefined,
+  parity?: "bitwise" | "not-claimed",
+) {
   const manifest = testManifest(STREAM, 2048, manifestProbe);
   let d = createDecoder();
   const events: HandoffEvent[] = [
     { ...m, type: "ReserveRequest" } as HandoffEvent,
-    { type: "Reserved", creditBytes: 1 << 30, bindingKey: newBindingKey() },
+    {
+      type: "Reserved",
+      creditBytes: 1 << 30,
+      bindingKey: newBindingKey(),
+      ...(parity ? { parity } : {}),
+    },
     { ...m, type: "FinalManifest", manifest },
   ];
   for (const e of events) d = decoderStep(d, e).state;
@@ -205,4 +213,47 @@ Deno.test("the commit wait counts from the probe digest; a probe that never ends
   hung = prefillerStep(hung, { type: "ExportDone", manifest }).state;
   const timedOut = prefillerStep(hung, { type: "Tick", elapsedMs: 1_001 });
   assert.deepEqual(timedOut.state.outcome, { reason: "commit-timeout", disposition: "fail" });
+});
+
+Deno.test("where bitwise parity is not claimed, the decoder commits on its own probe and ignores the digest", () => {
+  // Another device of the same backend may round differently: the handoff was accepted on the
+  // must-match fields, so differing digests must not fail it, and nothing waits for the digest.
+  const follows = feed(decoderAt({ logitsSha256: null }, "not-claimed"), [...toProbe, own(OTHER)]);
+  assert.equal(follows.d.phase, Phase.Committed);
+  assert.deepEqual(follows.actions.slice(-2), ["send CommitAck", "allow-generate"]);
+  const late = feed(follows.d, [digest(PREFILLER_PROBE)]); // arrives after the commit
+  assert.equal(late.d.phase, Phase.Committed);
+  assert.deepEqual(late.actions, []);
+  assert.match(
+    decoderStep(late.d, digest(PREFILLER_PROBE)).rejected?.message ?? "",
+    /after commit/,
+  );
+  const inline = feed(decoderAt({ logitsSha256: PREFILLER_PROBE }, "not-claimed"), [
+    ...toProbe,
+    own(OTHER),
+  ]);
+  assert.equal(inline.d.phase, Phase.Committed);
+  // Claimed parity (explicit or absent) still compares, and a digest after commit is refused.
+  for (const parity of ["bitwise", undefined] as const) {
+    const r = feed(decoderAt({ logitsSha256: PREFILLER_PROBE }, parity), [...toProbe, own(OTHER)]);
+    assert.deepEqual(r.d.outcome, { reason: "probe-failed" });
+  }
+  const claimed = feed(decoderAt({ logitsSha256: PREFILLER_PROBE }, "bitwise"), [
+    ...toProbe,
+    own(PREFILLER_PROBE),
+  ]);
+  assert.ok(decoderStep(claimed.d, digest(PREFILLER_PROBE)).rejected);
+});
+
+Deno.test("a reservation result with an unknown parity verdict is a protocol error", () => {
+  let d = createDecoder();
+  d = decoderStep(d, { ...m, type: "ReserveRequest" } as HandoffEvent).state;
+  const r = decoderStep(d, {
+    type: "Reserved",
+    creditBytes: 1,
+    bindingKey: newBindingKey(),
+    parity: "maybe",
+  } as unknown as HandoffEvent);
+  assert.deepEqual(r.state.outcome, { reason: "protocol-error" });
+  assert.ok(!r.actions.some((a) => a.type === "send" && a.msg.type === "ReserveAccepted"));
 });

@@ -381,7 +381,9 @@ export function formatTelemetry(
     if (t.speculation && t.speculation.mode !== "none") parts.push(_speculation(t.speculation));
     if (t.parity === "bitwise") parts.push("parity bitwise");
     if (t.parity === "not-claimed") {
-      parts.push(`parity not claimed (${t.parityFields.join(", ") || "unknown"})`);
+      // The probe digests were not compared either (core/handoff_decoder.ts).
+      const fields = t.parityFields.join(", ") || "unknown";
+      parts.push(`parity not claimed (${fields}; probe digests not compared)`);
     }
   } else {
     parts.push(`commit round trip ${_ms(t.commitRoundTripMs)}`);

@@ -152,7 +152,10 @@ Deno.test("the decoder's parity verdict reaches the record and the line, fields 
   const t = deriveTelemetry({ prefiller: [], decoder });
   assert.equal(t.parity, "not-claimed");
   assert.deepEqual(t.parityFields, ["computeDevice"]);
-  assert.match(formatTelemetry(t), /parity not claimed \(computeDevice\)/);
+  assert.match(
+    formatTelemetry(t),
+    /parity not claimed \(computeDevice; probe digests not compared\)/,
+  );
   const bitwise = deriveTelemetry({
     prefiller: [],
     decoder: [{ type: "ready", atMs: 12, target: true, mtp: null, parity: "bitwise" }],

@@ -340,7 +340,13 @@ export class DecodeHandoff {
       trunkLayers: trunkLayerCount(own.numerical),
       creditBytes: this.input.limits.stagingBytesMax,
     });
-    return { type: "Reserved", creditBytes: this.input.limits.stagingBytesMax, bindingKey };
+    return {
+      type: "Reserved",
+      creditBytes: this.input.limits.stagingBytesMax,
+      bindingKey,
+      // Probe digests are compared only where bitwise parity is claimed (core/handoff_decoder.ts).
+      parity: this.#parity.parity,
+    };
   }
 
   async #stage(raw: ChunkHeader): Promise<HandoffEvent> {

@@ -2,8 +2,9 @@
  * The first token reaches the client at the end of prefill, from the prefill worker, before
  * the state moves; and when the handoff then fails and the decode worker recomputes, the
  * colocated continuation goes on after the token already sent, with the same tokens and
- * logits as the handoff would have produced (greedy and seeded sampling). Two workers in this
- * process on real QUIC, tiny hybrid model.
+ * logits as the handoff would have produced (greedy and seeded sampling); likewise when the
+ * prefiller's probe digest differs from the decoder's. Two workers in this process on real
+ * QUIC, tiny hybrid model.
  */
 import assert from "node:assert/strict";
 import { testModel } from "../testing/models.ts";
@@ -48,14 +49,20 @@ interface Setup {
    * fails). The prefill worker keeps one link per decode worker, so each switch drops it.
    */
   corruptNext(on: boolean): void;
+  /** On: the prefill worker sends a wrong probe digest (one hex digit changed). */
+  wrongProbe: { on: boolean };
   run(over?: Partial<HandoffRequest>): ReturnType<typeof runHandoff>;
 }
 
 async function setup(dir: string, nodes: Map<string, Node>): Promise<Setup> {
   const model = await testModel("hybrid");
   const corrupt = { on: false };
+  const wrongProbe = { on: false };
   const decode = await startInProcess("decode", "decode", `${dir}/decode`, model);
   const prefill = await startInProcess("prefill", "prefill", `${dir}/prefill`, model, {
+    prefillHooks: {
+      probeDigest: (d) => wrongProbe.on ? (d[0] === "0" ? "1" : "0") + d.slice(1) : d,
+    },
     faults: {
       connect: (raw: RawConnection) => corrupt.on ? corruptEveryAttempt(raw) : raw,
     },
@@ -77,7 +84,7 @@ async function setup(dir: string, nodes: Map<string, Node>): Promise<Setup> {
     corrupt.on = on;
     prefill.worker!.prefill!.links.dropAll("test: the next link is (or is not) faulty");
   };
-  return { client, prefill, decode, corruptNext, run };
+  return { client, prefill, decode, corruptNext, wrongProbe, run };
 }
 
 Deno.test({
@@ -143,6 +150,22 @@ Deno.test({
         assert.equal(r.text, greedy.text);
         assert.equal(texts.join(""), greedy.text);
       });
+
+      await t.step(
+        "a probe digest that differs fails the commit; the recompute continues",
+        async () => {
+          // Both workers on the CPU: bitwise parity is claimed, so the digests must be equal.
+          s.wrongProbe.on = true;
+          const r = await s.run();
+          s.wrongProbe.on = false;
+          assert.equal(r.placement, "colocated");
+          assert.match(r.fallbackReason!, /continuation probe/);
+          assert.ok(r.firstTokenAfterPrefillMs !== null);
+          assert.deepEqual(r.tokens, greedy.tokens);
+          assert.deepEqual(r.logitsSha256, greedy.logitsSha256);
+          assert.equal(greedy.telemetry.parity, "bitwise");
+        },
+      );
 
       await t.step("handoff fails after the first token: same tokens, seeded", async () => {
         const seeded = await s.run({ sampling: SEEDED });

@@ -49,6 +49,8 @@ import { DEFAULT_PREFIX_CACHE, PrefixCache } from "./prefix_cache.ts";
 export interface PrefillHooks {
   /** Awaited once a request holds its context, before it prefills (a test holds it there). */
   admitted?: (handoffId: string) => Promise<void>;
+  /** Replaces the probe digest sent to the decode worker (a test makes the two differ). */
+  probeDigest?: (logitsSha256: string) => string;
 }
 
 interface Active {
@@ -247,6 +249,7 @@ export class PrefillRole {
           return decoder;
         },
         sourceNodeId: this.node.identity.nodeId,
+        ...(this.hooks.probeDigest ? { probeDigestHook: this.hooks.probeDigest } : {}),
         timing: this.timing,
         limits: this.limits,
         cancel,

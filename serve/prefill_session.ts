@@ -97,6 +97,8 @@ export interface PrefillHandoffInput {
   onFirstToken?: FirstTokenHook;
   /** Tokens restored from the prefix cache and checkpoints to take (serve/prefix_cache.ts). */
   prefix?: ExportPrefix;
+  /** Tests only (PrefillHooks.probeDigest): replaces the probe digest sent. */
+  probeDigestHook?: (logitsSha256: string) => string;
 }
 
 export class PrefillHandoff {
@@ -497,7 +499,7 @@ export class PrefillHandoff {
     }
     if (this.#manifestFed && !this.#probeFed && this.#probeDigest && this.#binding) {
       this.#probeFed = true;
-      const logitsSha256 = this.#probeDigest;
+      const logitsSha256 = this.input.probeDigestHook?.(this.#probeDigest) ?? this.#probeDigest;
       const tag = await signProbeDigest(this.#binding, logitsSha256);
       await this.#feed({ type: "ProbeReady", logitsSha256, tag });
     }
