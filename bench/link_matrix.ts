@@ -5,7 +5,14 @@
  *
  *   deno run -A --unstable-net bench/link_matrix.ts --model super-mini|lab-state
  *     [--prompts 512,2048,8192,32768] [--rates 100,400,1000] [--rtts 0.2,2,10]
- *     [--losses 0,0.001] [--repeats 1] [--worker-threads 1] [--out FILE.json]
+ *     [--losses 0,0.001] [--repeats 1] [--worker-threads 1] [--decode-cpu-quota 0.33]
+ *     [--certification FILE] [--bandwidth-min-mbps N] [--out FILE.json]
+ *
+ * Rate 0 is the loopback itself (no relay). `--decode-cpu-quota` limits the decode worker to a
+ * fraction of one core (bench/cpu_quota.ts: a slower decoder with the same numerics, where a
+ * handoff can win); `--certification` is the file the planner reads, as `coordinate` does
+ * (without it no family is certified and every decision is colocated); `--bandwidth-min-mbps`
+ * replaces the planner's link floor.
  *
  * Per link point the link is measured as a live node measures it (pings and one bounded probe
  * through the relay); node rates and the decoder's commit costs come from the handoffs already
@@ -36,8 +43,10 @@ import {
   NativeLinkRelay,
   openGridLink,
 } from "./native_relay.ts";
+import { limitCpu } from "./cpu_quota.ts";
+import { type CertificationFile, parseCertification } from "../core/certification.ts";
 import { HandoffCostRecorder } from "../core/link_costs.ts";
-import type { StateSize } from "../core/planner.ts";
+import type { PlanOptions, StateSize } from "../core/planner.ts";
 import type { HandoffTelemetry } from "../core/telemetry.ts";
 
 export interface MatrixPoint {
@@ -55,8 +64,12 @@ export interface MatrixRow extends MatrixPoint {
   loadAvg1m: number;
   link: { rttMs: number | null; bytesPerS: number | null; source: string | null };
   decision: string | null;
+  /** Colocated TTFT measured at this prompt in the run's calibration (the decoder prefilling). */
+  colocatedTtftMs?: number | null;
   predicted: null | {
     ttftMs: number;
+    /** The planner's colocated TTFT (the decoder's measured prefill rate). */
+    colocatedTtftMs?: number;
     tailMs: number;
     /** Uncovered pages plus the snapshot: what the link adds after prefill ends. */
     transferMs: number;
@@ -120,6 +133,18 @@ export async function runLinkMatrix(o: {
    * measured on one idle machine).
    */
   workerThreads?: number;
+  /**
+   * The decode worker limited to this fraction of one core (bench/cpu_quota.ts): a slower
+   * decoder with the same numerics, so the measurement can show where disaggregation wins.
+   */
+  decodeCpuQuota?: number;
+  /**
+   * The certification file the planner reads (`correctness state-handoff --certify`), as
+   * `coordinate` does; absent: no family is certified, and every decision is colocated.
+   */
+  certification?: CertificationFile;
+  /** Planner thresholds other than the defaults (core/planner.ts DEFAULT_PLAN_OPTIONS). */
+  planOptions?: Partial<PlanOptions>;
   log?: (row: MatrixRow) => void;
   /** Written after every row, so a run cut short keeps what it measured. */
   outFile?: string;
@@ -142,6 +167,13 @@ export async function runLinkMatrix(o: {
   });
   const rows: MatrixRow[] = [];
   const calibration: CalibrationRun[] = [];
+  const quota = o.decodeCpuQuota
+    ? await limitCpu(cluster.decode.process.pid, o.decodeCpuQuota).catch(async (error) => {
+      await cluster.stop();
+      throw error;
+    })
+    : null;
+  if (quota) console.error(`decode worker limited: ${quota.describe}`);
   try {
     const base: Omit<HandoffRequest, "prompt"> = {
       prefill: cluster.prefill.peer,
@@ -164,6 +196,12 @@ export async function runLinkMatrix(o: {
       costs: new HandoffCostRecorder(),
       state: { kvBytesPerToken: 0, recurrentBytes: 0 },
       model: o.model,
+      certification: o.certification ?? null,
+      planOptions: o.planOptions ?? {},
+      llamaBuild: (() => {
+        const lib = loadLlama();
+        return `${lib.release}+${lib.buildId}`;
+      })(),
     };
     for (const n of o.prompts) {
       // Calibration in this run: an unshaped handoff and a colocated run at this prompt, twice
@@ -190,6 +228,7 @@ export async function runLinkMatrix(o: {
       for (let rep = 0; rep < o.repeats; rep++) {
         for (const p of o.points) {
           const row = await _runPoint(x, p, n, actual, rep, request);
+          row.colocatedTtftMs = calibration.at(-1)?.colocatedTtftMs ?? null;
           rows.push(row);
           o.log?.(row);
           if (o.outFile) {
@@ -199,6 +238,8 @@ export async function runLinkMatrix(o: {
                 ceiling,
                 relay: binary ? "native" : "typescript",
                 workerThreads: o.workerThreads ?? null,
+                decodeCpuQuota: o.decodeCpuQuota ?? null,
+                planOptions: o.planOptions ?? {},
                 rows,
                 calibration,
               }),
@@ -209,6 +250,7 @@ export async function runLinkMatrix(o: {
     }
   } finally {
     await cluster.stop();
+    await quota?.release();
   }
   return { ceiling, relay: binary ? "native" : "typescript", rows, calibration };
 }
@@ -223,6 +265,10 @@ interface _Ctx {
   /** State sizes as the runtime exported them (largest seen). */
   state: StateSize;
   model: string;
+  certification: CertificationFile | null;
+  planOptions: Partial<PlanOptions>;
+  /** This llama.cpp build, as the certification file names it. */
+  llamaBuild: string;
 }
 
 /** What a served handoff teaches the nodes: rates, state sizes and the tail's fixed costs. */
@@ -274,27 +320,32 @@ async function _runPoint(
     estimate: null,
   };
   const decode = x.cluster.decode.peer;
-  let link: EmulatedLink;
+  // Rate 0: no relay, the loopback itself (unshaped).
+  let link: EmulatedLink | null = null;
   try {
-    link = await openGridLink(x.binary, decode, p, {
-      ceilingBitsPerS: x.ceilingBitsPerS,
-      seed: 7 + rep,
-    });
+    if (p.rateBitsPerS > 0) {
+      link = await openGridLink(x.binary, decode, p, {
+        ceilingBitsPerS: x.ceilingBitsPerS,
+        seed: 7 + rep,
+      });
+    }
   } catch (error) {
     row.refused = (error as Error).message.split(":")[0];
     return row;
   }
   try {
-    const via = { ...decode, host: link.endpoint.hostname, port: link.endpoint.port };
+    const via = link
+      ? { ...decode, host: link.endpoint.hostname, port: link.endpoint.port }
+      : decode;
     const links = new LinkEstimator();
     const monitor = new LinkMonitor(x.cluster.prefill.peer.nodeId, links, {
       pingsPerMeasure: 10,
     });
     const conn = await x.cluster.client.connect(via);
     // The probe lasts about a quarter second at the emulated rate (bounded both ways).
-    const probeBytes = Math.round(
-      Math.min(16 << 20, Math.max(3 << 20, (p.rateBitsPerS / 8) * 0.25)),
-    );
+    const probeBytes = p.rateBitsPerS > 0
+      ? Math.round(Math.min(16 << 20, Math.max(3 << 20, (p.rateBitsPerS / 8) * 0.25)))
+      : 16 << 20;
     await monitor.measure(conn, probeBytes);
     await conn.close();
     const e = links.estimate(
@@ -325,22 +376,27 @@ async function _runPoint(
       schemaShared: true,
       identityMatch: true,
       family: "hybrid",
-      llamaBuild: "bench",
+      llamaBuild: x.llamaBuild,
       state: { ...x.state },
       chunkTokens: RUNTIME_DEFAULTS.chunkTokens,
       // The prefill worker's layer capture (on wherever the shim is built) sends the
       // recurrent state while the last chunk computes.
       snapshotDuringLastChunk: true,
       costs: x.costs.costs(),
-    }, { links, nowMs: performance.now(), certification: null });
+    }, {
+      links,
+      nowMs: performance.now(),
+      certification: x.certification,
+      options: x.planOptions,
+    });
     row.decision = `${d.placement}: ${
-      d.reasons.filter((r) => r.code !== "chosen" && r.code !== "not-certified")
-        .map((r) => r.code).join(",")
+      d.reasons.filter((r) => r.code !== "chosen").map((r) => r.code).join(",")
     }`;
     const est = d.estimates;
     if (d.prediction && est) {
       row.predicted = {
         ttftMs: d.prediction.ttftDisaggregatedMs,
+        colocatedTtftMs: d.prediction.ttftColocatedMs,
         tailMs: d.prediction.commitTailMs,
         transferMs: est.uncoveredKvMs + est.snapshotTransferMs,
         commitMs: est.importMs + (est.probeMs ?? 0),
@@ -383,7 +439,7 @@ async function _runPoint(
     }
     return row;
   } finally {
-    link.close();
+    link?.close();
   }
 }
 
@@ -403,6 +459,9 @@ if (import.meta.main) {
       losses: { type: "string", default: "0,0.001" },
       repeats: { type: "string", default: "1" },
       "worker-threads": { type: "string", default: "1" },
+      "decode-cpu-quota": { type: "string" },
+      certification: { type: "string" },
+      "bandwidth-min-mbps": { type: "string" },
       out: { type: "string", default: "" },
       help: { type: "boolean", default: false },
     },
@@ -411,7 +470,9 @@ if (import.meta.main) {
     console.log(
       "deno run -A --unstable-net bench/link_matrix.ts --model super-mini|lab-state " +
         "[--prompts 512,2048,8192,32768] [--rates 100,400,1000] [--rtts 0.2,2,10] " +
-        "[--losses 0,0.001] [--repeats 1] [--worker-threads 1] [--out FILE.json]",
+        "[--losses 0,0.001] [--repeats 1] [--worker-threads 1] [--decode-cpu-quota 0.33] " +
+        "[--certification FILE] [--bandwidth-min-mbps N] [--out FILE.json]  " +
+        "(--rates 0: no relay, the loopback itself; N: the planner's link floor in MB/s)",
     );
     Deno.exit(0);
   }
@@ -420,8 +481,19 @@ if (import.meta.main) {
     console.error(`error: unknown --model ${model} (use super-mini or lab-state)`);
     Deno.exit(2);
   }
+  const quota = v["decode-cpu-quota"] === undefined
+    ? undefined
+    : numberList("--decode-cpu-quota", v["decode-cpu-quota"])[0];
+  if (quota !== undefined && !(quota > 0 && quota <= 1)) {
+    console.error(`error: --decode-cpu-quota ${quota}: use a fraction of one core in (0, 1]`);
+    Deno.exit(2);
+  }
   const points: MatrixPoint[] = [];
   for (const r of numberList("--rates", v.rates)) {
+    if (r === 0) {
+      points.push({ rateBitsPerS: 0, rttMs: 0, lossFraction: 0 }); // the loopback, unshaped
+      continue;
+    }
     for (const rtt of numberList("--rtts", v.rtts)) {
       for (const loss of numberList("--losses", v.losses)) {
         points.push({ rateBitsPerS: r * 1e6, rttMs: rtt, lossFraction: loss });
@@ -438,6 +510,23 @@ if (import.meta.main) {
     points,
     repeats: numberList("--repeats", v.repeats)[0],
     workerThreads: numberList("--worker-threads", v["worker-threads"])[0],
+    decodeCpuQuota: quota,
+    ...(v["bandwidth-min-mbps"]
+      ? {
+        planOptions: {
+          bandwidthBytesPerSMin: numberList("--bandwidth-min-mbps", v["bandwidth-min-mbps"])[0] *
+            1e6,
+        },
+      }
+      : {}),
+    ...(v.certification
+      ? {
+        certification: parseCertification(
+          JSON.parse(await Deno.readTextFile(v.certification)),
+          v.certification,
+        ),
+      }
+      : {}),
     outFile: v.out || undefined,
     log: (r) =>
       console.log(
@@ -445,6 +534,7 @@ if (import.meta.main) {
           (r.refused
             ? `REFUSED ${r.refused}`
             : `ttft ${f(r.predicted?.ttftMs)}/${f(r.measured?.ttftMs)} ` +
+              `colocated ${f(r.predicted?.colocatedTtftMs)}/${f(r.colocatedTtftMs)} ` +
               `tail ${f(r.predicted?.tailMs)}/${f(r.measured?.tailMs)} ` +
               `xfer ${f(r.predicted?.transferMs)}/${f(r.measured?.transferMs)} ` +
               `commit ${f(r.predicted?.commitMs)}/${f(r.measured?.commitMs)} ` +

@@ -313,3 +313,22 @@ Deno.test("estimate() adds the measured wait for the prefiller's probe digest af
   assert.equal(waited.handoffTailMs, base.handoffTailMs); // the transfer part is unchanged
   assert.ok(Math.abs(waited.commitTailMs! - (base.handoffTailMs + 40 + 120)) < 1e-9);
 });
+
+Deno.test("plan() refuses a predicted win smaller than benefitFractionMin of the recompute", () => {
+  // A decoder 5% slower at prefill than the prefiller: the handoff is predicted to win by a
+  // few percent, which measured rates on a loaded machine cannot tell from a tie.
+  const i = input({ prefillerPrefillTokensPerS: 4000, decoderPrefillTokensPerS: 3800 });
+  const e = estimate(i, i.link!);
+  const win = e.benefitMs / e.colocatedMs;
+  assert.ok(win > 0 && win < 0.1, `predicted win ${win}`);
+  const refused = plan(i);
+  assert.equal(refused.placement, "colocated");
+  assert.ok(codes(refused).includes("slower-than-recompute"));
+  assert.match(
+    refused.reasons.find((r) => r.code === "slower-than-recompute")!.message,
+    /benefitFractionMin 0\.1/,
+  );
+  assert.equal(plan(i, { benefitFractionMin: 0 }).placement, "disaggregated");
+  // A clear win passes: the decoder at half the prefiller's rate.
+  assert.equal(plan(input({ decoderPrefillTokensPerS: 2000 })).placement, "disaggregated");
+});
