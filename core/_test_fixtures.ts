@@ -4,6 +4,7 @@
  */
 import type { ChunkHeader } from "./chunk.ts";
 import type { NumericalIdentity } from "./identity.ts";
+import type { PlanInput } from "./planner.ts";
 import {
   type ComponentKind,
   componentRule,
@@ -161,4 +162,29 @@ function _pieces(c: Partial<ChunkHeader>, pieceBytes?: number): Partial<ChunkHea
 /** Total payload bytes of a stream. */
 export function streamBytes(stream: readonly ChunkHeader[]): number {
   return stream.reduce((s, h) => s + h.payloadBytes, 0);
+}
+
+/**
+ * A planner input with Nemotron-Super-like sizes from the design note (8 KiB/token of KV, ~160
+ * MiB recurrent), a fresh 40 Gb/s link and every eligibility flag set; `overrides` replace fields.
+ */
+export function planInput(overrides: Partial<PlanInput> = {}): PlanInput {
+  const MIB = 1024 * 1024;
+  return {
+    promptTokens: 32_768,
+    state: { kvBytesPerToken: 8192, recurrentBytes: 160 * MIB },
+    link: { bandwidthBytesPerS: 5e9, rttMs: 0.3, ageMs: 1000 }, // 40 Gb/s
+    prefillerPrefillTokensPerS: 4000,
+    decoderPrefillTokensPerS: 1500,
+    decoderFreeBytes: 64 * 1024 * MIB,
+    chunkTokens: 2048,
+    flags: {
+      prefillerHasPrefillRole: true,
+      decoderHasDecodeRole: true,
+      schemaShared: true,
+      identityMatch: true,
+      familyCertified: true,
+    },
+    ...overrides,
+  };
 }

@@ -1,27 +1,14 @@
 import assert from "node:assert/strict";
 import { explainPlan } from "./plan_explain.ts";
-import { plan, type PlanInput } from "./planner.ts";
+import { plan } from "./planner.ts";
+import { planInput } from "./_test_fixtures.ts";
 
-const MIB = 1024 * 1024;
-
-const INPUT: PlanInput = {
+const INPUT = planInput({
   promptTokens: 8192,
-  state: { kvBytesPerToken: 8192, recurrentBytes: 160 * MIB },
   link: { bandwidthBytesPerS: 1.25e9, rttMs: 2, ageMs: 1000 },
-  prefillerPrefillTokensPerS: 4000,
-  decoderPrefillTokensPerS: 1500,
-  decoderFreeBytes: 64 * 1024 * MIB,
-  chunkTokens: 2048,
   probeMs: 45,
   costs: { prefillerPostMs: 1e4, importMsPerMiB: 0.5, probeWaitMs: 80 },
-  flags: {
-    prefillerHasPrefillRole: true,
-    decoderHasDecodeRole: true,
-    schemaShared: true,
-    identityMatch: true,
-    familyCertified: true,
-  },
-};
+});
 
 Deno.test("explainPlan: the tail's terms add up to the handoff tail, then probe and digest wait to the commit tail", () => {
   const p = plan(INPUT);

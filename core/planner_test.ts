@@ -1,29 +1,11 @@
 import assert from "node:assert/strict";
 import { UsageError } from "./errors.ts";
 import { estimate, plan, type PlanInput, stateBytesFor } from "./planner.ts";
+import { planInput } from "./_test_fixtures.ts";
 
 const MIB = 1024 * 1024;
 
-/** Nemotron-Super-like sizes from the design note: 8 KiB/token of KV, ~160 MiB recurrent. */
-function input(overrides: Partial<PlanInput> = {}): PlanInput {
-  return {
-    promptTokens: 32_768,
-    state: { kvBytesPerToken: 8192, recurrentBytes: 160 * MIB },
-    link: { bandwidthBytesPerS: 5e9, rttMs: 0.3, ageMs: 1000 }, // 40 Gb/s
-    prefillerPrefillTokensPerS: 4000,
-    decoderPrefillTokensPerS: 1500,
-    decoderFreeBytes: 64 * 1024 * MIB,
-    chunkTokens: 2048,
-    flags: {
-      prefillerHasPrefillRole: true,
-      decoderHasDecodeRole: true,
-      schemaShared: true,
-      identityMatch: true,
-      familyCertified: true,
-    },
-    ...overrides,
-  };
-}
+const input = planInput;
 
 function codes(p: ReturnType<typeof plan>): string[] {
   return p.reasons.map((r) => r.code);
