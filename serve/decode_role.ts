@@ -11,7 +11,12 @@
  * moved the request here) and the earlier attempt is cancelled or released first.
  */
 import { tokenizePrompt } from "./prompt_tokens.ts";
-import { type HandoffTiming, LimitExceededError, type ReserveRequest } from "../core/mod.ts";
+import {
+  type HandoffTiming,
+  LimitExceededError,
+  type ParityVerdict,
+  type ReserveRequest,
+} from "../core/mod.ts";
 import type { PeerConnection } from "../transport/mod.ts";
 import { DecodeHandoff, type DecodeLimits } from "./decode_session.ts";
 import { type CommittedSession, continueSession, type GeneratedStep } from "./generation.ts";
@@ -64,6 +69,15 @@ type DecodeCounters = Omit<
   "prefillActive" | "retainedBytes" | "contextsBusy" | keyof PrefillQueueCounters
 >;
 
+/** Tests only: hooks into a handoff on this worker. Nothing in the product sets them. */
+export interface DecodeHooks {
+  /**
+   * Replaces the reservation's parity verdict: a test stands in for two GPU devices of one
+   * backend (parity not claimed), which this CPU-only machine cannot have.
+   */
+  parity?: (verdict: ParityVerdict) => ParityVerdict;
+}
+
 export class DecodeRole {
   /** The running attempt of each handoff id. */
   readonly #attempts = new Map<string, Attempt>();
@@ -94,6 +108,7 @@ export class DecodeRole {
     readonly committedIdleMs: number,
     readonly log: (line: string) => void,
     admission: Readonly<AdmissionOptions> = ADMISSION_DEFAULTS,
+    readonly hooks: DecodeHooks = {},
   ) {
     this.admission = new Admission(pool, admission);
   }
@@ -191,6 +206,7 @@ export class DecodeRole {
       nodeId: this.node.identity.nodeId,
       timing: this.timing,
       limits: this.limits,
+      ...(this.hooks.parity ? { parityHook: this.hooks.parity } : {}),
     });
     const attempt = { handoff, peer } as Attempt;
     this.#attempts.set(id, attempt);

@@ -76,6 +76,8 @@ export interface DecodeHandoffInput {
   nodeId: string;
   timing: HandoffTiming;
   limits: DecodeLimits;
+  /** Tests only (DecodeHooks.parity): replaces the reservation's parity verdict. */
+  parityHook?: (verdict: ParityVerdict) => ParityVerdict;
 }
 
 export class DecodeHandoff {
@@ -90,6 +92,8 @@ export class DecodeHandoff {
   readonly #trunkKinds: readonly string[];
   /** Whether bitwise parity with this worker's own colocated run can be claimed. */
   #parity: ParityVerdict | null = null;
+  /** A probe digest read after a commit that did not compare digests (at most one). */
+  #lateDigest = false;
   #receiver: HandoffReceiver | null = null;
   #manifest: FinalManifest | null = null;
   #nextLogits: Float32Array | null = null;
@@ -144,8 +148,17 @@ export class DecodeHandoff {
 
   async #readStream(receiver: HandoffReceiver): Promise<void> {
     for await (const frame of receiver) {
-      if (this.#done !== null) return;
       const h = frame.header as Record<string, unknown>;
+      if (this.#done !== null) {
+        // Committed without comparing digests (parity not claimed): the prefiller's digest,
+        // the stream's final frame, may still arrive. It is read, so the prefiller's send of
+        // it completes and is not taken for a lost connection; nothing else is read after.
+        if (this.#done.committed && h.type === "ProbeDigest" && !this.#lateDigest) {
+          this.#lateDigest = true;
+          continue;
+        }
+        return;
+      }
       if (h.handoffId !== this.handoffId || h.attempt !== this.attempt) {
         // A frame of another handoff or attempt on this attempt's stream: replayed or spliced.
         return this.#reject("binding-tag", "State frame of another handoff or attempt");
@@ -309,11 +322,12 @@ export class DecodeHandoff {
     const own = this.input.identity;
     try {
       const nCtx = this.input.engine.contextTokens;
-      this.#parity = checkReservation(request, this.input.peer, {
+      const verdict = checkReservation(request, this.input.peer, {
         nodeId: this.input.nodeId,
         identity: own,
         nCtx,
       });
+      this.#parity = this.input.parityHook?.(verdict) ?? verdict;
       this.#staged = await StagedImport.open(this.input.engine.ctx, {
         nTokens: request.promptTokens,
         seq: this.input.engine.seq,

@@ -3,8 +3,9 @@
  * the state moves; and when the handoff then fails and the decode worker recomputes, the
  * colocated continuation goes on after the token already sent, with the same tokens and
  * logits as the handoff would have produced (greedy and seeded sampling); likewise when the
- * prefiller's probe digest differs from the decoder's. Two workers in this process on real
- * QUIC, tiny hybrid model.
+ * prefiller's probe digest differs from the decoder's, unless the decoder claims no bitwise
+ * parity (then the digests are not compared and the handoff commits). Two workers in this
+ * process on real QUIC, tiny hybrid model.
  */
 import assert from "node:assert/strict";
 import { testModel } from "../testing/models.ts";
@@ -18,6 +19,7 @@ import {
   waitForIdle,
   withTimeout,
 } from "./_failure_harness.ts";
+import { formatTelemetry } from "../core/mod.ts";
 import { type HandoffRequest, runHandoff } from "./coordinator.ts";
 import type { FirstToken, PrefillOutcome } from "./messages.ts";
 import type { Node } from "./node.ts";
@@ -51,6 +53,11 @@ interface Setup {
   corruptNext(on: boolean): void;
   /** On: the prefill worker sends a wrong probe digest (one hex digit changed). */
   wrongProbe: { on: boolean };
+  /**
+   * On: the decode worker's reservations claim no bitwise parity, as between two GPU devices of
+   * one backend (a test hook: this machine has only a CPU).
+   */
+  parityNotClaimed: { on: boolean };
   run(over?: Partial<HandoffRequest>): ReturnType<typeof runHandoff>;
 }
 
@@ -58,7 +65,15 @@ async function setup(dir: string, nodes: Map<string, Node>): Promise<Setup> {
   const model = await testModel("hybrid");
   const corrupt = { on: false };
   const wrongProbe = { on: false };
-  const decode = await startInProcess("decode", "decode", `${dir}/decode`, model);
+  const parityNotClaimed = { on: false };
+  const decode = await startInProcess("decode", "decode", `${dir}/decode`, model, {
+    decodeHooks: {
+      parity: (v) =>
+        parityNotClaimed.on
+          ? { parity: "not-claimed", differingFields: ["computeDevice"], reason: "test" }
+          : v,
+    },
+  });
   const prefill = await startInProcess("prefill", "prefill", `${dir}/prefill`, model, {
     prefillHooks: {
       probeDigest: (d) => wrongProbe.on ? (d[0] === "0" ? "1" : "0") + d.slice(1) : d,
@@ -84,7 +99,7 @@ async function setup(dir: string, nodes: Map<string, Node>): Promise<Setup> {
     corrupt.on = on;
     prefill.worker!.prefill!.links.dropAll("test: the next link is (or is not) faulty");
   };
-  return { client, prefill, decode, corruptNext, wrongProbe, run };
+  return { client, prefill, decode, corruptNext, wrongProbe, parityNotClaimed, run };
 }
 
 Deno.test({
@@ -164,6 +179,30 @@ Deno.test({
           assert.deepEqual(r.tokens, greedy.tokens);
           assert.deepEqual(r.logitsSha256, greedy.logitsSha256);
           assert.equal(greedy.telemetry.parity, "bitwise");
+        },
+      );
+
+      await t.step(
+        "parity not claimed: digests are not compared, the handoff commits",
+        async () => {
+          // Two devices that may round differently: a differing digest must not fail the handoff,
+          // and the record says the digests were not compared.
+          s.parityNotClaimed.on = true;
+          s.wrongProbe.on = true;
+          try {
+            for (let i = 0; i < 3; i++) {
+              const r = await s.run();
+              assert.equal(r.placement, "disaggregated", r.fallbackReason ?? "");
+              assert.deepEqual(r.tokens, greedy.tokens);
+              assert.deepEqual(r.logitsSha256, greedy.logitsSha256);
+              assert.equal(r.telemetry.parity, "not-claimed");
+              assert.deepEqual(r.telemetry.parityFields, ["computeDevice"]);
+              assert.match(formatTelemetry(r.telemetry), /probe digests not compared/);
+            }
+          } finally {
+            s.parityNotClaimed.on = false;
+            s.wrongProbe.on = false;
+          }
         },
       );
 

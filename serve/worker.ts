@@ -22,7 +22,7 @@ import {
   roleCovers,
 } from "../transport/mod.ts";
 import { HANDOFF_STREAM_ROLE, PeerAuthorization } from "./authorization.ts";
-import { DecodeRole } from "./decode_role.ts";
+import { type DecodeHooks, DecodeRole } from "./decode_role.ts";
 import { type DecodeLimits, DEFAULT_DECODE_LIMITS } from "./decode_session.ts";
 import type { RuntimeConfig } from "./engine.ts";
 import { type ResolvedIdentity, resolveIdentity } from "./identity.ts";
@@ -93,6 +93,8 @@ export interface WorkerOptions {
   faults?: NodeFaults;
   /** Tests only: hooks into the prefill side's requests (see PrefillHooks). */
   prefillHooks?: PrefillHooks;
+  /** Tests only: hooks into the decode side's handoffs (see DecodeHooks). */
+  decodeHooks?: DecodeHooks;
   /** The prefill side's exact-prefix cache (serve/prefix_cache.ts; default off). */
   prefixCache?: Partial<PrefixCacheOptions>;
 }
@@ -196,6 +198,7 @@ export class Worker {
         options.committedIdleMs ?? 30_000,
         log,
         { ...ADMISSION_DEFAULTS, ...options.admission },
+        options.decodeHooks,
       )
       : null;
     const worker = new Worker(
