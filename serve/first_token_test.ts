@@ -157,7 +157,11 @@ Deno.test({
         const r = await s.run({ onText: (text) => texts.push(text) });
         s.corruptNext(false);
         assert.equal(r.placement, "colocated");
-        assert.match(r.fallbackReason!, /invalid/);
+        // The decoder refuses the duplicated frame and says so on the control stream; when the
+        // prefiller's next write on the stopped handoff stream fails first, it takes that for a
+        // lost decoder and completes the request itself (1 of about 20 runs on a fresh clone).
+        // Either way the continuation below is the same.
+        assert.match(r.fallbackReason!, /invalid|decoder lost before commit/);
         // The first token came from the prefill worker before the handoff failed.
         assert.ok(r.firstTokenAfterPrefillMs !== null);
         assert.deepEqual(r.tokens, greedy.tokens);
