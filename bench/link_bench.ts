@@ -32,7 +32,7 @@ interface _Ctx {
   kvBytesPerToken: number;
 }
 import { RUNTIME_DEFAULTS } from "../serve/engine.ts";
-import { LlamaModel, loadLlama } from "../ffi/mod.ts";
+import { llamaBuild as llamaBuildOf, LlamaModel, loadLlama } from "../ffi/mod.ts";
 import { handoffTransferSample, LinkEstimator } from "../core/link_estimates.ts";
 import { RateRecorder } from "../core/node_rates.ts";
 import { HandoffCostRecorder } from "../core/link_costs.ts";
@@ -148,8 +148,7 @@ export async function runLinkBench(o: { modelDir: string; quick: boolean }) {
       }
     }
     const family = "dense";
-    const lib = loadLlama();
-    const llamaBuild = `${lib.release}+${lib.buildId}`;
+    const build = llamaBuildOf(loadLlama());
     for (const point of points) {
       for (const n of prompts) {
         rows.push(
@@ -160,7 +159,7 @@ export async function runLinkBench(o: { modelDir: string; quick: boolean }) {
             base: { ...base, prompt: promptFor(n) },
             recorders: { prefiller: prefillRates, decoder: decodeRates },
             costs,
-            certified: isCertified(cert, family, llamaBuild),
+            certified: isCertified(cert, family, build),
             kvBytesPerToken: bytesPerToken,
           }),
         );

@@ -11,7 +11,7 @@ import {
   withoutCertification,
 } from "../core/certification.ts";
 import { isModelFamily } from "../core/schema.ts";
-import { loadLlama } from "../ffi/mod.ts";
+import { llamaBuild, loadLlama } from "../ffi/mod.ts";
 import { cacheDir } from "./paths.ts";
 
 /** Where `--certify` writes and `plan` reads when no file is named. */
@@ -25,7 +25,7 @@ export async function writeCertification(
   results: readonly { family: string; promptTokens: number; ok: boolean }[],
 ): Promise<{ certified: string[]; revoked: string[] }> {
   const lib = loadLlama();
-  const llamaBuild = `${lib.release}+${lib.buildId}`;
+  const thisBuild = llamaBuild(lib);
   let cert: CertificationFile;
   try {
     cert = parseCertification(JSON.parse(await Deno.readTextFile(path)), path);
@@ -40,7 +40,7 @@ export async function writeCertification(
     if (mine.every((r) => r.ok)) {
       cert = withCertification(cert, {
         family,
-        llamaBuild,
+        llamaBuild: thisBuild,
         gate: "state-handoff",
         cases: mine.length,
         promptTokens: [...new Set(mine.map((r) => r.promptTokens))].sort((a, b) => a - b),
@@ -48,7 +48,7 @@ export async function writeCertification(
       });
       certified.push(family);
     } else {
-      cert = withoutCertification(cert, family, llamaBuild);
+      cert = withoutCertification(cert, family, thisBuild);
       revoked.push(family);
     }
   }

@@ -12,7 +12,7 @@ import { LinkEstimator } from "../core/link_estimates.ts";
 import { type NodeRates, parseCalibration } from "../core/node_rates.ts";
 import { explainPlan, formatPlanTerms } from "../core/plan_explain.ts";
 import { type PlacementRequest, placeRequest, planInputFor } from "../core/placement.ts";
-import { loadLlama } from "../ffi/mod.ts";
+import { llamaBuild as buildOf, loadLlama } from "../ffi/mod.ts";
 import { familyOf } from "../serve/identity.ts";
 import { modelInfo } from "./_model_info.ts";
 import { intArg, numberArg } from "./_options.ts";
@@ -106,8 +106,7 @@ async function runPlan(f: PlanFlags): Promise<void> {
   const family = familyOf(info.spec);
   let llamaBuild = "unknown";
   try {
-    const lib = loadLlama();
-    llamaBuild = `${lib.release}+${lib.buildId}`;
+    llamaBuild = buildOf(loadLlama());
   } catch { /* no library: nothing can be certified; the verdict says so */ }
   const { prefiller, decoder } = await _rates(f);
   const links = new LinkEstimator();

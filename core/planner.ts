@@ -138,10 +138,10 @@ export interface PlanOptions {
   /** Disaggregation must win by at least this much. */
   benefitMsMin: number;
   /**
-   * And by at least this fraction of the colocated time: node rates measured on a loaded
-   * machine move by several percent between requests, so a smaller predicted win is a coin
-   * toss (two workers of one speed, measured side by side: a predicted win of 3.5%, a measured
-   * one of 0.3%).
+   * And by at least this fraction of the colocated time (as must a layer split): node rates
+   * measured on a loaded machine move by several percent between requests, so a smaller
+   * predicted win is a coin toss (two workers of one speed, measured side by side: a predicted
+   * win of 3.5%, a measured one of 0.3%).
    */
   benefitFractionMin: number;
   /** Decoder memory kept free beyond the state. */
@@ -274,7 +274,7 @@ export function plan(input: PlanInput, options: Partial<PlanOptions> = {}): Plan
   let placement: Placement = "colocated";
   if (disaggOk && estimates && (ls === null || estimates.disaggregatedMs <= ls)) {
     placement = "disaggregated";
-  } else if (ls !== null && linkUsable && ls + o.benefitMsMin < colocatedMs) {
+  } else if (ls !== null && linkUsable && colocatedMs - ls > _benefitRequiredMs(colocatedMs, o)) {
     placement = "layer-split";
   }
   const chosen = `${placement} chosen` +
@@ -380,9 +380,14 @@ function _eligibility(i: PlanInput, o: PlanOptions): PlanReason[] {
   return out;
 }
 
+/** What any placement other than colocated must win by: `benefitMsMin`, `benefitFractionMin`. */
+function _benefitRequiredMs(colocatedMs: number, o: PlanOptions): number {
+  return Math.max(o.benefitMsMin, o.benefitFractionMin * colocatedMs);
+}
+
 function _economics(e: PlanEstimates, o: PlanOptions): PlanReason[] {
   const byFraction = o.benefitFractionMin * e.colocatedMs;
-  if (e.benefitMs >= Math.max(o.benefitMsMin, byFraction)) return [];
+  if (e.benefitMs >= _benefitRequiredMs(e.colocatedMs, o)) return [];
   const by = byFraction > o.benefitMsMin
     ? `benefitFractionMin ${o.benefitFractionMin} (${_ms(byFraction)})`
     : `benefitMsMin ${o.benefitMsMin}`;

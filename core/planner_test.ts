@@ -88,6 +88,17 @@ Deno.test("plan() keeps a layer split when it beats recompute but disaggregation
   }));
   assert.equal(p.placement, "layer-split");
   assert.ok(p.estimates!.layerSplitMs! < p.estimates!.colocatedMs);
+  // A layer split predicted to win by less than benefitFractionMin of the recompute is refused
+  // like a handoff would be: the decoder (1,500 tokens/s) against a split at 1,560.
+  const narrow = plan(input({
+    flags: { ...input().flags, familyCertified: false },
+    layerSplit: { prefillTokensPerS: 1560, hopMsPerToken: 0, outputTokens: 0 },
+  }));
+  const e = narrow.estimates!;
+  assert.ok(
+    e.layerSplitMs! < e.colocatedMs && e.colocatedMs - e.layerSplitMs! < 0.1 * e.colocatedMs,
+  );
+  assert.equal(narrow.placement, "colocated");
 });
 
 Deno.test("plan() throws UsageError on impossible inputs", () => {

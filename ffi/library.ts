@@ -61,6 +61,18 @@ export interface LlamaLibrary {
 
 let loaded: LlamaLibrary | null = null;
 
+/**
+ * The build as the numerical identity and the certification file name it: `release+buildId`.
+ *
+ * @example
+ * ```ts
+ * llamaBuild(loadLlama()); // "v0.4.0+4b5ee46a..."
+ * ```
+ */
+export function llamaBuild(lib: Pick<LlamaLibrary, "release" | "buildId">): string {
+  return `${lib.release}+${lib.buildId}`;
+}
+
 /** Opens llama.cpp once per process; later calls return the same library. */
 export function loadLlama(options: LoadOptions = {}): LlamaLibrary {
   if (loaded) {

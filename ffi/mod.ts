@@ -2,7 +2,14 @@
  * The llama.cpp runtime: a checked one-to-one binding (`llama.ts`, `library.ts`) and the safe,
  * disposable wrapper one layer up. Knows no network.
  */
-export { cString, type LlamaLibrary, loadLlama, type LoadOptions, readCString } from "./library.ts";
+export {
+  cString,
+  llamaBuild,
+  type LlamaLibrary,
+  loadLlama,
+  type LoadOptions,
+  readCString,
+} from "./library.ts";
 export {
   GGML_TYPE,
   type KvType,

@@ -10,7 +10,7 @@ import {
   type NumericalIdentity,
   STATE_SCHEMA_VERSION,
 } from "../core/mod.ts";
-import { fileDigest, tokenizerDigest } from "../ffi/mod.ts";
+import { fileDigest, llamaBuild, tokenizerDigest } from "../ffi/mod.ts";
 import { type ModelSpec, readGgufFile, specFromGguf } from "../models/mod.ts";
 import { type Engine, UBATCH_TOKENS } from "./engine.ts";
 
@@ -70,7 +70,7 @@ export async function resolveIdentity(
     computeBackend: engine.model.offload.backend,
     computeDevice: engine.model.offload.device,
     stateSchemaVersion: STATE_SCHEMA_VERSION,
-    llamaBuild: `${engine.lib.release}+${engine.lib.buildId}`,
+    llamaBuild: llamaBuild(engine.lib),
     shimAbiVersion: options.shimAbiVersion,
   };
   return { numerical, digest: await identityDigest(numerical), spec };

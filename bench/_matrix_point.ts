@@ -1,0 +1,262 @@
+/**
+ * One point of the link matrix (bench/link_matrix.ts): the emulated link opened (or the loopback
+ * itself at rate 0), measured as a live node measures it, the placement predicted from what the
+ * run has learned, one handoff run whatever the decision, and the row recorded; and what a
+ * served handoff teaches the nodes (`learnFrom`).
+ */
+import { runHandoff } from "../serve/coordinator.ts";
+import type { HandoffRequest } from "../serve/coordinator.ts";
+import type { LocalCluster } from "../serve/local_cluster.ts";
+import { RUNTIME_DEFAULTS } from "../serve/engine.ts";
+import { LinkEstimator } from "../core/link_estimates.ts";
+import type { RateRecorder } from "../core/node_rates.ts";
+import { placeRequest } from "../core/placement.ts";
+import { LinkMonitor } from "../transport/link_monitor.ts";
+import { type EmulatedLink, NativeLinkRelay, openGridLink } from "./native_relay.ts";
+import type { CertificationFile } from "../core/certification.ts";
+import type { HandoffCostRecorder } from "../core/link_costs.ts";
+import type { PlanOptions, StateSize } from "../core/planner.ts";
+import type { HandoffTelemetry } from "../core/telemetry.ts";
+
+export interface MatrixPoint {
+  rateBitsPerS: number;
+  rttMs: number;
+  lossFraction: number;
+}
+
+/** One handoff through one link point, predicted and measured (milliseconds, bytes). */
+export interface MatrixRow extends MatrixPoint {
+  model: string;
+  promptTokens: number;
+  rep: number;
+  refused: string | null;
+  loadAvg1m: number;
+  link: { rttMs: number | null; bytesPerS: number | null; source: string | null };
+  decision: string | null;
+  /** Colocated TTFT measured at this prompt in the run's calibration (the decoder prefilling). */
+  colocatedTtftMs?: number | null;
+  predicted: null | {
+    ttftMs: number;
+    /** The planner's colocated TTFT (the decoder's measured prefill rate). */
+    colocatedTtftMs?: number;
+    tailMs: number;
+    /** Uncovered pages plus the snapshot: what the link adds after prefill ends. */
+    transferMs: number;
+    /** Decoder import left at commit plus the continuation probe. */
+    commitMs: number;
+    rttMs: number;
+    probeMs: number;
+    firstTokenOverheadMs: number;
+  };
+  measured: null | {
+    ttftMs: number | null;
+    tailMs: number | null;
+    prefillMs: number | null;
+    /** Prefill end to the manifest leaving: the rest of the transfer. */
+    transferMs: number | null;
+    /** Decoder: manifest received to commit (validate, tail import, probe). */
+    commitMs: number | null;
+    commitRoundTripMs: number | null;
+    probeMs: number | null;
+    lastImportMs: number;
+    totalBytes: number;
+    wireMs: number;
+    stagedEarly: number | null;
+  };
+  relay: null | { drops: number; lateUsMean: number; lateUsMax: number };
+  /** The handoff's whole record, so predictions can be replayed from what preceded it. */
+  telemetry: HandoffTelemetry | null;
+  /** The link estimate the prediction used (pings and the probe through the relay). */
+  estimate:
+    | { rttMs: number | null; bandwidthBytesPerS: number | null; lossFraction: number | null }
+    | null;
+}
+
+/** What the grid's points share: the cluster, the relay, and what the nodes learned so far. */
+export interface MatrixContext {
+  cluster: LocalCluster;
+  binary: string | null;
+  ceilingBitsPerS: number;
+  prefillRates: RateRecorder;
+  decodeRates: RateRecorder;
+  costs: HandoffCostRecorder;
+  /** State sizes as the runtime exported them (largest seen). */
+  state: StateSize;
+  model: string;
+  certification: CertificationFile | null;
+  planOptions: Partial<PlanOptions>;
+  /** This llama.cpp build, as the certification file names it. */
+  llamaBuild: string;
+}
+
+/** What a served handoff teaches the nodes: rates, state sizes and the tail's fixed costs. */
+export function learnFrom(
+  x: MatrixContext,
+  t: HandoffTelemetry,
+  clientTtftMs: number,
+  predictedLinkMs: number | null,
+  /** The RTT the prediction used (the row's pings); absent: the handoff's own figure. */
+  rttMs?: number | null,
+): void {
+  if (t.prefillMs) x.prefillRates.recordPrefill(t.promptTokens, t.prefillMs);
+  if (t.tpotMs) x.decodeRates.recordDecode(1, t.tpotMs, t.promptTokens);
+  x.costs.record({ ...t, rttMs: rttMs ?? t.rttMs }, clientTtftMs, predictedLinkMs);
+  const b = t.bytesByComponent;
+  x.state.kvBytesPerToken = Math.max(x.state.kvBytesPerToken, (b["kv-page"] ?? 0) / t.promptTokens);
+  x.state.recurrentBytes = Math.max(x.state.recurrentBytes, (b.conv ?? 0) + (b.ssm ?? 0));
+}
+
+export async function loadAvg(): Promise<number> {
+  try {
+    return Number((await Deno.readTextFile("/proc/loadavg")).split(" ")[0]);
+  } catch {
+    return NaN;
+  }
+}
+
+export async function runPoint(
+  x: MatrixContext,
+  p: MatrixPoint,
+  promptTokens: number,
+  actualTokens: number,
+  rep: number,
+  request: HandoffRequest,
+): Promise<MatrixRow> {
+  const row: MatrixRow = {
+    ...p,
+    model: x.model,
+    promptTokens,
+    rep,
+    refused: null,
+    loadAvg1m: await loadAvg(),
+    link: { rttMs: null, bytesPerS: null, source: null },
+    decision: null,
+    predicted: null,
+    measured: null,
+    relay: null,
+    telemetry: null,
+    estimate: null,
+  };
+  const decode = x.cluster.decode.peer;
+  // Rate 0: no relay, the loopback itself (unshaped).
+  let link: EmulatedLink | null = null;
+  try {
+    if (p.rateBitsPerS > 0) {
+      link = await openGridLink(x.binary, decode, p, {
+        ceilingBitsPerS: x.ceilingBitsPerS,
+        seed: 7 + rep,
+      });
+    }
+  } catch (error) {
+    row.refused = (error as Error).message.split(":")[0];
+    return row;
+  }
+  try {
+    const via = link
+      ? { ...decode, host: link.endpoint.hostname, port: link.endpoint.port }
+      : decode;
+    const links = new LinkEstimator();
+    const monitor = new LinkMonitor(x.cluster.prefill.peer.nodeId, links, {
+      pingsPerMeasure: 10,
+    });
+    const conn = await x.cluster.client.connect(via);
+    // The probe lasts about a quarter second at the emulated rate (bounded both ways).
+    const probeBytes = p.rateBitsPerS > 0
+      ? Math.round(Math.min(16 << 20, Math.max(3 << 20, (p.rateBitsPerS / 8) * 0.25)))
+      : 16 << 20;
+    await monitor.measure(conn, probeBytes);
+    await conn.close();
+    const e = links.estimate(
+      { from: x.cluster.prefill.peer.nodeId, to: decode.nodeId },
+      performance.now(),
+    );
+    row.estimate = e
+      ? { rttMs: e.rttMs, bandwidthBytesPerS: e.bandwidthBytesPerS, lossFraction: e.lossFraction }
+      : null;
+    row.link = {
+      rttMs: e?.rttMs ?? null,
+      bytesPerS: e?.bandwidthBytesPerS ?? null,
+      source: e?.bandwidthSource ?? null,
+    };
+    const d = placeRequest({
+      promptTokens: actualTokens,
+      prefiller: {
+        nodeId: x.cluster.prefill.peer.nodeId,
+        rates: x.prefillRates.rates(),
+        hasRole: true,
+      },
+      decoder: {
+        nodeId: decode.nodeId,
+        rates: x.decodeRates.rates(),
+        hasRole: true,
+        freeBytes: 64 * 2 ** 30,
+      },
+      schemaShared: true,
+      identityMatch: true,
+      family: "hybrid",
+      llamaBuild: x.llamaBuild,
+      state: { ...x.state },
+      chunkTokens: RUNTIME_DEFAULTS.chunkTokens,
+      // The prefill worker's layer capture (on wherever the shim is built) sends the
+      // recurrent state while the last chunk computes.
+      snapshotDuringLastChunk: true,
+      costs: x.costs.costs(),
+    }, {
+      links,
+      nowMs: performance.now(),
+      certification: x.certification,
+      options: x.planOptions,
+    });
+    row.decision = `${d.placement}: ${
+      d.reasons.filter((r) => r.code !== "chosen").map((r) => r.code).join(",")
+    }`;
+    const est = d.estimates;
+    if (d.prediction && est) {
+      row.predicted = {
+        ttftMs: d.prediction.ttftDisaggregatedMs,
+        colocatedTtftMs: d.prediction.ttftColocatedMs,
+        tailMs: d.prediction.commitTailMs,
+        transferMs: est.uncoveredKvMs + est.snapshotTransferMs,
+        commitMs: est.importMs + (est.probeMs ?? 0),
+        rttMs: est.commitRoundTripMs,
+        probeMs: est.probeMs ?? 0,
+        firstTokenOverheadMs: x.costs.costs().firstTokenOverheadMs ?? 0,
+      };
+    }
+    const r = await runHandoff(x.cluster.client, { ...request, decode: via });
+    row.loadAvg1m = (row.loadAvg1m + await loadAvg()) / 2;
+    if (r.placement !== "disaggregated") {
+      row.refused = `handoff fell back: ${r.fallbackReason}`;
+      return row;
+    }
+    const t = r.telemetry;
+    row.telemetry = t;
+    row.measured = {
+      ttftMs: r.ttftMs,
+      tailMs: t.uncoveredTailMs,
+      prefillMs: t.prefillMs,
+      transferMs: t.uncoveredTailMs !== null && t.commitRoundTripMs !== null
+        ? t.uncoveredTailMs - t.commitRoundTripMs
+        : null,
+      commitMs: t.commitMs,
+      commitRoundTripMs: t.commitRoundTripMs,
+      probeMs: t.probeMs,
+      lastImportMs: t.lastImportMs,
+      totalBytes: t.totalBytes,
+      wireMs: t.wireMs,
+      stagedEarly: t.stagedBeforePrefillEndFraction,
+    };
+    learnFrom(x, t, r.ttftMs, row.predicted?.transferMs ?? null, row.estimate?.rttMs);
+    if (link instanceof NativeLinkRelay) {
+      const s = await link.stats();
+      row.relay = {
+        drops: await link.drops(),
+        lateUsMean: (s.forward.lateUsMean + s.backward.lateUsMean) / 2,
+        lateUsMax: Math.max(s.forward.lateUsMax, s.backward.lateUsMax),
+      };
+    }
+    return row;
+  } finally {
+    link?.close();
+  }
+}
