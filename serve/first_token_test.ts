@@ -157,11 +157,10 @@ Deno.test({
         const r = await s.run({ onText: (text) => texts.push(text) });
         s.corruptNext(false);
         assert.equal(r.placement, "colocated");
-        // The decoder refuses the duplicated frame and says so on the control stream; when the
-        // prefiller's next write on the stopped handoff stream fails first, it takes that for a
-        // lost decoder and completes the request itself (once in 9 full-suite runs here).
-        // Either way the continuation below is the same.
-        assert.match(r.fallbackReason!, /invalid|decoder lost before commit/);
+        // The decoder refuses the duplicated frame: its reason, not a lost decoder, even when
+        // the prefiller's next write on the stopped stream fails before that reason is read
+        // (transport/handoff_stream_test.ts orders that race by hand).
+        assert.match(r.fallbackReason!, /invalid/);
         // The first token came from the prefill worker before the handoff failed.
         assert.ok(r.firstTokenAfterPrefillMs !== null);
         assert.deepEqual(r.tokens, greedy.tokens);

@@ -49,9 +49,16 @@ export interface HandoffStreamOptions {
   grantStepBytes?: number;
   /** Sender: how long `finish()` waits for the receipt after the final frame. */
   receiptTimeoutMs?: number;
+  /**
+   * Sender: after a failed write, how long to wait for the receiver's own reason (its abort
+   * frame) before reporting the write's error. A receiver that aborts writes its reason first
+   * and only then stops the sender's direction, so the reason is already on its way.
+   */
+  abortReasonWaitMs?: number;
 }
 
 export const DEFAULT_RECEIPT_TIMEOUT_MS = 30_000;
+export const DEFAULT_ABORT_REASON_WAIT_MS = 500;
 
 /** What the receiver confirmed it read. */
 export interface HandoffReceipt {
@@ -80,6 +87,7 @@ export class HandoffSender {
   readonly #credit = new CreditSender();
   readonly #receipt: Promise<HandoffReceipt>;
   readonly #receiptTimeoutMs: number;
+  readonly #abortReasonWaitMs: number;
   #tail: Promise<unknown> = Promise.resolve();
 
   /** Use `PeerConnection.openHandoffStream()`. Writes the opening frame. */
@@ -93,6 +101,7 @@ export class HandoffSender {
     this.#reader = reader;
     this.#writer = writer;
     this.#receiptTimeoutMs = options.receiptTimeoutMs ?? DEFAULT_RECEIPT_TIMEOUT_MS;
+    this.#abortReasonWaitMs = options.abortReasonWaitMs ?? DEFAULT_ABORT_REASON_WAIT_MS;
     writer.write({ type: "HandoffStreamOpen", meta }).catch((e) => this.#credit.fail(e));
     this.#receipt = this.#pumpCredit();
     this.#receipt.catch(() => {}); // observed by finish(); never an unhandled rejection
@@ -130,7 +139,7 @@ export class HandoffSender {
   ): Promise<HandoffReceipt> {
     if (header.type !== "HandoffStreamEnd") _assertCallerType(header);
     await this.#sendEncoded(header, payload, true);
-    await this.#writer.close();
+    await this.#writer.close().catch((error) => this.#failWrite(error));
     let timer: ReturnType<typeof setTimeout> | undefined;
     const timeout = new Promise<never>((_, reject) => {
       timer = setTimeout(() => {
@@ -174,11 +183,32 @@ export class HandoffSender {
     // Credit is acquired in call order, so overlapping sends cannot reorder frames.
     const run = async () => {
       await this.#credit.acquire(frame.wireBytes);
-      await this.#writer.writeEncoded(frame);
+      await this.#writer.writeEncoded(frame).catch((error) => this.#failWrite(error));
     };
     const result = this.#tail.then(run);
     this.#tail = result.catch(() => {});
     return result;
+  }
+
+  /**
+   * A write failed: the connection may be gone, or the receiver aborted the stream and its
+   * stop overtook the reason it wrote before it (the reader had not read it yet). Rethrows the
+   * receiver's abort or refusal when it arrives within `abortReasonWaitMs`, else `error`.
+   */
+  async #failWrite(error: unknown): Promise<never> {
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const waited = new Promise<void>((resolve) => {
+      timer = setTimeout(resolve, this.#abortReasonWaitMs);
+    });
+    try {
+      await Promise.race([this.#receipt, waited]);
+    } catch (reason) {
+      const aborted = reason instanceof HandoffAbortedError && reason.reason === "receiver-aborted";
+      if (aborted || reason instanceof PeerError) throw reason;
+    } finally {
+      clearTimeout(timer);
+    }
+    throw error;
   }
 
   /** Reads the receiver's direction: grants, then the receipt (or an abort). */
