@@ -214,19 +214,19 @@ export class ApiService {
     record.placementReason = planned.reason;
     const handoffId = crypto.randomUUID();
     record.handoffId = handoffId;
-    const stopper = new AbortController();
-    const matcher = new StopMatcher(input.params.stop);
-    let text = "";
-    let generated = 0;
-    let lastTokenAt: number | null = null;
+    const out = new _Output(input, (ttftMs, gapMs, tokens) => {
+      if (ttftMs !== null) {
+        record.ttftMs = ttftMs;
+        this.metrics.ttft.observe(ttftMs / 1000);
+      } else {
+        for (let i = 0; i < tokens; i++) this.metrics.itl.observe(gapMs / 1000 / tokens);
+      }
+    }, t0);
     const release = o.peers.hold([
       picked.decode,
       planned.placement === "colocated" ? null : picked.prefill,
     ]);
     let result: HandoffResult | null = null;
-    const logprobs = input.params.logprobs === null
-      ? null
-      : { tokens: [] as number[], logprobs: [] as (TokenLogprob | null)[] };
     try {
       result = await runHandoff(o.node, {
         prefill: (picked.prefill ?? picked.decode).peer,
@@ -246,44 +246,22 @@ export class ApiService {
         probe: false,
         timeoutMs: o.workerIdleTimeoutMs,
         handoffId,
-        signal: AbortSignal.any([input.signal, stopper.signal]),
+        signal: AbortSignal.any([input.signal, out.stopper.signal]),
         ...(input.params.logprobs !== null ? { logprobs: input.params.logprobs } : {}),
-        onTokens: (tokens, lps) => {
-          if (logprobs) {
-            logprobs.tokens.push(...tokens);
-            logprobs.logprobs.push(...(lps ?? tokens.map(() => null)));
-          }
-          const now = performance.now();
-          if (lastTokenAt === null) {
-            record.ttftMs = now - t0;
-            this.metrics.ttft.observe(record.ttftMs / 1000);
-          } else {
-            const gap = (now - lastTokenAt) / 1000 / tokens.length;
-            for (let i = 0; i < tokens.length; i++) this.metrics.itl.observe(gap);
-          }
-          lastTokenAt = now;
-          generated += tokens.length;
-        },
-        onText: (piece) => {
-          if (matcher.stopped) return;
-          const safe = matcher.push(piece);
-          text += safe;
-          if (safe) input.onDelta?.(safe);
-          if (matcher.stopped) stopper.abort();
-        },
+        onTokens: (tokens, lps) => out.tokens(tokens, lps),
+        onText: (piece) => out.text(piece),
       });
     } catch (error) {
       // A stop sequence cancelled the request on the workers: that is a normal end.
-      if (!(matcher.stopped && !input.signal.aborted && error instanceof HandoffAbortedError)) {
+      if (!(out.stopped && !input.signal.aborted && error instanceof HandoffAbortedError)) {
         throw error;
       }
     } finally {
       release();
     }
-    const rest = matcher.flush();
-    text += rest;
-    if (rest) input.onDelta?.(rest);
-    const finishReason = matcher.stopped || generated < maxTokens ? "stop" : "length";
+    out.flush();
+    const generated = out.generated;
+    const finishReason = out.stopped || generated < maxTokens ? "stop" : "length";
     const placement = result?.placement ?? planned.placement;
     // A fallback is a planned handoff that ran colocated; a colocated plan is not one.
     const fallbackReason = planned.placement === "disaggregated"
@@ -297,7 +275,7 @@ export class ApiService {
     return {
       requestId: record.requestId,
       created: Math.floor(Date.now() / 1000),
-      text,
+      text: out.collected,
       finishReason,
       promptTokens: record.promptTokens,
       cachedTokens: result?.placement === "disaggregated" ? result.telemetry.cachedTokens : 0,
@@ -306,7 +284,7 @@ export class ApiService {
       plannedPlacement: planned,
       fallbackReason,
       chatFormat: input.chatFormat ?? null,
-      logprobs,
+      logprobs: out.logprobs,
     };
   }
 
@@ -392,6 +370,65 @@ export class ApiService {
 }
 
 /** A bounded label for a fallback: core's abort reason, else a coarse class. */
+/**
+ * One request's output as it streams: the text cut at its stop sequences (the cut cancels the
+ * request through `stopper`), the tokens counted, their log probabilities kept when asked for,
+ * and each arrival's timing reported (the first as TTFT, later ones as gaps per token).
+ */
+class _Output {
+  readonly stopper = new AbortController();
+  readonly logprobs: { tokens: number[]; logprobs: (TokenLogprob | null)[] } | null;
+  collected = "";
+  generated = 0;
+  readonly #matcher: StopMatcher;
+  #lastTokenAt: number | null = null;
+
+  constructor(
+    readonly input: RunInput,
+    readonly onTiming: (ttftMs: number | null, gapMs: number, tokens: number) => void,
+    readonly t0: number,
+  ) {
+    this.#matcher = new StopMatcher(input.params.stop);
+    this.logprobs = input.params.logprobs === null ? null : { tokens: [], logprobs: [] };
+  }
+
+  get stopped(): boolean {
+    return this.#matcher.stopped;
+  }
+
+  tokens(tokens: number[], lps: (TokenLogprob | null)[] | undefined): void {
+    if (this.logprobs) {
+      this.logprobs.tokens.push(...tokens);
+      this.logprobs.logprobs.push(...(lps ?? tokens.map(() => null)));
+    }
+    const now = performance.now();
+    const last = this.#lastTokenAt;
+    this.onTiming(
+      last === null ? now - this.t0 : null,
+      last === null ? 0 : now - last,
+      tokens.length,
+    );
+    this.#lastTokenAt = now;
+    this.generated += tokens.length;
+  }
+
+  text(piece: string): void {
+    if (this.#matcher.stopped) return;
+    this.#emit(this.#matcher.push(piece));
+    if (this.#matcher.stopped) this.stopper.abort();
+  }
+
+  /** The text a stop sequence might still have needed, once the stream has ended. */
+  flush(): void {
+    this.#emit(this.#matcher.flush());
+  }
+
+  #emit(safe: string): void {
+    this.collected += safe;
+    if (safe) this.input.onDelta?.(safe);
+  }
+}
+
 function fallbackCode(result: HandoffResult | null): string {
   if (!result) return "unknown";
   if (result.telemetry.fallbackReason) return result.telemetry.fallbackReason;

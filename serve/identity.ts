@@ -8,8 +8,10 @@ import {
   type LayerKind,
   type ModelFamily,
   type NumericalIdentity,
+  PARITY_ONLY_FIELDS,
   STATE_SCHEMA_VERSION,
 } from "../core/mod.ts";
+import { type Capabilities, HANDOFF_PROTOCOL_VERSION, type Role } from "../transport/mod.ts";
 import { fileDigest, llamaBuild, tokenizerDigest } from "../ffi/mod.ts";
 import { type ModelSpec, readGgufFile, specFromGguf } from "../models/mod.ts";
 import { type Engine, UBATCH_TOKENS } from "./engine.ts";
@@ -74,4 +76,29 @@ export async function resolveIdentity(
     shimAbiVersion: options.shimAbiVersion,
   };
   return { numerical, digest: await identityDigest(numerical), spec };
+}
+
+/**
+ * The capabilities a worker announces. Only must-match identity fields: the transport compares
+ * the announced identity exactly, and a parity-only difference (the device model) must not
+ * make peers ineligible.
+ */
+export function announcedCapabilities(
+  role: Role,
+  identity: ResolvedIdentity,
+  layerCapture: boolean,
+): Capabilities {
+  const { nCtx: _perWorker, ...numerical } = identity.numerical;
+  const exact = Object.fromEntries(
+    Object.entries(numerical).filter(([k]) => !(PARITY_ONLY_FIELDS as string[]).includes(k)),
+  );
+  return {
+    protocolVersion: HANDOFF_PROTOCOL_VERSION,
+    roles: [role],
+    stateSchemaVersions: [STATE_SCHEMA_VERSION],
+    kvCodecs: ["llama-kv-cells"],
+    kvDtypes: [identity.numerical.kType],
+    numericalIdentity: exact,
+    ...(layerCapture ? { layerCapture } : {}),
+  };
 }

@@ -6,15 +6,9 @@
  * (serve/authorization.ts): a refused message gets its answer (a failed outcome, or a refused
  * reservation or stream) naming the missing role, and nothing else happens.
  */
-import {
-  type HandoffTiming,
-  PARITY_ONLY_FIELDS,
-  ProtocolError,
-  resolveHandoffTiming,
-} from "../core/mod.ts";
+import { type HandoffTiming, ProtocolError, resolveHandoffTiming } from "../core/mod.ts";
 import {
   type Capabilities,
-  HANDOFF_PROTOCOL_VERSION,
   legacyRolesNotice,
   type PeerConnection,
   type PeerListener,
@@ -25,7 +19,7 @@ import { HANDOFF_STREAM_ROLE, PeerAuthorization } from "./authorization.ts";
 import { type DecodeHooks, DecodeRole } from "./decode_role.ts";
 import { type DecodeLimits, DEFAULT_DECODE_LIMITS } from "./decode_session.ts";
 import type { RuntimeConfig } from "./engine.ts";
-import { type ResolvedIdentity, resolveIdentity } from "./identity.ts";
+import { announcedCapabilities, type ResolvedIdentity, resolveIdentity } from "./identity.ts";
 import {
   type CancelRequest,
   decodeRequestPayload,
@@ -50,7 +44,6 @@ import { DEFAULT_PREFIX_CACHE, PrefixCache, type PrefixCacheOptions } from "./pr
 import { CORE_MESSAGE_TYPES } from "./wire.ts";
 import { SKIPPY_SHIM_ABI_VERSION } from "../ffi/shim/abi.ts";
 import { stateBackend } from "../ffi/state.ts";
-import { STATE_SCHEMA_VERSION } from "../core/mod.ts";
 
 export interface WorkerOptions {
   role: Role;
@@ -123,84 +116,20 @@ export class Worker {
     const hostnames = [options.hostname];
     const node = await Node.open(options.stateDir, options.link, hostnames, options.faults);
     const pool = await EnginePool.open(options.runtime, options.sessionsMax);
-    const probe = await pool.tryAcquire();
-    let identity: ResolvedIdentity;
-    let layerCapture = false;
-    try {
-      const backend = await stateBackend(probe!.engine.ctx);
-      identity = await resolveIdentity(probe!.engine, {
-        digestCacheFile: `${node.stateDir}/digests.json`,
-        shimAbiVersion: backend.path === "shim" ? SKIPPY_SHIM_ABI_VERSION : 0,
-      });
-      // Announced from a capture really opened on this context (it keeps it for its first
-      // handoff), so placement never assumes an overlap the worker cannot deliver.
-      const limits = { ...DEFAULT_PREFILL_LIMITS, ...options.prefillLimits };
-      layerCapture = roleCovers(options.role, "prefill") && limits.layerCapture &&
-        identity.numerical.layerKinds.includes("recurrent") &&
-        (await openLayerCapture(probe!.engine.ctx)) !== null;
-    } finally {
-      pool.release(probe!);
-    }
-    // Announce only must-match fields: the transport compares the announced identity exactly,
-    // and a parity-only difference (the device model) must not make peers ineligible.
-    const { nCtx: _perWorker, ...numerical } = identity.numerical;
-    const exact = Object.fromEntries(
-      Object.entries(numerical).filter(([k]) => !(PARITY_ONLY_FIELDS as string[]).includes(k)),
-    );
-    const capabilities: Capabilities = {
-      protocolVersion: HANDOFF_PROTOCOL_VERSION,
-      roles: [options.role],
-      stateSchemaVersions: [STATE_SCHEMA_VERSION],
-      kvCodecs: ["llama-kv-cells"],
-      kvDtypes: [identity.numerical.kType],
-      numericalIdentity: exact,
-      ...(layerCapture ? { layerCapture } : {}),
-    };
+    const { identity, layerCapture } = await Worker.#probe(options, node, pool);
+    const capabilities = announcedCapabilities(options.role, identity, layerCapture);
     const announced = options.announceCapabilities === false ? {} : capabilities;
     const listener = node.listen(options.hostname, options.port, announced);
-    const timing = resolveHandoffTiming(options.timing);
     const log = options.log ?? ((line: string) => console.error(line));
     const legacy = node.trust.legacyEntries().length;
     if (legacy > 0) log(legacyRolesNotice(legacy));
     const sessions = roleCovers(options.role, "decode")
       ? await Worker.#decodeSessions(options, pool, log)
       : pool;
-    const prefill = roleCovers(options.role, "prefill")
-      ? new PrefillRole(
-        node,
-        pool,
-        identity,
-        capabilities,
-        timing,
-        {
-          ...DEFAULT_PREFILL_LIMITS,
-          ...options.prefillLimits,
-        },
-        log,
-        { ...DEFAULT_PREFILL_QUEUE, ...options.prefillQueue },
-        options.prefillHooks,
-        new PrefixCache(
-          { ...DEFAULT_PREFIX_CACHE, ...options.prefixCache },
-          identity.numerical.family,
-        ),
-      )
-      : null;
-    const decode = roleCovers(options.role, "decode")
-      ? new DecodeRole(
-        node,
-        sessions,
-        identity,
-        timing,
-        {
-          ...DEFAULT_DECODE_LIMITS,
-          ...options.decodeLimits,
-        },
-        options.committedIdleMs ?? 30_000,
-        log,
-        { ...ADMISSION_DEFAULTS, ...options.admission },
-        options.decodeHooks,
-      )
-      : null;
+    const timing = resolveHandoffTiming(options.timing);
+    const roles = { node, pool, sessions, identity, capabilities, timing, log };
+    const prefill = roleCovers(options.role, "prefill") ? prefillRole(options, roles) : null;
+    const decode = roleCovers(options.role, "decode") ? decodeRole(options, roles) : null;
     const worker = new Worker(
       options,
       node,
@@ -215,6 +144,33 @@ export class Worker {
     );
     worker.#acceptLoop();
     return worker;
+  }
+
+  /**
+   * Resolves the numerical identity on one of the pool's contexts, and whether layer capture
+   * opens there: it is announced from a capture really opened on this context (which keeps it
+   * for its first handoff), so placement never assumes an overlap the worker cannot deliver.
+   */
+  static async #probe(
+    options: WorkerOptions,
+    node: Node,
+    pool: EnginePool,
+  ): Promise<{ identity: ResolvedIdentity; layerCapture: boolean }> {
+    const probe = (await pool.tryAcquire())!;
+    try {
+      const backend = await stateBackend(probe.engine.ctx);
+      const identity = await resolveIdentity(probe.engine, {
+        digestCacheFile: `${node.stateDir}/digests.json`,
+        shimAbiVersion: backend.path === "shim" ? SKIPPY_SHIM_ABI_VERSION : 0,
+      });
+      const limits = { ...DEFAULT_PREFILL_LIMITS, ...options.prefillLimits };
+      const layerCapture = roleCovers(options.role, "prefill") && limits.layerCapture &&
+        identity.numerical.layerKinds.includes("recurrent") &&
+        (await openLayerCapture(probe.engine.ctx)) !== null;
+      return { identity, layerCapture };
+    } finally {
+      pool.release(probe);
+    }
   }
 
   /** The decode side's pool: the shared batched context when it can be used, else `pool`. */
@@ -425,4 +381,47 @@ export class Worker {
     this.decode?.close();
     this.prefill?.prefixCache.clear(); // no persistence: checkpoints are zeroed here
   }
+}
+
+/** What a worker's roles are built from (Worker.start). */
+interface RoleParts {
+  node: Node;
+  pool: EnginePool;
+  sessions: SessionPool;
+  identity: ResolvedIdentity;
+  capabilities: Capabilities;
+  timing: HandoffTiming;
+  log: (line: string) => void;
+}
+
+function prefillRole(options: WorkerOptions, p: RoleParts): PrefillRole {
+  return new PrefillRole(
+    p.node,
+    p.pool,
+    p.identity,
+    p.capabilities,
+    p.timing,
+    { ...DEFAULT_PREFILL_LIMITS, ...options.prefillLimits },
+    p.log,
+    { ...DEFAULT_PREFILL_QUEUE, ...options.prefillQueue },
+    options.prefillHooks,
+    new PrefixCache(
+      { ...DEFAULT_PREFIX_CACHE, ...options.prefixCache },
+      p.identity.numerical.family,
+    ),
+  );
+}
+
+function decodeRole(options: WorkerOptions, p: RoleParts): DecodeRole {
+  return new DecodeRole(
+    p.node,
+    p.sessions,
+    p.identity,
+    p.timing,
+    { ...DEFAULT_DECODE_LIMITS, ...options.decodeLimits },
+    options.committedIdleMs ?? 30_000,
+    p.log,
+    { ...ADMISSION_DEFAULTS, ...options.admission },
+    options.decodeHooks,
+  );
 }
