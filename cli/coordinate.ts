@@ -17,7 +17,6 @@ import { DEFAULT_ADMISSION } from "../api/admission.ts";
 import { ApiKeys } from "../api/keys.ts";
 import { DEFAULT_PEERS_POLL_MS, PeerSet, watchPeers } from "../api/peers.ts";
 import { PLACEMENT_MODES, type PlacementMode } from "../api/placement.ts";
-import { startApiServer } from "../api/server.ts";
 import { DEFAULT_LINK_PING_INTERVAL_MS, LivePlacement } from "../api/live_placement.ts";
 import { parseCalibration } from "../core/node_rates.ts";
 import { _certification } from "./plan.ts";
@@ -196,6 +195,9 @@ async function runCoordinate(flags: CoordinateFlags): Promise<void> {
         }; the prefill->decode link is estimated from the handoffs' own transfers`,
       );
     }
+    // The HTTP face (Hono, zod, prom-client) loads only when a coordinator starts, not with
+    // every command.
+    const { startApiServer } = await import("../api/server.ts");
     const server = await startApiServer({
       live,
       hostname: flags.listen.host,

@@ -203,6 +203,30 @@ export function conformanceCases(harness: TransportHarness): void {
     }
   });
 
+  test("a receiver that aborts mid-transfer is named by the sender's next send, however the stop races", async () => {
+    const nodes = await makeTestNodes();
+    const { client, server, cleanup } = await harness.pair(nodes);
+    try {
+      const sender = await client.openHandoffStream(OPEN_META);
+      const receiver = (await server.acceptHandoffStream())!.accept();
+      // The sender keeps writing while the receiver aborts after its first page: a write may
+      // fail on the stopped stream before the receiver's reason is read, and must still
+      // report that reason, not a lost connection.
+      const sending = (async () => {
+        for (let seq = 0; seq < 1024; seq++) {
+          await sender.send({ type: "StateChunk", seq }, page(seq, PAGE_BYTES));
+        }
+        throw new Error("every page was sent: the abort was not seen");
+      })();
+      assertEquals((await receiver.receive())?.header.seq, 0);
+      await receiver.abort("bad chunk");
+      const error = await assertRejects(() => sending, HandoffAbortedError, "bad chunk");
+      assertEquals(error.reason, "receiver-aborted");
+    } finally {
+      await cleanup();
+    }
+  });
+
   test("a killed peer is detected within maxIdleTimeoutMs + 1.5 s, never a hang", async () => {
     const idleTimeoutMs = 1_000;
     const { client, kill, cleanup } = await harness.killablePair(idleTimeoutMs);

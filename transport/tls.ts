@@ -9,7 +9,13 @@
  */
 import { InputFileError, UsageError } from "../core/errors.ts";
 import { hex, parseHex } from "./_encoding.ts";
-import { x509 } from "./_x509.ts";
+import type { JsonGeneralName } from "@peculiar/x509";
+
+/**
+ * @peculiar/x509 (with its polyfill) loads on first use, not with the transport: most
+ * processes and test files that import the transport never touch a certificate.
+ */
+const _x509 = () => import("./_x509.ts").then((m) => m.x509);
 import { assertOwnerOnly } from "./node_identity.ts";
 import { ensureStateDir, readTextIfExists, statePath, writePrivateFile } from "./state_dir.ts";
 
@@ -49,7 +55,7 @@ function _isIp(host: string): boolean {
   return /^\d{1,3}(\.\d{1,3}){3}$/.test(host) || host.includes(":");
 }
 
-function _subjectAltNames(hostnames: string[]): x509.JsonGeneralName[] {
+function _subjectAltNames(hostnames: string[]): JsonGeneralName[] {
   const names = new Set(["localhost", "127.0.0.1", "::1", ...hostnames]);
   names.delete("0.0.0.0");
   names.delete("::");
@@ -57,6 +63,7 @@ function _subjectAltNames(hostnames: string[]): x509.JsonGeneralName[] {
 }
 
 async function _fromPem(certPem: string, keyPem: string): Promise<TlsCertificate> {
+  const x509 = await _x509();
   const certificate = new x509.X509Certificate(certPem);
   const sha256 = new Uint8Array(await crypto.subtle.digest("SHA-256", certificate.rawData));
   return {
@@ -77,6 +84,7 @@ export async function createEphemeralTlsCertificate(
     "verify",
   ]) as CryptoKeyPair;
   const now = Date.now();
+  const x509 = await _x509();
   const certificate = await x509.X509CertificateGenerator.createSelfSigned({
     serialNumber: hex(crypto.getRandomValues(new Uint8Array(16))).replace(/^[89a-f]/, "7"),
     name: "CN=skippy-disagg node",
