@@ -25,11 +25,12 @@ async function inspect(args: string[]) {
   return JSON.parse(r.stdout);
 }
 
-// 2K rather than 32K: the super-mini hybrid prefills 8K in ~25 s on 2 cores, 32K in ~2 min.
-// The sizes are per token and per page, so the formulas are the same at any length; 2K still
-// gives four pages. Longer runs: `state inspect --model <super-mini> --prompt-tokens 32768`.
-const N = 2048;
-const CHUNK = 512;
+// 1K rather than 32K: the super-mini hybrid prefills 8K in ~25 s on 2 cores, 32K in ~2 min.
+// The sizes are per token and per page, so the formulas are the same at any length; 1K in
+// chunks of 256 still gives four pages. Longer runs:
+// `state inspect --model <super-mini> --prompt-tokens 32768`.
+const N = 1024;
+const CHUNK = 256;
 
 Deno.test("state inspect on the super-mini hybrid reports component sizes equal to its dimensions", async () => {
   const spec = familySpec("hybrid", "super-mini");
