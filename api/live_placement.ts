@@ -29,6 +29,7 @@
 import { type CertificationFile, isCertified } from "../core/certification.ts";
 import {
   handoffTransferSample,
+  type LinkEstimate,
   LinkEstimator,
   type LinkEstimatorOptions,
   type PeerPair,
@@ -111,23 +112,8 @@ export class LivePlacement {
     if (!i.decode) return rule("decode worker not connected yet");
     this.#watch(i.prefill);
     this.#watch(i.decode);
-    const announced = i.decode.peerCapabilities.numericalIdentity;
-    const id = (typeof announced === "object" && announced !== null ? announced : {}) as Record<
-      string,
-      unknown
-    >;
-    const family = typeof id.family === "string" ? id.family : i.family;
-    const build = typeof id.llamaBuild === "string" ? id.llamaBuild : "unknown";
-    if (!isCertified(this.options.certification, family, build)) {
-      return {
-        placement: "colocated",
-        reason: `family ${family} on llama.cpp ${build} is not certified for an exact handoff ` +
-          `(${this.options.certificationSource}): never disaggregated automatically; ` +
-          "certify it with `correctness state-handoff --certify`" +
-          (noLink.placement === "colocated" ? `; also ${noLink.reason}` : ""),
-        prediction: null,
-      };
-    }
+    const uncertified = this.#uncertified(i.decode, i.family, noLink);
+    if (uncertified) return uncertified;
     const pid = i.prefill.peerNodeId, did = i.decode.peerNodeId;
     const prefillRates = this.#rates(pid, "prefill"), decodeRates = this.#rates(did, "decode");
     if (!prefillRates || !decodeRates) {
@@ -142,13 +128,49 @@ export class LivePlacement {
         "no link measurement yet (the prefill->decode link is estimated only from the handoffs' own transfers)",
       );
     }
+    const peers = { prefill: i.prefill, decode: i.decode };
+    return this.#plan(i, peers, { prefillRates, decodeRates }, est, now);
+  }
+
+  /** Refuses automatic disaggregation for a family and build without a certification. */
+  #uncertified(
+    decode: PeerLink,
+    family: string,
+    noLink: PlacementDecision,
+  ): PlacementDecision | null {
+    const announced = decode.peerCapabilities.numericalIdentity;
+    const id = (typeof announced === "object" && announced !== null ? announced : {}) as Record<
+      string,
+      unknown
+    >;
+    const announcedFamily = typeof id.family === "string" ? id.family : family;
+    const build = typeof id.llamaBuild === "string" ? id.llamaBuild : "unknown";
+    if (isCertified(this.options.certification, announcedFamily, build)) return null;
+    return {
+      placement: "colocated",
+      reason: `family ${announcedFamily} on llama.cpp ${build} is not certified for an exact ` +
+        `handoff (${this.options.certificationSource}): never disaggregated automatically; ` +
+        "certify it with `correctness state-handoff --certify`" +
+        (noLink.placement === "colocated" ? `; also ${noLink.reason}` : ""),
+      prediction: null,
+    };
+  }
+
+  /** The planner's decision for the pair, with what it was estimated from. */
+  #plan(
+    i: LiveInput,
+    peers: { prefill: PeerLink; decode: PeerLink },
+    rates: { prefillRates: NodeRates; decodeRates: NodeRates },
+    est: LinkEstimate,
+    now: number,
+  ): PlacementDecision {
+    const pid = peers.prefill.peerNodeId, did = peers.decode.peerNodeId;
     const learned = this.#pairCosts.get(_pairKey(pid, did));
     const d = placeOverPeers({
       promptTokens: i.promptTokens,
-      prefill: { peerNodeId: pid, peerCapabilities: i.prefill.peerCapabilities },
-      decode: { peerNodeId: did, peerCapabilities: i.decode.peerCapabilities },
-      prefillRates,
-      decodeRates,
+      prefill: { peerNodeId: pid, peerCapabilities: peers.prefill.peerCapabilities },
+      decode: { peerNodeId: did, peerCapabilities: peers.decode.peerCapabilities },
+      ...rates,
       // Unknown to the coordinator; the decoder's reservation checks it.
       decodeFreeBytes: Number.MAX_SAFE_INTEGER,
       state: i.state,
@@ -158,13 +180,13 @@ export class LivePlacement {
       certification: this.options.certification,
       costs: learned?.costs(),
       // Announced by the prefill worker (capabilities.ts), from a capture it really opened.
-      snapshotDuringLastChunk: i.prefill.peerCapabilities.layerCapture === true,
+      snapshotDuringLastChunk: peers.prefill.peerCapabilities.layerCapture === true,
       options: this.options.promptTokensMin === undefined
         ? {}
         : { promptTokensMin: this.options.promptTokensMin },
     });
     const messages = d.reasons.map((r) => r.message).join("; ");
-    const mbps = ((est.bandwidthBytesPerS * 8) / 1e6).toFixed(0);
+    const mbps = ((est.bandwidthBytesPerS! * 8) / 1e6).toFixed(0);
     return {
       placement: d.placement === "disaggregated" ? "disaggregated" : "colocated",
       reason: `planner: ${messages} (prefill->decode link estimated from ${est.bandwidthSamples} ` +

@@ -8,7 +8,7 @@ import type { TokenLogprob } from "../core/logprobs.ts";
 import { HandoffAbortedError, WorkerBusyError } from "../core/mod.ts";
 import { runHandoff } from "../serve/coordinator.ts";
 import { PROMPT_BYTES_MAX } from "../serve/messages.ts";
-import type { HandoffResult } from "../serve/coordinator.ts";
+import type { HandoffRequest, HandoffResult } from "../serve/coordinator.ts";
 import type { Node } from "../serve/node.ts";
 import { Admission, type Ticket } from "./admission.ts";
 import { ApiError, contextTooSmall, serverError } from "./errors.ts";
@@ -228,29 +228,10 @@ export class ApiService {
     ]);
     let result: HandoffResult | null = null;
     try {
-      result = await runHandoff(o.node, {
-        prefill: (picked.prefill ?? picked.decode).peer,
-        decode: picked.decode.peer,
-        colocated: planned.placement === "colocated",
-        prompt: input.prompt,
-        promptSpecialSpans: input.promptSpecialSpans,
-        ...(input.turnEnds?.length ? { turnEnds: input.turnEnds } : {}),
-        generateTokens: maxTokens,
-        sampling: {
-          temperature: input.params.temperature,
-          topK: input.params.topK,
-          topP: input.params.topP,
-          seed: input.params.seed ?? crypto.getRandomValues(new Uint32Array(1))[0],
-        },
-        tenantId: input.tenantId,
-        probe: false,
-        timeoutMs: o.workerIdleTimeoutMs,
-        handoffId,
-        signal: AbortSignal.any([input.signal, out.stopper.signal]),
-        ...(input.params.logprobs !== null ? { logprobs: input.params.logprobs } : {}),
-        onTokens: (tokens, lps) => out.tokens(tokens, lps),
-        onText: (piece) => out.text(piece),
-      });
+      result = await runHandoff(
+        o.node,
+        this.#request(input, picked, planned, maxTokens, handoffId, out),
+      );
     } catch (error) {
       // A stop sequence cancelled the request on the workers: that is a normal end.
       if (!(out.stopped && !input.signal.aborted && error instanceof HandoffAbortedError)) {
@@ -285,6 +266,40 @@ export class ApiService {
       fallbackReason,
       chatFormat: input.chatFormat ?? null,
       logprobs: out.logprobs,
+    };
+  }
+
+  /** What the workers are asked to run for one admitted request. */
+  #request(
+    input: RunInput,
+    picked: Picked,
+    planned: PlacementDecision,
+    maxTokens: number,
+    handoffId: string,
+    out: _Output,
+  ): HandoffRequest {
+    return {
+      prefill: (picked.prefill ?? picked.decode).peer,
+      decode: picked.decode.peer,
+      colocated: planned.placement === "colocated",
+      prompt: input.prompt,
+      promptSpecialSpans: input.promptSpecialSpans,
+      ...(input.turnEnds?.length ? { turnEnds: input.turnEnds } : {}),
+      generateTokens: maxTokens,
+      sampling: {
+        temperature: input.params.temperature,
+        topK: input.params.topK,
+        topP: input.params.topP,
+        seed: input.params.seed ?? crypto.getRandomValues(new Uint32Array(1))[0],
+      },
+      tenantId: input.tenantId,
+      probe: false,
+      timeoutMs: this.options.workerIdleTimeoutMs,
+      handoffId,
+      signal: AbortSignal.any([input.signal, out.stopper.signal]),
+      ...(input.params.logprobs !== null ? { logprobs: input.params.logprobs } : {}),
+      onTokens: (tokens, lps) => out.tokens(tokens, lps),
+      onText: (piece) => out.text(piece),
     };
   }
 

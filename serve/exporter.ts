@@ -200,30 +200,7 @@ export class StateExporter {
     const n = prompt.length;
     // Recurrent layers sent while the last chunk computed (layer capture), by index.
     const captured = new Set<number>();
-    const capture = this.limits.layerCapture ? await openLayerCapture(this.engine.ctx) : null;
-    const kinds = this.identity.numerical.layerKinds;
-    const chunks = (part: "conv" | "ssm", layers: Range, payload: Uint8Array) =>
-      this.#cut(part, layers, payload, false, [0, n]);
-    // With layer capture the last chunk's decode returns before its captured layers have
-    // been handed to the (bounded) sink: the first token leaves then, not after the layers
-    // drained through a slow link.
-    const hooks: PrefillHooks = capture && kinds.includes("recurrent")
-      ? {
-        lastDecode: (decode, finalPos) =>
-          streamLayers({
-            capture,
-            kinds,
-            decode: async () => {
-              await decode();
-              sampleFirst(ctx.logits(-1));
-            },
-            finalPos,
-            sink,
-            chunks,
-            sent: captured,
-          }),
-      }
-      : {};
+    const hooks = await this.#captureHooks(n, sink, captured, () => sampleFirst(ctx.logits(-1)));
     const onChunk = async ({ p0, p1, computeMs }: ChunkDone) => {
       chunkMs.push(computeMs);
       if (p1 === prompt.length && firstToken < 0) sampleFirst(ctx.logits(-1));
@@ -233,22 +210,7 @@ export class StateExporter {
       // The draft's KV for these positions is final too: it streams like the target's.
       if (this.draft) await this.#pages("mtp-kv", this.draft.ctx, p0, p1, sink);
     };
-    // Restored tokens: their pages go first, from the context, like computed ones.
-    const restored = prefix?.restoredTokens ?? 0;
-    if (restored > 0 && paged) await this.#pages("kv-page", ctx, 0, restored, sink, true);
-    if (restored > 0 && !paged) prefix?.onUnpagedTokens?.(restored, true);
-    if (restored > 0 && this.draft) {
-      await this.#pages("mtp-kv", this.draft.ctx, 0, restored, sink, true);
-    }
-    // Stop at each checkpoint (a chunk ends there) so the sequence can be snapshotted there.
-    let from = restored;
-    for (const b of prefix?.checkpoints ?? []) {
-      if (b <= from || b >= n) continue;
-      await this.engine.prefill(prompt.subarray(from, b), onChunk);
-      await prefix!.onCheckpoint(b);
-      from = b;
-    }
-    const logits = await this.engine.prefill(prompt.subarray(from), onChunk, hooks);
+    const logits = await this.#prefill(prompt, paged, sink, onChunk, hooks, prefix);
     if (firstToken < 0) sampleFirst(logits); // the engine's positions did not start at 0
     const firstLogitsSha256 = await logitsDigest(logits);
     this.#captured = captured;
@@ -265,6 +227,68 @@ export class StateExporter {
       firstLogitsSha256,
       chunkMs,
     };
+  }
+
+  /**
+   * The prefill hooks that send each recurrent layer's final rows while the last chunk
+   * computes (none without a capture or recurrent layers). The last chunk's decode returns
+   * before its captured layers have been handed to the (bounded) sink: the first token leaves
+   * then (`onLastComputed`), not after the layers drained through a slow link.
+   */
+  async #captureHooks(
+    n: number,
+    sink: ChunkSink,
+    sent: Set<number>,
+    onLastComputed: () => void,
+  ): Promise<PrefillHooks> {
+    const capture = this.limits.layerCapture ? await openLayerCapture(this.engine.ctx) : null;
+    const kinds = this.identity.numerical.layerKinds;
+    if (!capture || !kinds.includes("recurrent")) return {};
+    return {
+      lastDecode: (decode, finalPos) =>
+        streamLayers({
+          capture,
+          kinds,
+          decode: async () => {
+            await decode();
+            onLastComputed();
+          },
+          finalPos,
+          sink,
+          chunks: (part, layers, payload) => this.#cut(part, layers, payload, false, [0, n]),
+          sent,
+        }),
+    };
+  }
+
+  /**
+   * Prefills `prompt` after what the prefix cache restored: the restored tokens' pages go
+   * first, from the context, like computed ones; the prefill stops at each checkpoint (a chunk
+   * ends there) so the sequence can be snapshotted there. Returns the last chunk's logits.
+   */
+  async #prefill(
+    prompt: Int32Array,
+    paged: boolean,
+    sink: ChunkSink,
+    onChunk: (done: ChunkDone) => Promise<void>,
+    hooks: PrefillHooks,
+    prefix: ExportPrefix | undefined,
+  ): Promise<Float32Array> {
+    const ctx = this.engine.ctx;
+    const restored = prefix?.restoredTokens ?? 0;
+    if (restored > 0 && paged) await this.#pages("kv-page", ctx, 0, restored, sink, true);
+    if (restored > 0 && !paged) prefix?.onUnpagedTokens?.(restored, true);
+    if (restored > 0 && this.draft) {
+      await this.#pages("mtp-kv", this.draft.ctx, 0, restored, sink, true);
+    }
+    let from = restored;
+    for (const b of prefix?.checkpoints ?? []) {
+      if (b <= from || b >= prompt.length) continue;
+      await this.engine.prefill(prompt.subarray(from, b), onChunk);
+      await prefix!.onCheckpoint(b);
+      from = b;
+    }
+    return await this.engine.prefill(prompt.subarray(from), onChunk, hooks);
   }
 
   /**

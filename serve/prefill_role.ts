@@ -220,21 +220,7 @@ export class PrefillRole {
       const checked = await this.#decoderLink(request, prompt, active, pooled);
       if (!("link" in checked)) return checked.outcome;
       let first: PeerLink | null = checked.link;
-      // A cached prefix of this tenant is restored into the context; only the rest computes.
-      const prefix = await this.prefixCache.prepare(
-        request.tenantId,
-        prompt,
-        pooled.engine,
-        pooled.draft,
-        request.turnEnds && {
-          text: request.prompt,
-          turnEnds: request.turnEnds,
-          specialSpans: request.promptSpecialSpans,
-        },
-      );
-      if (prefix.off && this.prefixCache.options.prefixCacheBytesMax > 0) {
-        this.log(`handoff ${request.handoffId}: ${prefix.off}`);
-      }
+      const prefix = await this.#restorePrefix(request, prompt, pooled);
       const handoff = new PrefillHandoff({
         prefix,
         request,
@@ -274,6 +260,25 @@ export class PrefillRole {
       // The handoff leaves the shared link (which stays open for the next handoff).
       (decoder as DecoderChannel | null)?.close();
     }
+  }
+
+  /** Restores a cached prefix of this tenant into the context: only the rest computes. */
+  async #restorePrefix(request: PrefillRequest, prompt: Int32Array, pooled: PooledEngine) {
+    const prefix = await this.prefixCache.prepare(
+      request.tenantId,
+      prompt,
+      pooled.engine,
+      pooled.draft,
+      request.turnEnds && {
+        text: request.prompt,
+        turnEnds: request.turnEnds,
+        specialSpans: request.promptSpecialSpans,
+      },
+    );
+    if (prefix.off && this.prefixCache.options.prefixCacheBytesMax > 0) {
+      this.log(`handoff ${request.handoffId}: ${prefix.off}`);
+    }
+    return prefix;
   }
 
   /**
