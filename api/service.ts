@@ -19,7 +19,7 @@ import type { PeerSet, WorkerEntry } from "./peers.ts";
 import type { LivePlacement } from "./live_placement.ts";
 import { decidePlacement, type PlacementDecision, type PlacementMode } from "./placement.ts";
 import type { GenerationParams } from "./schemas.ts";
-import { StopMatcher } from "./stop.ts";
+import { RequestOutput } from "./request_output.ts";
 import { registerWorkerMetrics, type WorkerMetricsOptions } from "./worker_metrics.ts";
 import { type RequestLog, type RequestRecord } from "./telemetry.ts";
 
@@ -214,7 +214,7 @@ export class ApiService {
     record.placementReason = planned.reason;
     const handoffId = crypto.randomUUID();
     record.handoffId = handoffId;
-    const out = new _Output(input, (ttftMs, gapMs, tokens) => {
+    const out = new RequestOutput(input, (ttftMs, gapMs, tokens) => {
       if (ttftMs !== null) {
         record.ttftMs = ttftMs;
         this.metrics.ttft.observe(ttftMs / 1000);
@@ -276,7 +276,7 @@ export class ApiService {
     planned: PlacementDecision,
     maxTokens: number,
     handoffId: string,
-    out: _Output,
+    out: RequestOutput,
   ): HandoffRequest {
     return {
       prefill: (picked.prefill ?? picked.decode).peer,
@@ -385,65 +385,6 @@ export class ApiService {
 }
 
 /** A bounded label for a fallback: core's abort reason, else a coarse class. */
-/**
- * One request's output as it streams: the text cut at its stop sequences (the cut cancels the
- * request through `stopper`), the tokens counted, their log probabilities kept when asked for,
- * and each arrival's timing reported (the first as TTFT, later ones as gaps per token).
- */
-class _Output {
-  readonly stopper = new AbortController();
-  readonly logprobs: { tokens: number[]; logprobs: (TokenLogprob | null)[] } | null;
-  collected = "";
-  generated = 0;
-  readonly #matcher: StopMatcher;
-  #lastTokenAt: number | null = null;
-
-  constructor(
-    readonly input: RunInput,
-    readonly onTiming: (ttftMs: number | null, gapMs: number, tokens: number) => void,
-    readonly t0: number,
-  ) {
-    this.#matcher = new StopMatcher(input.params.stop);
-    this.logprobs = input.params.logprobs === null ? null : { tokens: [], logprobs: [] };
-  }
-
-  get stopped(): boolean {
-    return this.#matcher.stopped;
-  }
-
-  tokens(tokens: number[], lps: (TokenLogprob | null)[] | undefined): void {
-    if (this.logprobs) {
-      this.logprobs.tokens.push(...tokens);
-      this.logprobs.logprobs.push(...(lps ?? tokens.map(() => null)));
-    }
-    const now = performance.now();
-    const last = this.#lastTokenAt;
-    this.onTiming(
-      last === null ? now - this.t0 : null,
-      last === null ? 0 : now - last,
-      tokens.length,
-    );
-    this.#lastTokenAt = now;
-    this.generated += tokens.length;
-  }
-
-  text(piece: string): void {
-    if (this.#matcher.stopped) return;
-    this.#emit(this.#matcher.push(piece));
-    if (this.#matcher.stopped) this.stopper.abort();
-  }
-
-  /** The text a stop sequence might still have needed, once the stream has ended. */
-  flush(): void {
-    this.#emit(this.#matcher.flush());
-  }
-
-  #emit(safe: string): void {
-    this.collected += safe;
-    if (safe) this.input.onDelta?.(safe);
-  }
-}
-
 function fallbackCode(result: HandoffResult | null): string {
   if (!result) return "unknown";
   if (result.telemetry.fallbackReason) return result.telemetry.fallbackReason;
