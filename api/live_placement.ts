@@ -181,6 +181,7 @@ export class LivePlacement {
       costs: learned?.costs(),
       // Announced by the prefill worker (capabilities.ts), from a capture it really opened.
       snapshotDuringLastChunk: peers.prefill.peerCapabilities.layerCapture === true,
+      lastPageDuringLastChunk: peers.prefill.peerCapabilities.lastPageCapture === true,
       options: this.options.promptTokensMin === undefined
         ? {}
         : { promptTokensMin: this.options.promptTokensMin },

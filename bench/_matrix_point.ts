@@ -198,8 +198,9 @@ export async function runPoint(
       state: { ...x.state },
       chunkTokens: RUNTIME_DEFAULTS.chunkTokens,
       // The prefill worker's layer capture (on wherever the shim is built) sends the
-      // recurrent state while the last chunk computes.
+      // recurrent state, and the last chunk's page, while the last chunk computes.
       snapshotDuringLastChunk: true,
+      lastPageDuringLastChunk: true,
       costs: x.costs.costs(),
     }, {
       links,

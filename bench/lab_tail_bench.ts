@@ -25,9 +25,17 @@ import { type PayloadPathResult, runPayloadPathBench } from "./handoff_payload.t
 import { median, table } from "./stats.ts";
 import { lineChart } from "./svg.ts";
 
+/**
+ * The prefill worker's capture: `on` sends the recurrent layers and the last page while the
+ * last chunk computes; `layers` only the layers (`--last-page-capture off`: the page leaves
+ * after the chunk); `off` neither.
+ */
+export type CaptureMode = "on" | "layers" | "off";
+
 export interface LabTailRow {
   promptTokens: number;
   layerCapture: boolean;
+  capture: CaptureMode;
   prefillMs: number;
   ttftMs: number;
   firstTokenAfterPrefillMs: number | null;
@@ -70,6 +78,8 @@ export async function runLabTailBench(o: {
   promptTokens: number[];
   /** Prompt lengths also run with layer capture off. */
   captureOffTokens: number[];
+  /** Prompt lengths also run with the layers captured but the last page sent after prefill. */
+  pageAfterTokens: number[];
   /** Prompt whose real KV pages the payload-path measurement moves. */
   payloadTokens: number;
   repeats: number;
@@ -100,12 +110,18 @@ export async function runLabTailBench(o: {
   const ctx = Math.ceil((Math.max(...o.promptTokens) + 256) / 256) * 256;
   const rows: LabTailRow[] = [];
   let rttMs = NaN;
-  for (const capture of [true, false]) {
-    const sizes = capture ? o.promptTokens : o.captureOffTokens;
+  const modes: [CaptureMode, number[]][] = [
+    ["on", o.promptTokens],
+    ["layers", o.pageAfterTokens],
+    ["off", o.captureOffTokens],
+  ];
+  for (const [mode, sizes] of modes) {
     if (sizes.length === 0) continue;
     const cluster = await startLocalCluster({
       args: [
-        ...["--model", model, "--ctx", String(ctx), "--layer-capture", capture ? "on" : "off"],
+        ...["--model", model, "--ctx", String(ctx)],
+        ...["--layer-capture", mode === "off" ? "off" : "on"],
+        ...["--last-page-capture", mode === "on" ? "on" : "off"],
         // A loaded two-core machine can stretch one probe decode to seconds: a commit timeout
         // there would end the run in a fallback, and this bench measures the handoff's tail.
         ...["--commit-timeout-ms", String(COMMIT_TIMEOUT_MS), "--lease-ms", String(LEASE_MS)],
@@ -113,7 +129,7 @@ export async function runLabTailBench(o: {
       ],
     });
     try {
-      if (capture) rttMs = await controlRoundTripMs(cluster);
+      if (mode === "on") rttMs = await controlRoundTripMs(cluster);
       for (const size of sizes) {
         // At most `size` tokens, so the last chunk is (nearly) full: the layer capture hides
         // the snapshot behind that chunk's compute, and a 1-token last chunk has none.
@@ -136,7 +152,7 @@ export async function runLabTailBench(o: {
           }
           runs.push(r);
         }
-        rows.push(row(runs, capture, transport.rawMBpsMedian, rttMs));
+        rows.push(row(runs, mode, transport.rawMBpsMedian, rttMs));
       }
     } finally {
       await cluster.stop();
@@ -153,7 +169,7 @@ export async function runLabTailBench(o: {
 
 function row(
   runs: Awaited<ReturnType<typeof runHandoff>>[],
-  capture: boolean,
+  capture: CaptureMode,
   rawMBps: number,
   rttMs: number,
 ): LabTailRow {
@@ -172,7 +188,8 @@ function row(
   const probeMs = median(t.map((x) => x.probeMs ?? 0));
   return {
     promptTokens: n,
-    layerCapture: capture,
+    layerCapture: capture !== "off",
+    capture,
     prefillMs: median(t.map((x) => x.prefillMs ?? NaN)),
     ttftMs: median(runs.map((r) => r.ttftMs)),
     firstTokenAfterPrefillMs: median(runs.map((r) => r.firstTokenAfterPrefillMs ?? NaN)),
@@ -214,7 +231,8 @@ async function tokensPerSentence(model: string): Promise<number> {
 
 /** The `lab` section of `deno task bench`: table, notes and the tail-vs-floor chart. */
 export async function labTailSection(o: { quick: boolean; modelDir: string }) {
-  // SKIPPY_LAB_PROMPTS / SKIPPY_LAB_CAPTURE_OFF (comma-separated token counts, "" for none) and
+  // SKIPPY_LAB_PROMPTS / SKIPPY_LAB_PAGE_AFTER / SKIPPY_LAB_CAPTURE_OFF (comma-separated token
+  // counts, "" for none: capture on, layers only with the last page after prefill, off) and
   // SKIPPY_LAB_ONCE_FROM (prompts this long run once) narrow a run on a loaded machine;
   // SKIPPY_LAB_THREADS sets llama.cpp threads per worker (default: the runtime's).
   const sizes = (name: string, fallback: number[]) => {
@@ -225,14 +243,16 @@ export async function labTailSection(o: { quick: boolean; modelDir: string }) {
     modelDir: o.modelDir,
     promptTokens: sizes("SKIPPY_LAB_PROMPTS", o.quick ? [512] : [512, 2048, 8192]),
     captureOffTokens: sizes("SKIPPY_LAB_CAPTURE_OFF", o.quick ? [] : [512, 2048]),
+    pageAfterTokens: sizes("SKIPPY_LAB_PAGE_AFTER", o.quick ? [] : [512, 2048]),
     payloadTokens: 2048,
     repeats: o.quick ? 1 : 2,
     payloadRepeats: o.quick ? 3 : 7,
     onceFromTokens: sizes("SKIPPY_LAB_ONCE_FROM", [8192])[0] ?? 8192,
     workerThreads: sizes("SKIPPY_LAB_THREADS", [])[0],
   });
-  const on = r.rows.filter((x) => x.layerCapture);
-  const off = r.rows.filter((x) => !x.layerCapture);
+  const on = r.rows.filter((x) => x.capture === "on");
+  const layersOnly = r.rows.filter((x) => x.capture === "layers");
+  const off = r.rows.filter((x) => x.capture === "off");
   const pts = (rows: LabTailRow[], f: (x: LabTailRow) => number) =>
     rows.map((x) => ({ x: x.promptTokens, y: f(x) }));
   const p = r.payload;
@@ -259,7 +279,7 @@ export async function labTailSection(o: { quick: boolean; modelDir: string }) {
       r.rows.map((x) => [
         x.promptTokens,
         x.repeats,
-        x.layerCapture ? "on" : "off",
+        x.capture,
         x.prefillMs,
         x.ttftMs,
         x.firstTokenAfterPrefillMs ?? NaN,
@@ -285,13 +305,20 @@ export async function labTailSection(o: { quick: boolean; modelDir: string }) {
       } MB/s vs raw QUIC ${p.rawMBps.toFixed(0)} MB/s (medians of ${p.ratios.length}); ratio ${
         p.ratio.toFixed(2)
       } (median of the paired per-repeat ratios ${p.ratios.map((x) => x.toFixed(2)).join(", ")}).`,
+      "capture: `on` sends the recurrent layers and the last page while the last chunk computes (the page once the last attention layer, 78 of 88, has written it); `layers` sends only the layers then (`--last-page-capture off`: the page leaves after the chunk); `off` sends the snapshot after prefill. The modes run one after another, each on its own process pair.",
       `Both workers and the client share two cores: sending while the last chunk computes competes with it (prefill ms, capture on vs off). llama.cpp threads per worker: ${
         r.workerThreads ?? "the runtime default"
       } (SKIPPY_LAB_THREADS).`,
     ],
     charts: {
       "lab-tail-vs-floor.svg": lineChart([
-        { name: "tail - probe, layer capture on", points: pts(on, (x) => x.tailToReadyMs) },
+        { name: "tail - probe, capture on", points: pts(on, (x) => x.tailToReadyMs) },
+        ...(layersOnly.length
+          ? [{
+            name: "tail - probe, layers only (last page after)",
+            points: pts(layersOnly, (x) => x.tailToReadyMs),
+          }]
+          : []),
         ...(off.length
           ? [{ name: "tail - probe, layer capture off", points: pts(off, (x) => x.tailToReadyMs) }]
           : []),

@@ -89,6 +89,7 @@ export function replay(run: RunFile): Replayed[] {
       state: { ...state },
       chunkTokens: RUNTIME_DEFAULTS.chunkTokens,
       snapshotDuringLastChunk: true,
+      lastPageDuringLastChunk: true,
       costs: costs.costs(),
     }, { links, nowMs: 0, certification: null });
     const est = d.estimates!, p = d.prediction!;

@@ -32,6 +32,7 @@ interface ServeFlags extends RuntimeFlags, SpeculationFlags {
   inflightBytesMax: number;
   committedIdleMs: number;
   layerCapture: "on" | "off";
+  lastPageCapture: "on" | "off";
   stateChunkBytes: number;
   prefillQueueDepthMax: number;
   prefillQueueWaitMs: number;
@@ -134,6 +135,12 @@ export function register(program: Command): void {
         "prefill: send each recurrent layer's final state while the last chunk still computes",
       ).choices(["on", "off"]).default("on"),
     )
+    .addOption(
+      new Option(
+        "--last-page-capture <on|off>",
+        "prefill, with --layer-capture on: send a hybrid model's last KV page as soon as its last attention layer has written it",
+      ).choices(["on", "off"]).default("on"),
+    )
     .option(
       "--state-chunk-bytes <n>",
       "prefill: largest state chunk sent; larger components go as token pages or byte pieces",
@@ -203,6 +210,7 @@ async function runServe(flags: ServeFlags): Promise<void> {
     committedIdleMs: flags.committedIdleMs,
     prefillLimits: {
       layerCapture: flags.layerCapture === "on",
+      lastPageCapture: flags.lastPageCapture === "on",
       chunkBytesMax: flags.stateChunkBytes,
     },
     prefillQueue: {

@@ -31,10 +31,13 @@ export interface StreamFinish {
  * ```ts
  * streamFinish(input, 125_000, 0.5).uncoveredMs; // 1 Gbit/s, 0.5 ms RTT
  * streamFinish(input, 125_000, 0.5, recurrentBytes); // with layer capture
+ * streamFinish(input, 125_000, 0.5, recurrentBytes, true); // the last page captured too
  * ```
  */
 // KV pages leave in FIFO order: the cached prefix at once, then one page per computed chunk,
-// and, with layer capture, `capturedBytes` released evenly while the last chunk computes. The
+// and, with layer capture, `capturedBytes` released evenly while the last chunk computes, with
+// the last chunk's page among them when `lastPageCaptured` (a hybrid model's capture exports
+// it once the last attention layer has written, before the chunk's later layers finish). The
 // last byte leaves at max over release points r of (r + bytes released from r on / bw); that
 // function is linear between chunk ends, so evaluating it at the link start and at every chunk
 // end is exact. The link only starts once the reservation round trip is done.
@@ -43,6 +46,7 @@ export function streamFinish(
   bwPerMs: number,
   rttMs: number,
   capturedBytes = 0,
+  lastPageCaptured = false,
 ): StreamFinish {
   const kv = i.state.kvBytesPerToken;
   const tps = i.prefillerPrefillTokensPerS / 1000;
@@ -56,13 +60,15 @@ export function streamFinish(
   const chunkBytes = i.chunkTokens * kv;
   const lastPageBytes = n === 0 ? Math.min(cachedBytes, chunkBytes) : lastTokens * kv;
   const totalBytes = cachedBytes + computed * kv;
-  const captured = n === 0 ? 0 : capturedBytes; // nothing computes: nothing to capture
-  let finishMs = rttMs + (totalBytes + captured) / bwPerMs;
+  // Nothing computes: nothing to capture.
+  const pageInCapture = n > 0 && lastPageCaptured ? lastPageBytes : 0;
+  const captured = n === 0 ? 0 : capturedBytes + pageInCapture;
+  let finishMs = rttMs + (totalBytes - pageInCapture + captured) / bwPerMs;
   // Chunk j (1..n) ends at its tokens / tps; at that point its page and every later one, and
   // the captured bytes not yet released (all of them before the last chunk), are to leave.
   for (let j = 1; j <= n; j++) {
     const atMs = j === n ? prefillMs : (j * i.chunkTokens) / tps;
-    const pagesFrom = (computed - (j - 1) * i.chunkTokens) * kv;
+    const pagesFrom = (computed - (j - 1) * i.chunkTokens) * kv - pageInCapture;
     const capturedLeft = j === n ? 0 : captured;
     finishMs = Math.max(finishMs, atMs + (pagesFrom + capturedLeft) / bwPerMs);
   }

@@ -42,6 +42,8 @@ export interface PlacementRequest {
   chunkTokens: number;
   /** The prefiller sends the recurrent state while the last chunk computes (layer capture). */
   snapshotDuringLastChunk?: boolean;
+  /** ...and the last chunk's KV page before that chunk ends (PlanInput). */
+  lastPageDuringLastChunk?: boolean;
   /** Costs measured on the pair's served handoffs (core/link_costs.ts). */
   costs?: MeasuredHandoffCosts;
 }
@@ -153,6 +155,7 @@ export function planInputFor(
     // A measured probe (a first decode in a fresh context) over the decode rate's step.
     probeMs: r.costs?.probeMs ?? msPerTokenAt(dr.decode, r.promptTokens),
     snapshotDuringLastChunk: r.snapshotDuringLastChunk ?? false,
+    lastPageDuringLastChunk: r.lastPageDuringLastChunk ?? false,
     costs: {
       importMsPerMiB: r.costs?.importMsPerMiB,
       prefillerPostMs: r.costs?.prefillerPostMs,

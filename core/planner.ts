@@ -92,6 +92,12 @@ export interface PlanInput {
    * the last chunk instead of after it. Absent: false (it is sent after prefill ends).
    */
   snapshotDuringLastChunk?: boolean;
+  /**
+   * With `snapshotDuringLastChunk`, in a model with attention layers: the capture also sends
+   * the last chunk's KV page before that chunk ends (once the last attention layer has written
+   * it), and the decoder imports it on arrival. Absent: false (it leaves after prefill ends).
+   */
+  lastPageDuringLastChunk?: boolean;
   /** Tail costs measured on served handoffs (core/link_costs.ts); absent: the options' rates. */
   costs?: HandoffCosts;
 }
@@ -418,21 +424,26 @@ export function estimate(
 ): PlanEstimates {
   const o: PlanOptions = { ...DEFAULT_PLAN_OPTIONS, ...options };
   const bwPerMs = link.bandwidthBytesPerS / 1000;
-  const stream = streamFinish(i, bwPerMs, link.rttMs);
+  // With layer capture the recurrent bytes, and in a hybrid model the last page, share the
+  // stream during the last chunk.
+  const captured = i.snapshotDuringLastChunk ? i.state.recurrentBytes : 0;
+  const pageCaptured = captured > 0 && i.state.kvBytesPerToken > 0 &&
+    i.lastPageDuringLastChunk === true;
+  const stream = streamFinish(i, bwPerMs, link.rttMs, 0, pageCaptured);
   const mtpBytes = _mtpBytes(i.state, i.promptTokens);
   const mtpSendMs = mtpBytes / bwPerMs + (mtpBytes / o.importBytesPerS) * 1000;
   const reprime = mtpBytes > 0 && i.mtpReprimeMs !== undefined && i.mtpReprimeMs < mtpSendMs;
   const mtpMode = mtpBytes === 0 ? "none" : reprime ? "reprime" : "transfer";
   const snapshotBytes = snapshotBytesFor(i.state, i.promptTokens) - (reprime ? mtpBytes : 0);
   const kvBytes = i.promptTokens * i.state.kvBytesPerToken;
-  // With layer capture the recurrent bytes share the stream during the last chunk: what they
-  // add is the combined stream's finish less the pages' own, and the rest follows at the rate.
-  const captured = i.snapshotDuringLastChunk ? i.state.recurrentBytes : 0;
+  // What the captured bytes add is the combined stream's finish less the pages' own, and the
+  // rest follows at the rate. A captured last page is imported on arrival, before the end.
   const snapshotTransferMs =
     (captured > 0
-      ? streamFinish(i, bwPerMs, link.rttMs, captured).uncoveredMs - stream.uncoveredMs
+      ? streamFinish(i, bwPerMs, link.rttMs, captured, pageCaptured).uncoveredMs -
+        stream.uncoveredMs
       : 0) + (snapshotBytes - captured) / bwPerMs;
-  const importBytes = stream.lastPageBytes + snapshotBytes;
+  const importBytes = (pageCaptured ? 0 : stream.lastPageBytes) + snapshotBytes;
   const importMs =
     (i.costs?.importMsPerMiB !== undefined
       ? (importBytes / 2 ** 20) * i.costs.importMsPerMiB

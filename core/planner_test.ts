@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
 import { UsageError } from "./errors.ts";
-import { estimate, plan, type PlanInput, stateBytesFor } from "./planner.ts";
+import { DEFAULT_PLAN_OPTIONS, estimate, plan, type PlanInput, stateBytesFor } from "./planner.ts";
 import { planInput } from "./_test_fixtures.ts";
 
 const MIB = 1024 * 1024;
@@ -192,8 +192,9 @@ Deno.test("estimate() agrees with a brute-force FIFO simulation of the page stre
   }
 });
 
-// The same FIFO with layer capture: the recurrent bytes leave in `slices` equal pieces released
-// evenly while the last chunk computes, before the last page.
+// The same FIFO with layer capture: the recurrent bytes and the last chunk's page (the capture
+// sends it before the chunk ends) leave in `slices` equal pieces released evenly while the last
+// chunk computes.
 function simulateCapture(i: PlanInput, slices: number) {
   const link = i.link!;
   const bw = link.bandwidthBytesPerS / 1000;
@@ -206,13 +207,13 @@ function simulateCapture(i: PlanInput, slices: number) {
     const tokens = Math.min(i.chunkTokens, i.promptTokens - t);
     const start = done / tps;
     done += tokens;
+    const page = tokens * i.state.kvBytesPerToken;
     if (done + cached >= i.promptTokens) {
       for (let k = 1; k <= slices; k++) {
         const at = start + ((done / tps - start) * k) / slices;
-        releases.push({ at, bytes: i.state.recurrentBytes / slices });
+        releases.push({ at, bytes: (i.state.recurrentBytes + page) / slices });
       }
-    }
-    releases.push({ at: done / tps, bytes: tokens * i.state.kvBytesPerToken });
+    } else releases.push({ at: done / tps, bytes: page });
   }
   let clock = link.rttMs;
   for (const r of releases) clock = Math.max(clock, r.at) + r.bytes / bw;
@@ -231,6 +232,7 @@ Deno.test("estimate() with layer capture agrees with a FIFO simulation of pages 
       prefillerPrefillTokensPerS: 500 + random() * 50_000,
       link: { bandwidthBytesPerS: 1e7 + random() * 1e10, rttMs: random() * 5, ageMs: 0 },
       snapshotDuringLastChunk: true,
+      lastPageDuringLastChunk: true,
       state: { kvBytesPerToken: 8192, recurrentBytes: random() * 200 * MIB },
     });
     const e = estimate(i, i.link!);
@@ -238,7 +240,9 @@ Deno.test("estimate() with layer capture agrees with a FIFO simulation of pages 
     // most one slice's send time against the even release the model takes.
     const slices = 2000;
     const sim = simulateCapture(i, slices);
-    const sliceMs = i.state.recurrentBytes / slices / (i.link!.bandwidthBytesPerS / 1000);
+    const lastTokens = (promptTokens - (i.prefillerCachedTokens ?? 0) - 1) % i.chunkTokens + 1;
+    const sliced = i.state.recurrentBytes + lastTokens * i.state.kvBytesPerToken;
+    const sliceMs = sliced / slices / (i.link!.bandwidthBytesPerS / 1000);
     const modelled = e.uncoveredKvMs + e.snapshotTransferMs -
       (e.snapshotBytes - i.state.recurrentBytes) / (i.link!.bandwidthBytesPerS / 1000);
     assert.ok(
@@ -262,6 +266,27 @@ Deno.test("estimate() hides the recurrent snapshot in the last chunk's compute w
   assert.ok(after.snapshotTransferMs > 800, `${after.snapshotTransferMs}`);
   assert.ok(during.snapshotTransferMs < 5, `${during.snapshotTransferMs}`);
   assert.ok(during.handoffTailMs < after.handoffTailMs - 800);
+});
+
+Deno.test("estimate() with layer capture on a hybrid sends the last page before prefill ends: no page import after", () => {
+  // 2 s last chunk of 512 tokens x 8 KiB, 10 MiB recurrent, 1 GB/s: everything is hidden.
+  const base = input({
+    promptTokens: 512,
+    chunkTokens: 512,
+    prefillerPrefillTokensPerS: 256,
+    state: { kvBytesPerToken: 8192, recurrentBytes: 10 * MIB },
+    link: { bandwidthBytesPerS: 1e9, rttMs: 1, ageMs: 0 },
+  });
+  const after = estimate(base, base.link!);
+  const during = estimate(
+    { ...base, snapshotDuringLastChunk: true, lastPageDuringLastChunk: true },
+    base.link!,
+  );
+  const rate = DEFAULT_PLAN_OPTIONS.importBytesPerS / 1000;
+  assert.ok(Math.abs(after.importMs - (after.snapshotBytes + 512 * 8192) / rate) < 1e-9);
+  assert.ok(Math.abs(during.importMs - during.snapshotBytes / rate) < 1e-9);
+  assert.equal(during.uncoveredKvMs, 0);
+  assert.ok(after.uncoveredKvMs > 4, `${after.uncoveredKvMs}`); // 4 MiB at 1 GB/s after the end
 });
 
 Deno.test("estimate() takes the decoder's measured import cost over the default rate", () => {

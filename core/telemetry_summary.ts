@@ -26,7 +26,10 @@ const RECENT_MAX = 32;
  */
 export interface PrefillerTelemetrySummary {
   startMs: number | null;
-  /** End of the last prefill chunk (when its page export started). */
+  /**
+   * End of the last prefill chunk: when its page export started, or when its compute ended
+   * if later (a page captured during the chunk left before).
+   */
   prefillEndMs: number | null;
   /** When the last chunk's compute finished and the first token was sampled. */
   prefillComputedMs?: number | null;
@@ -154,6 +157,16 @@ export class PrefillerTelemetry {
   readonly #recentStaged: { atMs: number; bytes: number }[] = [];
   #kvStagedBytes = 0;
 
+  /** Prefill has run at least until `atMs`: the last chunk's end moves there if later. */
+  #prefillEnd(atMs: number): void {
+    const s = this.#s;
+    if (s.prefillEndMs !== null && atMs < s.prefillEndMs) return;
+    s.prefillEndMs = atMs;
+    s.tailExportMs = 0; // only exports after the last chunk's end count
+    s.kvSentByPrefillEndBytes = s.kvSentBytes - _after(this.#recentSent, atMs);
+    s.kvStagedByPrefillEndBytes = this.#kvStagedBytes - _after(this.#recentStaged, atMs);
+  }
+
   push(e: PrefillerTelemetryEvent): void {
     const s = this.#s;
     switch (e.type) {
@@ -163,15 +176,12 @@ export class PrefillerTelemetry {
       case "prefill-chunk-done":
         if (e.cached) s.cachedTokens += e.tokens;
         else s.computedTokens += e.tokens;
-        if (s.prefillEndMs === null || e.atMs >= s.prefillEndMs) {
-          s.prefillEndMs = e.atMs;
-          s.tailExportMs = 0; // only exports after the last chunk's end count
-          s.kvSentByPrefillEndBytes = s.kvSentBytes - _after(this.#recentSent, e.atMs);
-          s.kvStagedByPrefillEndBytes = this.#kvStagedBytes - _after(this.#recentStaged, e.atMs);
-        }
+        this.#prefillEnd(e.atMs);
         return;
       case "prefill-computed":
         s.prefillComputedMs = e.atMs;
+        // A last page captured during the last chunk was queued before its compute ended.
+        this.#prefillEnd(e.atMs);
         return;
       case "export":
         s.exportMs += e.durationMs;

@@ -203,6 +203,25 @@ Deno.test("tailExportMs sums only the export work that started at or after the l
   assert.equal(deriveTelemetry({ prefiller: [], decoder: [] }).tailExportMs, null);
 });
 
+Deno.test("a last page captured during the last chunk: its end is the compute end, later work is tail", () => {
+  const e: PrefillerTelemetryEvent[] = [
+    { type: "request-start", atMs: 0 },
+    { type: "prefill-chunk-done", atMs: 100, tokens: 512, cached: false },
+    { type: "export", atMs: 104, kind: "kv-page", bytes: MIB, durationMs: 4 },
+    // The last page, exported by the capture at 180 while layers after it computed.
+    { type: "prefill-chunk-done", atMs: 180, tokens: 512, cached: false },
+    { type: "export", atMs: 180, kind: "kv-page", bytes: MIB, durationMs: 0 },
+    // A recurrent layer after the last attention layer, captured before the compute ended.
+    { type: "export", atMs: 190, kind: "ssm", bytes: MIB, durationMs: 5 },
+    { type: "prefill-computed", atMs: 200 },
+    { type: "export", atMs: 203, kind: "positions", bytes: 64, durationMs: 3 },
+  ];
+  const t = deriveTelemetry({ prefiller: e, decoder: [] });
+  assert.equal(t.prefillMs, 200);
+  assert.equal(t.computedTokens, 1024);
+  assert.equal(t.tailExportMs, 3); // the positions only: the page and layer came before 200
+});
+
 Deno.test("the tail and TTFT count from the last chunk's compute end when the prefiller reports it", () => {
   // Layer capture: the last chunk computed at 1300, its captured layers drained into a slow
   // link until 1400, when its page export started (the fixture's last chunk-done).

@@ -50,6 +50,12 @@ export interface CapturedLayer {
   readyNs: bigint;
 }
 
+/** The last page armed with `armPage`. */
+export type CapturedPage =
+  | { state: "pending" }
+  | { state: "failed"; reason: string }
+  | { state: "ready"; bytes: Uint8Array<ArrayBuffer>; readyNs: bigint };
+
 export interface ArmOptions {
   /** Copy rows (default true); false records readiness times only (for measurements). */
   copyRows?: boolean;
@@ -83,6 +89,8 @@ export class LayerCapture implements Disposable {
   readonly nTrunkLayers: number;
   readonly convRowBytes: number;
   readonly ssmRowBytes: number;
+  /** Trunk index of the last attention layer, whose writes end the last page; -1: none. */
+  readonly pageLayer: number;
 
   private constructor(
     readonly shim: Shim,
@@ -95,6 +103,7 @@ export class LayerCapture implements Disposable {
     this.nTrunkLayers = info[SHIM_CAPINFO.N_LAYER];
     this.convRowBytes = info[SHIM_CAPINFO.CONV_ROW];
     this.ssmRowBytes = info[SHIM_CAPINFO.SSM_ROW];
+    this.pageLayer = info[SHIM_CAPINFO.PAGE_LAYER];
   }
 
   /**
@@ -151,6 +160,48 @@ export class LayerCapture implements Disposable {
       this.#finalPos = finalPos;
       this.#copyRows = copyRows;
     });
+  }
+
+  /**
+   * After `arm`: also export the attention cache's page of positions [p0, finalPos + 1) the
+   * moment the last attention layer (`pageLayer`) has written the final ubatch's K and V rows,
+   * while the layers after it still compute. The page is byte for byte what `exportKvPage`
+   * returns after the decode. One larger than `maxBytes` is not exported (`page()` says so).
+   * Queued on the context like `arm`.
+   */
+  armPage(p0: number, maxBytes: number): Promise<void> {
+    const p1 = this.#finalPos + 1;
+    assert(Number.isInteger(p0) && p0 >= 0 && p0 < p1, `page start ${p0}`);
+    return this.ctx.serialize(() => {
+      const err = new Uint8Array(ERR_BYTES);
+      const rc = this.shim.symbols.skippy_capture_arm_page(
+        this.#ptr,
+        p0,
+        p1,
+        BigInt(maxBytes),
+        err,
+        BigInt(ERR_BYTES),
+      );
+      if (rc !== 0) throw new RuntimeLibraryError(`Cannot arm the last page: ${cText(err)}`);
+    });
+  }
+
+  /**
+   * The armed page: a copy once exported (`bytes`), `pending` before, or why it could not be
+   * (`failed`); never blocks.
+   */
+  page(): CapturedPage {
+    const n = Number(this.shim.symbols.skippy_capture_page_state(this.#ptr));
+    if (n === 0) return { state: "pending" };
+    if (n < 0) {
+      const ptr = this.shim.symbols.skippy_capture_page_error(this.#ptr);
+      const why = ptr === null ? "" : new Deno.UnsafePointerView(ptr).getCString();
+      return { state: "failed", reason: why || `code ${n}` };
+    }
+    const bytes = new Uint8Array(n);
+    new Deno.UnsafePointerView(this.shim.symbols.skippy_capture_page(this.#ptr)!).copyInto(bytes);
+    const readyNs = BigInt(this.shim.symbols.skippy_capture_page_ready_ns(this.#ptr));
+    return { state: "ready", bytes, readyNs };
   }
 
   /** Stops observing nodes (queued on the context, after the armed decode). */

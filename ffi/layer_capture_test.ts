@@ -9,6 +9,7 @@ import { loadLlama } from "./library.ts";
 import { LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY } from "./llama.ts";
 import { LlamaModel } from "./model.ts";
 import { loadShim } from "./shim/shim.ts";
+import { exportKvPage } from "./state.ts";
 
 const lib = loadLlama();
 const shim = await loadShim(lib);
@@ -100,6 +101,61 @@ for (const family of ["hybrid", "recurrent"]) {
   );
 }
 
+captureTest(
+  "hybrid: the last page exported when the last attention layer has written equals the page exported after the decode",
+  () =>
+    withContext("hybrid", async (ctx) => {
+      using capture = await openCapture(ctx);
+      const { batch, finalPos } = await prefillButLast(ctx, prompt(700));
+      const p0 = Math.floor(finalPos / CHUNK) * CHUNK;
+      await capture.arm(0, finalPos);
+      await capture.armPage(p0, 1 << 24);
+      const done = ctx.decode(batch);
+      const got: CapturedLayer[] = [];
+      for await (const layer of capture.layers(done)) got.push(layer);
+      await done;
+      const page = capture.page();
+      await capture.disarm();
+
+      assert.equal(page.state, "ready");
+      if (page.state !== "ready") return;
+      assert.deepEqual(page.bytes, await exportKvPage(ctx, p0, finalPos + 1));
+      // K and V of the last attention layer, and each recurrent layer's two writes.
+      assert.equal(capture.stats().observed, 2 * capture.nLayers + 2);
+      // Exported in graph order: after every recurrent layer before the last attention layer,
+      // before every one after it.
+      assert.ok(capture.pageLayer > 0);
+      for (const l of got) {
+        const before = l.layer < capture.pageLayer;
+        assert.ok(before ? l.readyNs <= page.readyNs : l.readyNs >= page.readyNs, `${l.layer}`);
+      }
+    }),
+);
+
+captureTest(
+  "a last page larger than armed is not exported, and says why; the layers still are",
+  () =>
+    withContext("hybrid", async (ctx) => {
+      using capture = await openCapture(ctx);
+      const { batch, finalPos } = await prefillButLast(ctx, prompt(300));
+      await capture.arm(0, finalPos);
+      await capture.armPage(256, 1024);
+      const done = ctx.decode(batch);
+      let layers = 0;
+      for await (const _ of capture.layers(done)) layers++;
+      await done;
+      const page = capture.page();
+      assert.equal(page.state, "failed");
+      assert.match(
+        page.state === "failed" ? page.reason : "",
+        /needs \d+ bytes, more than the 1024/,
+      );
+      assert.equal(layers, capture.nLayers);
+      await capture.disarm();
+      await assert.rejects(capture.armPage(256, 1 << 24), /arm the capture first/);
+    }),
+);
+
 captureTest("arming the capture changes neither the logits nor the state", async () => {
   const tokens = prompt(600, 3);
   const run = (armed: boolean) =>
@@ -107,6 +163,7 @@ captureTest("arming the capture changes neither the logits nor the state", async
       using capture = await openCapture(ctx);
       const { batch, finalPos } = await prefillButLast(ctx, tokens);
       if (armed) await capture.arm(0, finalPos);
+      if (armed) await capture.armPage(Math.floor(finalPos / CHUNK) * CHUNK, 1 << 24);
       const done = ctx.decode(batch);
       if (armed) { for await (const _ of capture.layers(done)); }
       await done;

@@ -50,6 +50,7 @@ export async function runExport(
   const exporter = new StateExporter(engine, identity, r.handoffId, draft, {
     ...DEFAULT_EXPORT_LIMITS,
     layerCapture: input.limits.layerCapture,
+    lastPageCapture: input.limits.lastPageCapture,
     chunkBytesMax: input.limits.chunkBytesMax,
   });
   const { seed, ...sampling } = r.sampling;

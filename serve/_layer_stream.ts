@@ -3,8 +3,11 @@
  * the shim's layer capture (ffi/layer_capture.ts) copies each Mamba layer's final conv and
  * SSM rows as soon as they are computed, and each layer leaves as one conv run and one ssm
  * run (the first conv run carrying the snapshot header; a run larger than a chunk as byte
- * pieces), exactly the chunks the exporter would cut from a snapshot exported after prefill. What the capture cannot deliver is
- * exported after prefill instead, and said once.
+ * pieces), exactly the chunks the exporter would cut from a snapshot exported after prefill.
+ * In a hybrid model the last chunk's KV page leaves the same way: the capture exports it the
+ * moment the last attention layer has written its rows, and it is sent between the recurrent
+ * layers that follow. What the capture cannot deliver is exported after prefill instead, and
+ * said once.
  */
 import { concatBytes, type Range } from "../core/mod.ts";
 import type { LlamaContext } from "../ffi/mod.ts";
@@ -49,6 +52,40 @@ export interface StreamLayersInput {
   chunks: (part: "conv" | "ssm", layers: Range, payload: Uint8Array) => ExportedChunk[];
   /** Receives the index of every recurrent layer sent. */
   sent: Set<number>;
+  /**
+   * The last chunk's KV page, positions [p0, finalPos + 1), sent as soon as the capture has
+   * exported it (`chunk` makes its chunk; `onSent` hears that it left), if it fits `maxBytes`.
+   */
+  page?: {
+    p0: number;
+    maxBytes: number;
+    chunk: (payload: Uint8Array) => ExportedChunk;
+    onSent: () => void;
+  };
+}
+
+/**
+ * Arms the last page where the model has attention layers; returns what sends it once
+ * exported (a no-op before that, after it left, or when it cannot be: then it is said once,
+ * and the exporter exports it after the decode as before).
+ */
+async function armPage(o: StreamLayersInput): Promise<() => Promise<void>> {
+  const page = o.page;
+  if (!page || o.capture.pageLayer < 0) return () => Promise.resolve();
+  await o.capture.armPage(page.p0, page.maxBytes);
+  let open = true;
+  return async () => {
+    if (!open) return;
+    const got = o.capture.page();
+    if (got.state === "pending") return;
+    open = false;
+    if (got.state === "failed") {
+      warnOnce(`last page not captured (${got.reason}): it is exported after prefill`);
+      return;
+    }
+    await o.sink(page.chunk(got.bytes), 0);
+    page.onSent();
+  };
 }
 
 /** Runs the decode with the capture armed, sending each layer as soon as it is final. */
@@ -57,9 +94,11 @@ export async function streamLayers(o: StreamLayersInput): Promise<void> {
   const recurrentAt = trunkKinds.flatMap((k, i) => (k === "recurrent" ? [i] : []));
   if (o.capture.nLayers !== recurrentAt.length) return await o.decode();
   await o.capture.arm(0, o.finalPos);
+  const sendPage = await armPage(o);
   const done = o.decode();
   try {
     for await (const layer of o.capture.layers(done)) {
+      await sendPage();
       const i = layer.index;
       // Layer runs tile the trunk: from this recurrent layer to the next one.
       const a = i === 0 ? 0 : recurrentAt[i];
@@ -69,6 +108,8 @@ export async function streamLayers(o: StreamLayersInput): Promise<void> {
       for (const c of o.chunks("ssm", [a, b], layer.ssm)) await o.sink(c, 0);
       o.sent.add(i);
     }
+    await done;
+    await sendPage();
   } catch (error) {
     await done; // a failed decode is the error that matters
     warnOnce(

@@ -71,11 +71,12 @@ export interface PrefillHooks {
   /**
    * Runs the last chunk's decode (`decode()`, which must be called exactly once) and may work
    * beside it: the prefill worker captures each recurrent layer's final rows while later layers
-   * still compute. `finalPos` is the prompt's last position. With this hook the prompt's
-   * remainder is prefilled first, so the last chunk is full (chunking does not change the
-   * numerics of the families that have recurrent layers: tested bitwise).
+   * still compute. The last chunk holds positions [`p0`, `finalPos`]; `finalPos` is the
+   * prompt's last position. With this hook the prompt's remainder is prefilled first, so the
+   * last chunk is full (chunking does not change the numerics of the families that have
+   * recurrent layers: tested bitwise).
    */
-  lastDecode?: (decode: () => Promise<void>, finalPos: number) => Promise<void>;
+  lastDecode?: (decode: () => Promise<void>, finalPos: number, p0: number) => Promise<void>;
 }
 
 /** Per-chunk progress report from `prefill`. */
@@ -241,7 +242,7 @@ export class Engine implements Disposable, DecodeEngine {
       this.batch.fill(part, p0, last);
       const t0 = performance.now();
       const decode = () => this.ctx.decode(this.batch);
-      if (last && options.lastDecode) await options.lastDecode(decode, p0 + part.length - 1);
+      if (last && options.lastDecode) await options.lastDecode(decode, p0 + part.length - 1, p0);
       else await decode();
       this.#pos += part.length;
       await onChunk?.({ p0, p1: this.#pos, computeMs: performance.now() - t0 });

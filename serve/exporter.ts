@@ -87,6 +87,11 @@ export interface ExportResult {
   firstLogitsSha256: string;
   /** Milliseconds each prefill chunk took, in order (telemetry). */
   chunkMs: number[];
+  /**
+   * The last chunk's KV page left while that chunk still computed (layer capture), not after
+   * it: exported when the last attention layer had written its rows.
+   */
+  lastPageCaptured: boolean;
 }
 
 /** Where exported chunks go; resolves when the queue has room for the next one. */
@@ -111,12 +116,19 @@ export interface ExportLimits {
    * layer capture); off, or where the capture cannot run, the snapshot is exported after.
    */
   layerCapture: boolean;
+  /**
+   * With `layerCapture`, in a model with attention layers: send the last chunk's KV page as
+   * soon as the last attention layer has written it, while later layers still compute; off,
+   * it is exported after the chunk.
+   */
+  lastPageCapture: boolean;
 }
 
 export const DEFAULT_EXPORT_LIMITS: Readonly<ExportLimits> = {
   chunkBytesMax: DEFAULT_STATE_BOUNDS.chunkPayloadBytesMax,
   snapshotChunkBytes: 4 * 1024 * 1024,
   layerCapture: true,
+  lastPageCapture: true,
 };
 
 /** Smallest `chunkBytesMax`: the snapshot header and a token's page of any model here fit. */
@@ -198,15 +210,21 @@ export class StateExporter {
       onFirstToken?.(firstToken, logits, performance.now());
     };
     const n = prompt.length;
-    // Recurrent layers sent while the last chunk computed (layer capture), by index.
+    // Recurrent layers sent while the last chunk computed (layer capture), by index, and the
+    // start of the last chunk's KV page when the capture sent that too.
     const captured = new Set<number>();
-    const hooks = await this.#captureHooks(n, sink, captured, () => sampleFirst(ctx.logits(-1)));
+    let capturedPage = -1;
+    const hooks = await this.#captureHooks(n, sink, captured, {
+      onLastComputed: () => sampleFirst(ctx.logits(-1)),
+      onPageSent: (p0) => capturedPage = p0,
+    });
     const onChunk = async ({ p0, p1, computeMs }: ChunkDone) => {
       chunkMs.push(computeMs);
       if (p1 === prompt.length && firstToken < 0) sampleFirst(ctx.logits(-1));
       await this.draft?.catchUp(prompt.subarray(p0, p1), p0);
-      if (paged) await this.#pages("kv-page", ctx, p0, p1, sink);
-      else prefix?.onUnpagedTokens?.(p1 - p0, false);
+      const pageSent = p1 === n && p0 === capturedPage;
+      if (!paged) prefix?.onUnpagedTokens?.(p1 - p0, false);
+      else if (!pageSent) await this.#pages("kv-page", ctx, p0, p1, sink);
       // The draft's KV for these positions is final too: it streams like the target's.
       if (this.draft) await this.#pages("mtp-kv", this.draft.ctx, p0, p1, sink);
     };
@@ -226,37 +244,49 @@ export class StateExporter {
       probeLogits: probe.logits,
       firstLogitsSha256,
       chunkMs,
+      lastPageCaptured: capturedPage >= 0,
     };
   }
 
   /**
    * The prefill hooks that send each recurrent layer's final rows while the last chunk
-   * computes (none without a capture or recurrent layers). The last chunk's decode returns
-   * before its captured layers have been handed to the (bounded) sink: the first token leaves
-   * then (`onLastComputed`), not after the layers drained through a slow link.
+   * computes (none without a capture or recurrent layers), and the last chunk's KV page once
+   * the last attention layer has written it (`onPageSent` with its start), unless pages of
+   * this model are cut smaller than a chunk. The last chunk's decode returns before its
+   * captured layers have been handed to the (bounded) sink: the first token leaves then
+   * (`onLastComputed`), not after the layers drained through a slow link.
    */
   async #captureHooks(
     n: number,
     sink: ChunkSink,
     sent: Set<number>,
-    onLastComputed: () => void,
+    on: { onLastComputed: () => void; onPageSent: (p0: number) => void },
   ): Promise<PrefillHooks> {
     const capture = this.limits.layerCapture ? await openLayerCapture(this.engine.ctx) : null;
     const kinds = this.identity.numerical.layerKinds;
     if (!capture || !kinds.includes("recurrent")) return {};
     return {
-      lastDecode: (decode, finalPos) =>
+      lastDecode: (decode, finalPos, p0) =>
         streamLayers({
           capture,
           kinds,
           decode: async () => {
             await decode();
-            onLastComputed();
+            on.onLastComputed();
           },
           finalPos,
           sink,
           chunks: (part, layers, payload) => this.#cut(part, layers, payload, false, [0, n]),
           sent,
+          page: this.limits.lastPageCapture && kinds.includes("attention") &&
+              !this.#pageTokens.has("kv-page")
+            ? {
+              p0,
+              maxBytes: this.limits.chunkBytesMax,
+              chunk: (payload) => this.#chunk("kv-page", [p0, finalPos + 1], payload, false),
+              onSent: () => on.onPageSent(p0),
+            }
+            : undefined,
         }),
     };
   }

@@ -86,7 +86,7 @@ export async function resolveIdentity(
 export function announcedCapabilities(
   role: Role,
   identity: ResolvedIdentity,
-  layerCapture: boolean,
+  capture: { layerCapture: boolean; lastPageCapture: boolean },
 ): Capabilities {
   const { nCtx: _perWorker, ...numerical } = identity.numerical;
   const exact = Object.fromEntries(
@@ -99,6 +99,7 @@ export function announcedCapabilities(
     kvCodecs: ["llama-kv-cells"],
     kvDtypes: [identity.numerical.kType],
     numericalIdentity: exact,
-    ...(layerCapture ? { layerCapture } : {}),
+    ...(capture.layerCapture ? { layerCapture: true } : {}),
+    ...(capture.layerCapture && capture.lastPageCapture ? { lastPageCapture: true } : {}),
   };
 }

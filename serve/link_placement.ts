@@ -48,6 +48,8 @@ export interface PeerPlacementInput {
   costs?: MeasuredHandoffCosts;
   /** The prefill worker sends the recurrent state during the last chunk (layer capture). */
   snapshotDuringLastChunk?: boolean;
+  /** ...and the last chunk's KV page before that chunk ends. */
+  lastPageDuringLastChunk?: boolean;
   options?: Partial<PlanOptions>;
 }
 
@@ -94,5 +96,6 @@ export function placeOverPeers(i: PeerPlacementInput): PlacementDecision {
     chunkTokens: i.chunkTokens,
     costs: i.costs,
     snapshotDuringLastChunk: i.snapshotDuringLastChunk,
+    lastPageDuringLastChunk: i.lastPageDuringLastChunk,
   }, { links: i.links, nowMs: i.nowMs, certification: i.certification, options: i.options });
 }

@@ -63,6 +63,8 @@ export interface PrefillLimits {
   tickMs: number;
   /** Send recurrent layers while the last chunk computes (see ExportLimits.layerCapture). */
   layerCapture: boolean;
+  /** With it, a hybrid model's last page too (see ExportLimits.lastPageCapture). */
+  lastPageCapture: boolean;
   /** Largest state chunk payload, in bytes (see ExportLimits.chunkBytesMax). */
   chunkBytesMax: number;
 }
@@ -72,6 +74,7 @@ export const DEFAULT_PREFILL_LIMITS: Readonly<PrefillLimits> = {
   retainedBytesMax: 1024 * 1024 * 1024,
   tickMs: 50,
   layerCapture: true,
+  lastPageCapture: true,
   chunkBytesMax: DEFAULT_EXPORT_LIMITS.chunkBytesMax,
 };
 

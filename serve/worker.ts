@@ -116,8 +116,8 @@ export class Worker {
     const hostnames = [options.hostname];
     const node = await Node.open(options.stateDir, options.link, hostnames, options.faults);
     const pool = await EnginePool.open(options.runtime, options.sessionsMax);
-    const { identity, layerCapture } = await Worker.#probe(options, node, pool);
-    const capabilities = announcedCapabilities(options.role, identity, layerCapture);
+    const { identity, capture } = await Worker.#probe(options, node, pool);
+    const capabilities = announcedCapabilities(options.role, identity, capture);
     const announced = options.announceCapabilities === false ? {} : capabilities;
     const listener = node.listen(options.hostname, options.port, announced);
     const log = options.log ?? ((line: string) => console.error(line));
@@ -155,7 +155,9 @@ export class Worker {
     options: WorkerOptions,
     node: Node,
     pool: EnginePool,
-  ): Promise<{ identity: ResolvedIdentity; layerCapture: boolean }> {
+  ): Promise<
+    { identity: ResolvedIdentity; capture: { layerCapture: boolean; lastPageCapture: boolean } }
+  > {
     const probe = (await pool.tryAcquire())!;
     try {
       const backend = await stateBackend(probe.engine.ctx);
@@ -164,10 +166,15 @@ export class Worker {
         shimAbiVersion: backend.path === "shim" ? SKIPPY_SHIM_ABI_VERSION : 0,
       });
       const limits = { ...DEFAULT_PREFILL_LIMITS, ...options.prefillLimits };
-      const layerCapture = roleCovers(options.role, "prefill") && limits.layerCapture &&
-        identity.numerical.layerKinds.includes("recurrent") &&
-        (await openLayerCapture(probe.engine.ctx)) !== null;
-      return { identity, layerCapture };
+      const kinds = identity.numerical.layerKinds;
+      const opened = roleCovers(options.role, "prefill") && limits.layerCapture &&
+          kinds.includes("recurrent")
+        ? await openLayerCapture(probe.engine.ctx)
+        : null;
+      const layerCapture = opened !== null;
+      // The capture found the last attention layer (a hybrid model): it sends the last page too.
+      const lastPageCapture = layerCapture && limits.lastPageCapture && opened.pageLayer >= 0;
+      return { identity, capture: { layerCapture, lastPageCapture } };
     } finally {
       pool.release(probe);
     }

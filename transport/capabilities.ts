@@ -43,6 +43,11 @@ export interface Capabilities {
    * chunk still computes (layer capture): placement predicts its tail with that overlap.
    */
   layerCapture?: boolean;
+  /**
+   * With `layerCapture`: the prefill worker also sends a hybrid model's last KV page before
+   * the last chunk ends (once the last attention layer has written it).
+   */
+  lastPageCapture?: boolean;
 }
 
 /** Parsed capabilities plus notes about fields that were dropped. */
@@ -112,6 +117,11 @@ export function parseCapabilities(value: unknown): ParsedCapabilities {
   if (raw.layerCapture !== undefined) {
     if (typeof raw.layerCapture === "boolean") capabilities.layerCapture = raw.layerCapture;
     else problems.push('"layerCapture" is not a boolean');
+  }
+  if (raw.lastPageCapture !== undefined) {
+    if (typeof raw.lastPageCapture === "boolean") {
+      capabilities.lastPageCapture = raw.lastPageCapture;
+    } else problems.push('"lastPageCapture" is not a boolean');
   }
   const identity = raw.numericalIdentity;
   if (identity !== undefined) {

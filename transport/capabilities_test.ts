@@ -85,4 +85,9 @@ Deno.test("parseCapabilities() keeps a boolean layerCapture and drops any other 
   const bad = parseCapabilities({ layerCapture: "yes" });
   assertEquals(bad.capabilities, {});
   assert(bad.problems[0].includes("layerCapture"));
+  const both = { layerCapture: true, lastPageCapture: true };
+  assertEquals(parseCapabilities(both).capabilities, both);
+  const badPage = parseCapabilities({ layerCapture: true, lastPageCapture: 1 });
+  assertEquals(badPage.capabilities, { layerCapture: true });
+  assert(badPage.problems[0].includes("lastPageCapture"));
 });

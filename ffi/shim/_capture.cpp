@@ -20,6 +20,14 @@
 //
 // The ubatch is the last one of the sequence's prompt when find_slot (run by apply() before
 // the graph is computed) has already set the sequence's recurrent cell to final_pos.
+//
+// The last page (skippy_capture_arm_page): in a hybrid model, the attention layers write the
+// ubatch's K and V rows into the attention cache with GGML_OP_SET_ROWS (llama_kv_cache::cpy_k /
+// cpy_v), whose result is a view of layers[ikv].k / .v. apply() placed the ubatch's cells
+// (positions, sequence) before the graph runs, so once the LAST attention layer's K and V
+// writes of the final ubatch are computed, every row of the page [p0, p1) is final: the
+// callback exports it then, with the same export_page the public entry point uses, while the
+// recurrent layers after that attention layer still compute.
 #include "_internal.h"
 
 #include "llama-context.h"
@@ -40,6 +48,8 @@ namespace {
 constexpr size_t ENTRY_HEAD = sizeof(int32_t) + sizeof(uint64_t); // {i32 type, u64 row bytes}
 constexpr uint8_t GOT_CONV  = 1;
 constexpr uint8_t GOT_SSM   = 2;
+constexpr uint8_t GOT_K     = 1;
+constexpr uint8_t GOT_V     = 2;
 
 // Contexts with an open capture: one capture per context.
 std::mutex                               open_mutex;
@@ -77,6 +87,19 @@ struct skippy_capture {
     std::atomic<int32_t>                 error{ SKIPPY_OK };
     char                                 message[256] = { 0 };
     std::atomic<int64_t>                 asked{ 0 }, observed{ 0 }, copy_ns{ 0 };
+
+    // The last page: the last attention layer's K and V tensors (null without an attention
+    // cache), the range armed by skippy_capture_arm_page (p1 <= p0: none), and its result.
+    const ggml_tensor *  page_k = nullptr;
+    const ggml_tensor *  page_v = nullptr;
+    int32_t              page_il = -1;
+    int32_t              page_p0 = 0, page_p1 = 0;
+    uint64_t             page_max = 0;
+    uint8_t              page_got = 0;
+    std::vector<uint8_t> page_buf;
+    std::atomic<int64_t> page_state{ 0 }; // 0: pending or not armed; > 0: page bytes; < 0: code
+    std::atomic<int64_t> page_ready_ns{ 0 };
+    char                 page_message[256] = { 0 };
 
     size_t layers() const { return layer_of.size(); }
     uint8_t * conv_entry(size_t k) { return buf.data() + k * (ENTRY_HEAD + conv_row); }
@@ -128,6 +151,41 @@ void set_error(skippy_capture * c, int32_t code, const char * what) {
     c->error.store(code, std::memory_order_release);
 }
 
+// K (GOT_K) or V (GOT_V) for a node that writes the last attention layer's rows in the final
+// ubatch while a page is armed, else 0.
+uint8_t page_write(const skippy_capture * c, const ggml_tensor * t) {
+    if (c->page_p1 <= c->page_p0 || t->op != GGML_OP_SET_ROWS || t->view_src == nullptr ||
+        c->page_state.load(std::memory_order_relaxed) != 0) {
+        return 0;
+    }
+    const uint8_t bit = t->view_src == c->page_k ? GOT_K : t->view_src == c->page_v ? GOT_V : 0;
+    return bit != 0 && final_cell(c) >= 0 ? bit : 0;
+}
+
+// Both writes seen: exports the page into page_buf (the rows it reads are computed).
+void export_last_page(skippy_capture * c) {
+    char         msg[256] = { 0 };
+    const err_sink e{ msg, sizeof(msg) };
+    int64_t      n;
+    try {
+        n = export_page(c->ctx, SKIPPY_CACHE_MAIN, c->seq, c->page_p0, c->page_p1, nullptr, 0, e, false);
+        if (n > 0 && (uint64_t) n > c->page_max) {
+            n = fail(e, SKIPPY_E_CAPACITY, "the page needs %lld bytes, more than the %llu armed",
+                     (long long) n, (unsigned long long) c->page_max);
+        }
+        if (n > 0) {
+            c->page_buf.resize((size_t) n);
+            n = export_page(c->ctx, SKIPPY_CACHE_MAIN, c->seq, c->page_p0, c->page_p1, c->page_buf.data(),
+                            c->page_buf.size(), e, false);
+        }
+    } catch (const std::exception & x) {
+        n = fail(e, SKIPPY_E_NATIVE, "exporting the page in the callback threw: %s", x.what());
+    }
+    snprintf(c->page_message, sizeof(c->page_message), "%s", msg);
+    c->page_ready_ns.store(now_ns(), std::memory_order_relaxed);
+    c->page_state.store(n != 0 ? n : SKIPPY_E_NATIVE, std::memory_order_release);
+}
+
 bool on_eval(ggml_tensor * t, bool ask, void * user_data) {
     auto * c = static_cast<skippy_capture *>(user_data);
     if (!c->armed.load(std::memory_order_acquire)) {
@@ -136,7 +194,15 @@ bool on_eval(ggml_tensor * t, bool ask, void * user_data) {
     int32_t cell = -1;
     if (ask) {
         c->asked.fetch_add(1, std::memory_order_relaxed);
-        return final_write(c, t, &cell) >= 0;
+        return final_write(c, t, &cell) >= 0 || page_write(c, t) != 0;
+    }
+    if (const uint8_t bit = page_write(c, t)) {
+        c->observed.fetch_add(1, std::memory_order_relaxed);
+        c->page_got |= bit;
+        if (c->page_got == (GOT_K | GOT_V)) {
+            export_last_page(c);
+        }
+        return true;
     }
     const int32_t e = final_write(c, t, &cell);
     if (e < 0) {
@@ -255,6 +321,15 @@ int32_t open_capture(llama_context * ctx, skippy_capture * c, err_sink e) {
     if (n == 0) {
         return fail(e, SKIPPY_E_KIND, "the recurrent memory has no layers");
     }
+    if (v.main != nullptr) {
+        for (const auto & l : v.main->layers) {
+            if (c->page_k == nullptr || l.il > (uint32_t) c->page_il) {
+                c->page_k  = l.k;
+                c->page_v  = l.v;
+                c->page_il = (int32_t) l.il;
+            }
+        }
+    }
     try {
         c->buf.assign(n * (2 * ENTRY_HEAD + c->conv_row + c->ssm_row), 0);
     } catch (...) {
@@ -352,9 +427,53 @@ int32_t skippy_capture_arm(skippy_capture * c, int32_t seq, int32_t final_pos, u
     c->asked.store(0);
     c->observed.store(0);
     c->copy_ns.store(0);
+    c->page_p0  = 0;
+    c->page_p1  = 0;
+    c->page_got = 0;
+    c->page_state.store(0);
+    c->page_ready_ns.store(0);
+    c->page_message[0] = 0;
     c->armed.store(true, std::memory_order_release);
     install(c);
     return SKIPPY_OK;
+}
+
+int32_t skippy_capture_arm_page(skippy_capture * c, int32_t p0, int32_t p1, uint64_t max_bytes, char * err,
+                                uint64_t err_cap) {
+    const err_sink e{ err, err_cap };
+    if (c == nullptr) {
+        return fail(e, SKIPPY_E_ARG, "no capture");
+    }
+    if (!c->armed.load(std::memory_order_acquire)) {
+        return fail(e, SKIPPY_E_ARG, "arm the capture first");
+    }
+    if (c->page_k == nullptr || c->page_v == nullptr) {
+        return fail(e, SKIPPY_E_KIND, "this context has no attention cache");
+    }
+    if (p0 < 0 || p1 <= p0 || p1 - 1 != c->final_pos) {
+        return fail(e, SKIPPY_E_ARG, "the page [%d, %d) must end at the armed final position %d", p0, p1,
+                    c->final_pos);
+    }
+    c->page_p0  = p0;
+    c->page_p1  = p1;
+    c->page_max = max_bytes;
+    return SKIPPY_OK;
+}
+
+int64_t skippy_capture_page_state(const skippy_capture * c) {
+    return c != nullptr ? c->page_state.load(std::memory_order_acquire) : SKIPPY_E_ARG;
+}
+
+const char * skippy_capture_page_error(const skippy_capture * c) {
+    return c != nullptr && c->page_state.load(std::memory_order_acquire) < 0 ? c->page_message : "";
+}
+
+const uint8_t * skippy_capture_page(const skippy_capture * c) {
+    return c != nullptr && c->page_state.load(std::memory_order_acquire) > 0 ? c->page_buf.data() : nullptr;
+}
+
+int64_t skippy_capture_page_ready_ns(const skippy_capture * c) {
+    return c != nullptr ? c->page_ready_ns.load(std::memory_order_acquire) : 0;
 }
 
 void skippy_capture_disarm(skippy_capture * c) {
@@ -413,6 +532,7 @@ void skippy_capture_info(const skippy_capture * c, int64_t * out) {
     out[SKIPPY_CAPINFO_CONV_TYPE] = c->conv_type;
     out[SKIPPY_CAPINFO_SSM_TYPE]  = c->ssm_type;
     out[SKIPPY_CAPINFO_COPY_NS]   = c->copy_ns.load();
+    out[SKIPPY_CAPINFO_PAGE_LAYER] = c->page_il;
 }
 
 } // extern "C"

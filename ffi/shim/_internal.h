@@ -128,4 +128,10 @@ page_header read_header(const uint8_t * p);
 // crc32c of header bytes [0, 56) and of everything after the header.
 uint32_t    page_crc(const uint8_t * p, size_t len);
 
+// Page of positions [p0, p1) of `seq` in `cache` (skippy_shim.cpp): with buf == nullptr its
+// size, else written into buf. `sync` synchronizes the context first; the layer capture
+// passes false, because it exports from inside a running graph, after the nodes it reads.
+int64_t export_page(llama_context * ctx, int32_t cache, int32_t seq, int32_t p0, int32_t p1,
+                    uint8_t * buf, uint64_t cap, err_sink e, bool sync);
+
 } // namespace skippy

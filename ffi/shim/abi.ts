@@ -5,7 +5,7 @@
  */
 
 /** Must equal `SKIPPY_SHIM_ABI_VERSION` in skippy_shim.h; checked when the shim is loaded. */
-export const SKIPPY_SHIM_ABI_VERSION = 2;
+export const SKIPPY_SHIM_ABI_VERSION = 3;
 
 /** Memory kinds (`SKIPPY_MEM_*`). */
 export const SHIM_MEM = {
@@ -79,6 +79,7 @@ export const SHIM_CAPINFO = {
   CONV_TYPE: 7,
   SSM_TYPE: 8,
   COPY_NS: 9,
+  PAGE_LAYER: 10,
   LEN: 16,
 } as const;
 
@@ -128,6 +129,11 @@ export const SHIM_SYMBOLS = {
   skippy_capture_open: { parameters: [P, BUF, "u64"], result: P },
   skippy_capture_close: { parameters: [P], result: "void" },
   skippy_capture_arm: { parameters: [P, "i32", "i32", "u32", BUF, "u64"], result: "i32" },
+  skippy_capture_arm_page: { parameters: [P, "i32", "i32", "u64", BUF, "u64"], result: "i32" },
+  skippy_capture_page_state: { parameters: [P], result: "i64" },
+  skippy_capture_page_error: { parameters: [P], result: P },
+  skippy_capture_page: { parameters: [P], result: P },
+  skippy_capture_page_ready_ns: { parameters: [P], result: "i64" },
   skippy_capture_disarm: { parameters: [P], result: "void" },
   skippy_capture_ready: { parameters: [P], result: "i32" },
   skippy_capture_error: { parameters: [P], result: P },

@@ -82,9 +82,12 @@ page_header header_for(const page_plan & plan, int32_t cache, int32_t seq, int32
     return h;
 }
 
-// With buf == nullptr returns the page size; otherwise writes the page.
+} // namespace
+
+namespace skippy {
+
 int64_t export_page(llama_context * ctx, int32_t cache, int32_t seq, int32_t p0, int32_t p1,
-                    uint8_t * buf, uint64_t cap, err_sink e) {
+                    uint8_t * buf, uint64_t cap, err_sink e, bool sync) {
     page_plan plan;
     const int32_t rc = plan_page(ctx, cache, seq, p0, p1, plan, e);
     if (rc != SKIPPY_OK) {
@@ -104,7 +107,9 @@ int64_t export_page(llama_context * ctx, int32_t cache, int32_t seq, int32_t p0,
         return fail(e, SKIPPY_E_CAPACITY, "the page needs %zu bytes, the buffer holds %llu", total,
                     (unsigned long long) cap);
     }
-    llama_synchronize(ctx);
+    if (sync) {
+        llama_synchronize(ctx);
+    }
     uint8_t * p = buf + SKIPPY_PAGE_HEADER_BYTES;
     for (const auto & r : plan.cr.data) {
         put(p, 0, r.first);
@@ -122,7 +127,7 @@ int64_t export_page(llama_context * ctx, int32_t cache, int32_t seq, int32_t p0,
     return (int64_t) total;
 }
 
-} // namespace
+} // namespace skippy
 
 extern "C" {
 
@@ -146,7 +151,7 @@ int64_t skippy_page_size(struct llama_context * ctx, int32_t cache, int32_t seq,
                          int32_t p1, char * err, uint64_t err_cap) {
     const err_sink e{ err, err_cap };
     try {
-        return export_page(ctx, cache, seq, p0, p1, nullptr, 0, e);
+        return export_page(ctx, cache, seq, p0, p1, nullptr, 0, e, true);
     } catch (const std::exception & x) {
         return fail(e, SKIPPY_E_NATIVE, "page size failed: %s", x.what());
     }
@@ -159,7 +164,7 @@ int64_t skippy_page_export(struct llama_context * ctx, int32_t cache, int32_t se
         return fail(e, SKIPPY_E_ARG, "no output buffer");
     }
     try {
-        return export_page(ctx, cache, seq, p0, p1, buf, cap, e);
+        return export_page(ctx, cache, seq, p0, p1, buf, cap, e, true);
     } catch (const std::exception & x) {
         return fail(e, SKIPPY_E_NATIVE, "page export failed: %s", x.what());
     }

@@ -15,6 +15,9 @@
  *      snapshot, so it is exported and imported chunk by chunk (see _recurrent.cpp).
  *      Layer capture: a native cb_eval that copies each recurrent layer's final conv/SSM rows
  *      of one sequence while the rest of the last ubatch still computes (skippy_capture_*).
+ *   3. skippy_capture_arm_page / _page_state / _page / _page_error / _page_ready_ns and
+ *      SKIPPY_CAPINFO_PAGE_LAYER: the capture also exports the final ubatch's KV page as soon
+ *      as the last attention layer has written its rows, while later layers still compute.
  */
 #ifndef SKIPPY_SHIM_H
 #define SKIPPY_SHIM_H
@@ -25,7 +28,7 @@
 extern "C" {
 #endif
 
-#define SKIPPY_SHIM_ABI_VERSION 2
+#define SKIPPY_SHIM_ABI_VERSION 3
 
 /* The shim is compiled with hidden visibility; only these entry points are exported. */
 #define SKIPPY_API __attribute__((visibility("default")))
@@ -155,6 +158,7 @@ SKIPPY_API int32_t skippy_seq_facts(struct llama_context * ctx, int32_t seq, int
 #define SKIPPY_CAPINFO_CONV_TYPE 7 /* ggml type of the conv rows */
 #define SKIPPY_CAPINFO_SSM_TYPE  8
 #define SKIPPY_CAPINFO_COPY_NS   9 /* ns the callback spent copying rows since arm */
+#define SKIPPY_CAPINFO_PAGE_LAYER 10 /* trunk index of the last attention layer (-1: none) */
 #define SKIPPY_CAPINFO_LEN      16
 
 struct skippy_capture;
@@ -167,6 +171,20 @@ SKIPPY_API void skippy_capture_close(struct skippy_capture * c);
 /* Arms for the next decode(s): resets readiness, installs the callback; SKIPPY_CAPTURE_* flags. */
 SKIPPY_API int32_t skippy_capture_arm(struct skippy_capture * c, int32_t seq, int32_t final_pos,
                                       uint32_t flags, char * err, uint64_t err_cap);
+/* After skippy_capture_arm: also export the attention cache's page of positions [p0, p1) of
+ * the armed sequence (p1 - 1 must be the armed final position) the moment the last attention
+ * layer's K and V writes of the final ubatch are computed, into the capture's own buffer, at
+ * most max_bytes (larger: the page state is SKIPPY_E_CAPACITY and nothing is exported). */
+SKIPPY_API int32_t skippy_capture_arm_page(struct skippy_capture * c, int32_t p0, int32_t p1,
+                                           uint64_t max_bytes, char * err, uint64_t err_cap);
+/* 0 while the armed page is pending (or none is armed), its byte count once exported, or a
+ * negative code when it could not be (message via skippy_capture_page_error). Never blocks. */
+SKIPPY_API int64_t skippy_capture_page_state(const struct skippy_capture * c);
+SKIPPY_API const char * skippy_capture_page_error(const struct skippy_capture * c);
+/* The exported page (page_state bytes), or NULL; valid until the next arm or close. */
+SKIPPY_API const uint8_t * skippy_capture_page(const struct skippy_capture * c);
+/* steady-clock nanoseconds at which the page was exported or failed (0 = not yet). */
+SKIPPY_API int64_t skippy_capture_page_ready_ns(const struct skippy_capture * c);
 /* Stops observing and removes the callback. */
 SKIPPY_API void skippy_capture_disarm(struct skippy_capture * c);
 /* Layers ready so far (0..layers), or a negative code when the capture failed (message via
