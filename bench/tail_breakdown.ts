@@ -4,9 +4,10 @@
  * waited for the prefiller's probe digest. Used for docs/bench-report/lab/ on a loaded machine.
  *
  * `deno run -A --unstable-net bench/tail_breakdown.ts [--runs 3] [--sentences 25] [--capture on]
- * [--per-cluster 1] [--threads N]`: `--per-cluster` handoffs on each process pair (more than one:
+ * [--per-cluster 1] [--threads N] [--ctx 1024]`: `--per-cluster` handoffs on each process pair (more than one:
  * the later ones run on warm workers, as in serving, where the prefiller's own probe decode can
- * be what CommitAck waits for); `--threads` llama.cpp threads per worker (default: the workers').
+ * be what CommitAck waits for); `--threads` llama.cpp threads per worker (default: the workers');
+ * `--ctx` each worker's context (tokens; raise it with `--sentences`).
  * Prints one line per handoff: counts and milliseconds only.
  */
 import { parseArgs } from "node:util";
@@ -24,6 +25,7 @@ const { values } = parseArgs({
     capture: { type: "string", default: "on" },
     "per-cluster": { type: "string", default: "1" },
     threads: { type: "string" },
+    ctx: { type: "string", default: "1024" },
   },
 });
 const model = await ensureModelFile(`${cacheDir()}/models`, {
@@ -42,7 +44,7 @@ for (let i = 0; i < Number(values.runs); i++) {
   // would measure nothing).
   const cluster = await startLocalCluster({
     args: [
-      ...["--model", model, "--ctx", "1024", "--layer-capture", values.capture!],
+      ...["--model", model, "--ctx", values.ctx!, "--layer-capture", values.capture!],
       ...["--commit-timeout-ms", "120000", "--lease-ms", "180000"],
       ...(values.threads ? ["--threads", values.threads] : []),
     ],

@@ -11,7 +11,6 @@
  */
 import {
   buildManifest,
-  type BytePiece,
   type ChunkHeader,
   type ComponentKind,
   componentOf,
@@ -19,20 +18,20 @@ import {
   encodePositions,
   encodeSampler,
   encodeTokens,
-  kvDtype,
   LimitExceededError,
-  NO_LAYERS,
   payloadChecksum,
   type Range,
   type SamplerState,
   sampleToken,
   type SamplingParams,
-  STATE_SCHEMA_VERSION,
   StateValidationError,
   type UnsignedManifest,
   UsageError,
 } from "../core/mod.ts";
 import { exportKvPage, exportSwa } from "../ffi/state.ts";
+import { ChunkMaker, type ExportedChunk } from "./_export_chunks.ts";
+
+export type { ExportedChunk };
 import { exportSnapshot } from "./_snapshot_export.ts";
 import type { LlamaContext } from "../ffi/mod.ts";
 import type { ChunkDone, Engine, PrefillHooks } from "./engine.ts";
@@ -40,14 +39,6 @@ import { openLayerCapture, streamLayers } from "./_layer_stream.ts";
 import type { ResolvedIdentity } from "./identity.ts";
 import type { MtpDraft } from "../ffi/mtp.ts";
 import { logitsDigest, probeStep } from "./probe.ts";
-
-/** A chunk ready to send: its header and payload. */
-export interface ExportedChunk {
-  header: ChunkHeader;
-  payload: Uint8Array;
-  /** A page of tokens restored from the prefix cache, not computed by this request. */
-  cached?: boolean;
-}
 
 /**
  * The prefix cache's part in one export (serve/prefix_cache.ts): the context already holds
@@ -142,7 +133,7 @@ export const CHUNK_BYTES_MIN = 1024;
 export type FirstTokenHook = (token: number, logits: Float32Array, prefillEndMs: number) => void;
 
 export class StateExporter {
-  #seq = 0;
+  readonly #chunks: ChunkMaker;
   /** Recurrent layers (by index) the layer capture already sent for this run. */
   #captured = new Set<number>();
   /** Per paged kind: tokens per page that fit `chunkBytesMax`, once a range was too large. */
@@ -164,6 +155,7 @@ export class StateExporter {
         hint: `use ${CHUNK_BYTES_MIN} to ${DEFAULT_EXPORT_LIMITS.chunkBytesMax} bytes`,
       });
     }
+    this.#chunks = new ChunkMaker(identity, handoffId, max);
   }
 
   /**
@@ -276,14 +268,14 @@ export class StateExporter {
           },
           finalPos,
           sink,
-          chunks: (part, layers, payload) => this.#cut(part, layers, payload, false, [0, n]),
+          chunks: (part, layers, payload) => this.#chunks.cut(part, layers, payload, false, [0, n]),
           sent,
           page: this.limits.lastPageCapture && kinds.includes("attention") &&
               !this.#pageTokens.has("kv-page")
             ? {
               p0,
               maxBytes: this.limits.chunkBytesMax,
-              chunk: (payload) => this.#chunk("kv-page", [p0, finalPos + 1], payload, false),
+              chunk: (payload) => this.#chunks.chunk("kv-page", [p0, finalPos + 1], payload, false),
               onSent: () => on.onPageSent(p0),
             }
             : undefined,
@@ -356,7 +348,7 @@ export class StateExporter {
         this.#pageTokens.set(kind, Math.max(1, step >> 1));
         continue;
       }
-      const chunk = this.#chunk(kind, [a, a + step], page, false);
+      const chunk = this.#chunks.chunk(kind, [a, a + step], page, false);
       await sink(cached ? { ...chunk, cached } : chunk, performance.now() - t0);
       a += step;
     }
@@ -377,7 +369,7 @@ export class StateExporter {
       const t0 = performance.now();
       const payload = await make();
       let ms = performance.now() - t0;
-      for (const chunk of this.#cut(kind, range, payload, kind === "first-token")) {
+      for (const chunk of this.#chunks.cut(kind, range, payload, kind === "first-token")) {
         await sink(chunk, ms);
         ms = 0;
       }
@@ -415,66 +407,8 @@ export class StateExporter {
       captured: this.#captured,
       sink,
       chunk: (part, layers, payload, piece) =>
-        this.#chunk(part, layers, payload, false, [0, n], piece),
+        this.#chunks.chunk(part, layers, payload, false, [0, n], piece),
     });
-  }
-
-  /**
-   * `payload` as one chunk, or as byte pieces of `chunkBytesMax` (views of it) when larger;
-   * `final` marks the last.
-   */
-  #cut(
-    kind: ComponentKind,
-    layersOrTokens: Range,
-    payload: Uint8Array,
-    final: boolean,
-    snapshotTokens?: Range,
-  ): ExportedChunk[] {
-    const of = payload.byteLength;
-    const step = this.limits.chunkBytesMax;
-    if (of <= step) return [this.#chunk(kind, layersOrTokens, payload, final, snapshotTokens)];
-    const out: ExportedChunk[] = [];
-    for (let at = 0; at < of; at += step) {
-      const end = Math.min(of, at + step);
-      const piece = { range: [at, end] as Range, of };
-      const last = end === of;
-      const view = payload.subarray(at, end);
-      out.push(this.#chunk(kind, layersOrTokens, view, final && last, snapshotTokens, piece));
-    }
-    return out;
-  }
-
-  #chunk(
-    kind: ComponentKind,
-    layersOrTokens: Range,
-    payload: Uint8Array,
-    final: boolean,
-    snapshotTokens?: Range,
-    piece?: BytePiece,
-  ): ExportedChunk {
-    const layered = kind === "kv-page" || kind === "swa-kv" || kind === "conv" || kind === "ssm";
-    const id = this.identity.numerical;
-    const trunk = id.layerKinds.filter((k) => k !== "mtp").length;
-    // Snapshot chunks name their layer run and the tokens they are the state of.
-    const tokenRange = snapshotTokens ?? layersOrTokens;
-    const layerRange: Range = snapshotTokens ? layersOrTokens : layered ? [0, trunk] : NO_LAYERS;
-    const header: ChunkHeader = {
-      handoffId: this.handoffId,
-      identityDigest: this.identity.digest,
-      schemaVersion: STATE_SCHEMA_VERSION,
-      kind,
-      layerRange,
-      tokenRange,
-      codec: CODEC[kind],
-      dtype: DTYPE[kind] ?? kvDtype(id.kType, id.vType),
-      positionConfig: { seqId: 0, nPosPerToken: 1 },
-      payloadBytes: payload.byteLength,
-      checksum: payloadChecksum(payload),
-      seq: this.#seq++,
-      final,
-      ...(piece ? { piece } : {}),
-    };
-    return { header, payload };
   }
 }
 
@@ -489,26 +423,3 @@ export async function reexportPage(ctx: LlamaContext, header: ChunkHeader): Prom
   }
   return payload;
 }
-
-const CODEC: Record<ComponentKind, string> = {
-  "kv-page": "llama-kv-cells",
-  "swa-kv": "llama-kv-cells",
-  "conv": "llama-recurrent-rows",
-  "ssm": "llama-recurrent-rows",
-  "mtp-kv": "llama-kv-cells",
-  "mtp-hidden": "f32-rows",
-  "positions": "msgpack",
-  "sampler": "msgpack",
-  "history": "i32-le",
-  "first-token": "i32-le",
-};
-
-const DTYPE: Partial<Record<ComponentKind, string>> = {
-  "conv": "f32",
-  "ssm": "f32",
-  "mtp-hidden": "f32",
-  "positions": "none",
-  "sampler": "none",
-  "history": "i32",
-  "first-token": "i32",
-};
