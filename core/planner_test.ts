@@ -252,15 +252,23 @@ Deno.test("estimate() with layer capture agrees with a FIFO simulation of pages 
   }
 });
 
-Deno.test("estimate() hides the recurrent snapshot in the last chunk's compute with layer capture", () => {
-  // 10 MiB recurrent, 12.5 MB/s: 0.84 s after prefill without capture; a 2 s last chunk hides it.
-  const base = input({
+/** One 512-token chunk computed in 2 s, with `state` over `link`. */
+function oneChunk(state: PlanInput["state"], link: NonNullable<PlanInput["link"]>): PlanInput {
+  return input({
     promptTokens: 512,
     chunkTokens: 512,
     prefillerPrefillTokensPerS: 256,
-    state: { kvBytesPerToken: 512, recurrentBytes: 10 * MIB },
-    link: { bandwidthBytesPerS: 12.5e6, rttMs: 2, ageMs: 0 },
+    state,
+    link,
   });
+}
+
+Deno.test("estimate() hides the recurrent snapshot in the last chunk's compute with layer capture", () => {
+  // 10 MiB recurrent, 12.5 MB/s: 0.84 s after prefill without capture; a 2 s last chunk hides it.
+  const base = oneChunk(
+    { kvBytesPerToken: 512, recurrentBytes: 10 * MIB },
+    { bandwidthBytesPerS: 12.5e6, rttMs: 2, ageMs: 0 },
+  );
   const after = estimate(base, base.link!);
   const during = estimate({ ...base, snapshotDuringLastChunk: true }, base.link!);
   assert.ok(after.snapshotTransferMs > 800, `${after.snapshotTransferMs}`);
@@ -270,13 +278,10 @@ Deno.test("estimate() hides the recurrent snapshot in the last chunk's compute w
 
 Deno.test("estimate() with layer capture on a hybrid sends the last page before prefill ends: no page import after", () => {
   // 2 s last chunk of 512 tokens x 8 KiB, 10 MiB recurrent, 1 GB/s: everything is hidden.
-  const base = input({
-    promptTokens: 512,
-    chunkTokens: 512,
-    prefillerPrefillTokensPerS: 256,
-    state: { kvBytesPerToken: 8192, recurrentBytes: 10 * MIB },
-    link: { bandwidthBytesPerS: 1e9, rttMs: 1, ageMs: 0 },
-  });
+  const base = oneChunk(
+    { kvBytesPerToken: 8192, recurrentBytes: 10 * MIB },
+    { bandwidthBytesPerS: 1e9, rttMs: 1, ageMs: 0 },
+  );
   const after = estimate(base, base.link!);
   const during = estimate(
     { ...base, snapshotDuringLastChunk: true, lastPageDuringLastChunk: true },

@@ -49,6 +49,27 @@ async function prefillButLast(ctx: LlamaContext, tokens: Int32Array) {
   return { batch, finalPos: tokens.length - 1 };
 }
 
+/**
+ * Prefills all but the last chunk of `tokens`, then decodes it with the capture and the last
+ * page (from the last chunk's start, at most `pageBytesMax`) armed.
+ */
+async function decodeWithPage(
+  ctx: LlamaContext,
+  capture: LayerCapture,
+  tokens: Int32Array,
+  pageBytesMax: number,
+) {
+  const { batch, finalPos } = await prefillButLast(ctx, tokens);
+  const p0 = Math.floor(finalPos / CHUNK) * CHUNK;
+  await capture.arm(0, finalPos);
+  await capture.armPage(p0, pageBytesMax);
+  const done = ctx.decode(batch);
+  const got: CapturedLayer[] = [];
+  for await (const layer of capture.layers(done)) got.push(layer);
+  await done;
+  return { got, finalPos, p0, page: capture.page() };
+}
+
 async function openCapture(ctx: LlamaContext): Promise<LayerCapture> {
   const opened = await LayerCapture.open(ctx);
   assert.ok(opened.ok, opened.ok ? "" : opened.reason);
@@ -106,15 +127,7 @@ captureTest(
   () =>
     withContext("hybrid", async (ctx) => {
       using capture = await openCapture(ctx);
-      const { batch, finalPos } = await prefillButLast(ctx, prompt(700));
-      const p0 = Math.floor(finalPos / CHUNK) * CHUNK;
-      await capture.arm(0, finalPos);
-      await capture.armPage(p0, 1 << 24);
-      const done = ctx.decode(batch);
-      const got: CapturedLayer[] = [];
-      for await (const layer of capture.layers(done)) got.push(layer);
-      await done;
-      const page = capture.page();
+      const { got, finalPos, p0, page } = await decodeWithPage(ctx, capture, prompt(700), 1 << 24);
       await capture.disarm();
 
       assert.equal(page.state, "ready");
@@ -137,20 +150,13 @@ captureTest(
   () =>
     withContext("hybrid", async (ctx) => {
       using capture = await openCapture(ctx);
-      const { batch, finalPos } = await prefillButLast(ctx, prompt(300));
-      await capture.arm(0, finalPos);
-      await capture.armPage(256, 1024);
-      const done = ctx.decode(batch);
-      let layers = 0;
-      for await (const _ of capture.layers(done)) layers++;
-      await done;
-      const page = capture.page();
+      const { got, page } = await decodeWithPage(ctx, capture, prompt(300), 1024);
       assert.equal(page.state, "failed");
       assert.match(
         page.state === "failed" ? page.reason : "",
         /needs \d+ bytes, more than the 1024/,
       );
-      assert.equal(layers, capture.nLayers);
+      assert.equal(got.length, capture.nLayers);
       await capture.disarm();
       await assert.rejects(capture.armPage(256, 1 << 24), /arm the capture first/);
     }),
