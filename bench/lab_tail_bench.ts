@@ -36,6 +36,8 @@ export interface LabTailRow {
   promptTokens: number;
   layerCapture: boolean;
   capture: CaptureMode;
+  /** `cold`: the process pair's first handoff; `warm`: the ones after it. */
+  workers: "cold" | "warm";
   prefillMs: number;
   ttftMs: number;
   firstTokenAfterPrefillMs: number | null;
@@ -134,34 +136,40 @@ export async function runLabTailBench(o: {
         ...(o.workerThreads ? ["--threads", String(o.workerThreads)] : []),
       ],
     });
+    const rates = {
+      raw: transport.rawMBpsMedian,
+      fastest: Math.max(transport.rawMBpsMedian, payload.rawMBps),
+    };
+    // At most `size` tokens, so the last chunk is (nearly) full: the layer capture hides the
+    // snapshot behind that chunk's compute, and a 1-token last chunk has none.
+    const promptOf = (size: number) =>
+      SENTENCE.repeat(Math.max(1, Math.floor((size - 16) / perSentence)));
+    const handoff = async (prompt: string) => {
+      const r = await runHandoff(cluster.client, {
+        prefill: cluster.prefill.peer,
+        decode: cluster.decode.peer,
+        prompt,
+        generateTokens: 2,
+        sampling: { temperature: 0, topK: 40, topP: 0.95, seed: 1 },
+        tenantId: "bench",
+        probe: false,
+        timeoutMs: 600_000,
+      });
+      if (r.placement !== "disaggregated") {
+        throw new Error(`lab-state handoff fell back: ${r.fallbackReason}`);
+      }
+      return r;
+    };
     try {
       if (mode === "on") rttMs = await controlRoundTripMs(cluster);
+      // The pair's first handoff, on cold workers (fresh buffers and first decodes): its own
+      // row, so the measured rows are on warm workers, as in serving.
+      const cold = await handoff(promptOf(Math.min(...sizes)));
+      rows.push({ ...row([cold], mode, rates, rttMs), workers: "cold" });
       for (const size of sizes) {
-        // At most `size` tokens, so the last chunk is (nearly) full: the layer capture hides
-        // the snapshot behind that chunk's compute, and a 1-token last chunk has none.
-        const prompt = SENTENCE.repeat(Math.max(1, Math.floor((size - 16) / perSentence)));
         const runs = [];
         const repeats = size >= o.onceFromTokens ? 1 : o.repeats;
-        for (let i = 0; i < repeats; i++) {
-          const r = await runHandoff(cluster.client, {
-            prefill: cluster.prefill.peer,
-            decode: cluster.decode.peer,
-            prompt,
-            generateTokens: 2,
-            sampling: { temperature: 0, topK: 40, topP: 0.95, seed: 1 },
-            tenantId: "bench",
-            probe: false,
-            timeoutMs: 600_000,
-          });
-          if (r.placement !== "disaggregated") {
-            throw new Error(`lab-state handoff fell back: ${r.fallbackReason}`);
-          }
-          runs.push(r);
-        }
-        const rates = {
-          raw: transport.rawMBpsMedian,
-          fastest: Math.max(transport.rawMBpsMedian, payload.rawMBps),
-        };
+        for (let i = 0; i < repeats; i++) runs.push(await handoff(promptOf(size)));
         rows.push(row(runs, mode, rates, rttMs));
       }
     } finally {
@@ -200,6 +208,7 @@ function row(
     promptTokens: n,
     layerCapture: capture !== "off",
     capture,
+    workers: "warm",
     prefillMs: median(t.map((x) => x.prefillMs ?? NaN)),
     ttftMs: median(runs.map((r) => r.ttftMs)),
     firstTokenAfterPrefillMs: median(runs.map((r) => r.firstTokenAfterPrefillMs ?? NaN)),
@@ -246,6 +255,7 @@ export async function labTailSection(o: { quick: boolean; modelDir: string }) {
   // SKIPPY_LAB_PROMPTS / SKIPPY_LAB_PAGE_AFTER / SKIPPY_LAB_CAPTURE_OFF (comma-separated token
   // counts, "" for none: capture on, layers only with the last page after prefill, off) and
   // SKIPPY_LAB_ONCE_FROM (prompts this long run once) narrow a run on a loaded machine;
+  // SKIPPY_LAB_REPEATS sets the warm handoffs per row (default 2);
   // SKIPPY_LAB_THREADS sets llama.cpp threads per worker (default: the runtime's).
   const sizes = (name: string, fallback: number[]) => {
     const v = Deno.env.get(name);
@@ -257,14 +267,15 @@ export async function labTailSection(o: { quick: boolean; modelDir: string }) {
     captureOffTokens: sizes("SKIPPY_LAB_CAPTURE_OFF", o.quick ? [] : [512, 2048]),
     pageAfterTokens: sizes("SKIPPY_LAB_PAGE_AFTER", o.quick ? [] : [512, 2048]),
     payloadTokens: 2048,
-    repeats: o.quick ? 1 : 2,
+    repeats: sizes("SKIPPY_LAB_REPEATS", [o.quick ? 1 : 2])[0],
     payloadRepeats: o.quick ? 3 : 7,
     onceFromTokens: sizes("SKIPPY_LAB_ONCE_FROM", [8192])[0] ?? 8192,
     workerThreads: sizes("SKIPPY_LAB_THREADS", [])[0],
   });
-  const on = r.rows.filter((x) => x.capture === "on");
-  const layersOnly = r.rows.filter((x) => x.capture === "layers");
-  const off = r.rows.filter((x) => x.capture === "off");
+  const warm = r.rows.filter((x) => x.workers !== "cold");
+  const on = warm.filter((x) => x.capture === "on");
+  const layersOnly = warm.filter((x) => x.capture === "layers");
+  const off = warm.filter((x) => x.capture === "off");
   const pts = (rows: LabTailRow[], f: (x: LabTailRow) => number) =>
     rows.map((x) => ({ x: x.promptTokens, y: f(x) }));
   const p = r.payload;
@@ -276,6 +287,7 @@ export async function labTailSection(o: { quick: boolean; modelDir: string }) {
         "prompt",
         "runs",
         "capture",
+        "workers",
         "prefill ms",
         "TTFT ms",
         "1st tok after prefill ms",
@@ -293,6 +305,7 @@ export async function labTailSection(o: { quick: boolean; modelDir: string }) {
         x.promptTokens,
         x.repeats,
         x.capture,
+        x.workers ?? "warm",
         x.prefillMs,
         x.ttftMs,
         x.firstTokenAfterPrefillMs ?? NaN,
@@ -317,7 +330,7 @@ export async function labTailSection(o: { quick: boolean; modelDir: string }) {
       } ms, measured in this run; the floors use that rate. \`x at fastest raw\`: tail - probe over the layer floor at the faster of that rate and the payload section's raw baseline (${
         Math.max(r.rawMBps, p.rawMBps).toFixed(0)
       } MB/s), the stricter reading.`,
-      "tail: prefill end -> CommitAck; probe: the decoder's continuation probe (one decode step, which also yields token 2's logits); the floors are compared with tail - probe. The manifest leaves when the last chunk is out; the prefiller's own probe decode runs after it and its digest follows (probe wait: how long the decoder's probe result waited for it). Medians of `runs` handoffs (one at 8K: its prefill takes minutes here).",
+      "tail: prefill end -> CommitAck; probe: the decoder's continuation probe (one decode step, which also yields token 2's logits); the floors are compared with tail - probe. The manifest leaves when the last chunk is out; the prefiller's own probe decode runs after it and its digest follows (probe wait: how long the decoder's probe result waited for it). Medians of `runs` handoffs (one at 8K: its prefill takes minutes here). Each capture mode runs on its own process pair; that pair's first handoff (at the smallest prompt) is its own `cold` row, and the other rows are on `warm` workers, as in serving; the chart shows warm rows.",
       `Payload path on lab-state (${p.pages} real KV pages of ${p.pageTokens} tokens, ${
         (p.stateBytes / 1e6).toFixed(1)
       } MB: binding tag, framing, credit, CRC-32C check, append-import): ${
