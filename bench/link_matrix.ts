@@ -182,6 +182,9 @@ export async function runLinkMatrix(o: {
                 workerThreads: o.workerThreads ?? null,
                 decodeCpuQuota: o.decodeCpuQuota ?? null,
                 planOptions: o.planOptions ?? {},
+                // The prefill worker's default: its capture sends the last page during the
+                // last chunk (runs before this field existed sent it after).
+                lastPageCapture: true,
                 rows,
                 calibration,
               }),

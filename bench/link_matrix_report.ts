@@ -25,6 +25,11 @@ interface RunFile {
   calibration: CalibrationRun[];
   /** llama.cpp threads per worker (absent or null: the runtime default). */
   workerThreads?: number | null;
+  /**
+   * The prefill worker sent the last page during the last chunk (absent: a run from before
+   * that capture, which sent it after).
+   */
+  lastPageCapture?: boolean;
 }
 
 /** One row's replayed prediction beside its measurement (ms). */
@@ -89,7 +94,7 @@ export function replay(run: RunFile): Replayed[] {
       state: { ...state },
       chunkTokens: RUNTIME_DEFAULTS.chunkTokens,
       snapshotDuringLastChunk: true,
-      lastPageDuringLastChunk: true,
+      lastPageDuringLastChunk: run.lastPageCapture === true,
       costs: costs.costs(),
     }, { links, nowMs: 0, certification: null });
     const est = d.estimates!, p = d.prediction!;
