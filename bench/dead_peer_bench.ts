@@ -8,6 +8,7 @@
  *     deno run -A --unstable-net bench/dead_peer_bench.ts [--idle-ms 500]
  */
 import { runHandoff } from "../serve/coordinator.ts";
+import { clusterRequest } from "./cluster_request.ts";
 import { startLocalCluster } from "../serve/local_cluster.ts";
 import { testModel } from "../testing/models.ts";
 
@@ -30,17 +31,11 @@ const cluster = await startLocalCluster({
 try {
   const run = async (label: string, colocated = false) => {
     const t0 = performance.now();
-    const r = await runHandoff(cluster.client, {
-      prefill: cluster.prefill.peer,
-      decode: cluster.decode.peer,
-      prompt: "the quick brown fox jumps over the lazy dog and ".repeat(20),
-      generateTokens: 16,
-      sampling: { temperature: 0, topK: 40, topP: 0.95, seed: 1 },
-      tenantId: "bench",
-      probe: false,
-      timeoutMs: 600_000,
-      colocated,
-    });
+    const prompt = "the quick brown fox jumps over the lazy dog and ".repeat(20);
+    const r = await runHandoff(
+      cluster.client,
+      clusterRequest(cluster, prompt, { generateTokens: 16, colocated }),
+    );
     const ms = (performance.now() - t0).toFixed(0);
     const via = r.fallbacks.map((f) => f.kind).join(", ") || "-";
     console.log(`${label.padEnd(40)} ${ms.padStart(6)} ms  ${r.placement}  fallbacks: ${via}`);

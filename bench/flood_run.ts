@@ -10,6 +10,7 @@
  */
 import { parseArgs } from "node:util";
 import { runHandoff } from "../serve/coordinator.ts";
+import { clusterRequest } from "./cluster_request.ts";
 import { type LocalWorker, startLocalCluster } from "../serve/local_cluster.ts";
 import { queryStats } from "../serve/stats.ts";
 import { ALPN_PROTOCOL } from "../transport/quic.ts";
@@ -104,16 +105,14 @@ async function main(): Promise<void> {
     const prompt = "The quick brown fox jumps over the lazy dog. ".repeat(40);
     const handoff = async () => {
       const t0 = performance.now();
-      const r = await runHandoff(cluster.client, {
-        prefill: cluster.prefill.peer,
-        decode: cluster.decode.peer,
-        prompt,
-        generateTokens: 32,
-        sampling: { temperature: 0, topK: 40, topP: 0.95, seed: 1 },
-        tenantId: "flood",
-        probe: false,
-        timeoutMs: 60_000,
-      });
+      const r = await runHandoff(
+        cluster.client,
+        clusterRequest(cluster, prompt, {
+          generateTokens: 32,
+          tenantId: "flood",
+          timeoutMs: 60_000,
+        }),
+      );
       return { ms: performance.now() - t0, tokens: r.tokens.join(","), placement: r.placement };
     };
     type Run = Awaited<ReturnType<typeof handoff>>;

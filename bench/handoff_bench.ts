@@ -8,6 +8,7 @@
  */
 import { ensureModelFile } from "../models/mod.ts";
 import { runHandoff } from "../serve/coordinator.ts";
+import { clusterRequest } from "./cluster_request.ts";
 import { startLocalCluster } from "../serve/local_cluster.ts";
 import { LlamaModel, loadLlama } from "../ffi/mod.ts";
 import { runTransportBench, type TransportBenchResult } from "./transport_bench.ts";
@@ -64,16 +65,7 @@ export async function runHandoffBench(o: HandoffBenchOptions): Promise<HandoffBe
       const prompt = SENTENCE.repeat(Math.max(1, Math.floor(size / perSentence)));
       const runs = [];
       for (let i = 0; i < (o.repeats ?? 3); i++) {
-        const base = {
-          prefill: cluster.prefill.peer,
-          decode: cluster.decode.peer,
-          prompt,
-          generateTokens: 4,
-          sampling: { temperature: 0, topK: 40, topP: 0.95, seed: 1 },
-          tenantId: "bench",
-          probe: false,
-          timeoutMs: 600_000,
-        };
+        const base = clusterRequest(cluster, prompt, { generateTokens: 4 });
         const d = await runHandoff(cluster.client, base);
         // Colocated baseline: the decode worker prefills the prompt itself.
         const c = await runHandoff(cluster.client, { ...base, colocated: true });

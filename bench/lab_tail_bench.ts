@@ -17,7 +17,8 @@
  */
 import { ensureModelFile } from "../models/mod.ts";
 import { runHandoff } from "../serve/coordinator.ts";
-import { startLocalCluster } from "../serve/local_cluster.ts";
+import { type LocalCluster, startLocalCluster } from "../serve/local_cluster.ts";
+import { clusterRequest } from "./cluster_request.ts";
 import { queryStats } from "../serve/stats.ts";
 import { LlamaModel, loadLlama } from "../ffi/mod.ts";
 import { runTransportBench } from "./transport_bench.ts";
@@ -76,10 +77,23 @@ export interface LabTailResult {
 }
 
 const MAMBA_LAYERS = 40;
-const COMMIT_TIMEOUT_MS = 120_000;
-const LEASE_MS = 180_000;
 const CHUNK_TOKENS = 512;
-const SENTENCE = "the quick brown fox jumps over the lazy dog and ";
+/** The prompt is this sentence repeated (lab-state has a random vocabulary). */
+export const LAB_SENTENCE = "the quick brown fox jumps over the lazy dog and ";
+/**
+ * Worker flags of a lab-state tail measurement: a loaded two-core machine can stretch one probe
+ * decode to seconds, and a commit timeout there would end the run in a fallback.
+ */
+export const LAB_TIMEOUT_ARGS = ["--commit-timeout-ms", "120000", "--lease-ms", "180000"];
+
+/** One lab-state handoff of `prompt` on `cluster`, greedy, 2 tokens; throws on a fallback. */
+export async function labHandoff(cluster: LocalCluster, prompt: string) {
+  const r = await runHandoff(cluster.client, clusterRequest(cluster, prompt));
+  if (r.placement !== "disaggregated") {
+    throw new Error(`lab-state handoff fell back: ${r.fallbackReason}`);
+  }
+  return r;
+}
 
 export async function runLabTailBench(o: {
   modelDir: string;
@@ -130,9 +144,7 @@ export async function runLabTailBench(o: {
         ...["--model", model, "--ctx", String(ctx)],
         ...["--layer-capture", mode === "off" ? "off" : "on"],
         ...["--last-page-capture", mode === "on" ? "on" : "off"],
-        // A loaded two-core machine can stretch one probe decode to seconds: a commit timeout
-        // there would end the run in a fallback, and this bench measures the handoff's tail.
-        ...["--commit-timeout-ms", String(COMMIT_TIMEOUT_MS), "--lease-ms", String(LEASE_MS)],
+        ...LAB_TIMEOUT_ARGS,
         ...(o.workerThreads ? ["--threads", String(o.workerThreads)] : []),
       ],
     });
@@ -143,33 +155,17 @@ export async function runLabTailBench(o: {
     // At most `size` tokens, so the last chunk is (nearly) full: the layer capture hides the
     // snapshot behind that chunk's compute, and a 1-token last chunk has none.
     const promptOf = (size: number) =>
-      SENTENCE.repeat(Math.max(1, Math.floor((size - 16) / perSentence)));
-    const handoff = async (prompt: string) => {
-      const r = await runHandoff(cluster.client, {
-        prefill: cluster.prefill.peer,
-        decode: cluster.decode.peer,
-        prompt,
-        generateTokens: 2,
-        sampling: { temperature: 0, topK: 40, topP: 0.95, seed: 1 },
-        tenantId: "bench",
-        probe: false,
-        timeoutMs: 600_000,
-      });
-      if (r.placement !== "disaggregated") {
-        throw new Error(`lab-state handoff fell back: ${r.fallbackReason}`);
-      }
-      return r;
-    };
+      LAB_SENTENCE.repeat(Math.max(1, Math.floor((size - 16) / perSentence)));
     try {
       if (mode === "on") rttMs = await controlRoundTripMs(cluster);
       // The pair's first handoff, on cold workers (fresh buffers and first decodes): its own
       // row, so the measured rows are on warm workers, as in serving.
-      const cold = await handoff(promptOf(Math.min(...sizes)));
+      const cold = await labHandoff(cluster, promptOf(Math.min(...sizes)));
       rows.push({ ...row([cold], mode, rates, rttMs), workers: "cold" });
       for (const size of sizes) {
         const runs = [];
         const repeats = size >= o.onceFromTokens ? 1 : o.repeats;
-        for (let i = 0; i < repeats; i++) runs.push(await handoff(promptOf(size)));
+        for (let i = 0; i < repeats; i++) runs.push(await labHandoff(cluster, promptOf(size)));
         rows.push(row(runs, mode, rates, rttMs));
       }
     } finally {
@@ -229,7 +225,7 @@ function row(
 
 /** Median of a few StatsRequest round trips to the decode worker: an upper bound on RTT. */
 async function controlRoundTripMs(
-  cluster: Awaited<ReturnType<typeof startLocalCluster>>,
+  cluster: LocalCluster,
 ): Promise<number> {
   const peer = await cluster.client.connect(cluster.decode.peer);
   try {
@@ -247,7 +243,7 @@ async function controlRoundTripMs(
 
 async function tokensPerSentence(model: string): Promise<number> {
   using m = await LlamaModel.load(loadLlama(), model);
-  return m.vocab.tokenize(SENTENCE.repeat(100), false).length / 100;
+  return m.vocab.tokenize(LAB_SENTENCE.repeat(100), false).length / 100;
 }
 
 /** The `lab` section of `deno task bench`: table, notes and the tail-vs-floor chart. */

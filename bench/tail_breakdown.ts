@@ -13,10 +13,8 @@
 import { parseArgs } from "node:util";
 import { cacheDir } from "../cli/paths.ts";
 import { ensureModelFile } from "../models/mod.ts";
-import { runHandoff } from "../serve/coordinator.ts";
 import { startLocalCluster } from "../serve/local_cluster.ts";
-
-const SENTENCE = "the quick brown fox jumps over the lazy dog and ";
+import { LAB_SENTENCE, LAB_TIMEOUT_ARGS, labHandoff } from "./lab_tail_bench.ts";
 const { values } = parseArgs({
   args: Deno.args,
   options: {
@@ -40,27 +38,16 @@ if (!Number.isInteger(perCluster) || perCluster < 1) {
   Deno.exit(2);
 }
 for (let i = 0; i < Number(values.runs); i++) {
-  // A loaded machine stretches probes to seconds, so the commit timeout is raised (a fallback
-  // would measure nothing).
   const cluster = await startLocalCluster({
     args: [
       ...["--model", model, "--ctx", values.ctx!, "--layer-capture", values.capture!],
-      ...["--commit-timeout-ms", "120000", "--lease-ms", "180000"],
+      ...LAB_TIMEOUT_ARGS,
       ...(values.threads ? ["--threads", values.threads] : []),
     ],
   });
   try {
     for (let j = 0; j < perCluster; j++) {
-      const r = await runHandoff(cluster.client, {
-        prefill: cluster.prefill.peer,
-        decode: cluster.decode.peer,
-        prompt: SENTENCE.repeat(Number(values.sentences)),
-        generateTokens: 2,
-        sampling: { temperature: 0, topK: 40, topP: 0.95, seed: 1 },
-        tenantId: "bench",
-        probe: false,
-        timeoutMs: 600_000,
-      });
+      const r = await labHandoff(cluster, LAB_SENTENCE.repeat(Number(values.sentences)));
       const t = r.telemetry;
       const tail = t.uncoveredTailMs ?? NaN;
       const probe = t.probeMs ?? NaN;

@@ -30,8 +30,6 @@ import {
 } from "../core/mod.ts";
 import { exportKvPage, exportSwa } from "../ffi/state.ts";
 import { ChunkMaker, type ExportedChunk } from "./_export_chunks.ts";
-
-export type { ExportedChunk };
 import { exportSnapshot } from "./_snapshot_export.ts";
 import type { LlamaContext } from "../ffi/mod.ts";
 import type { ChunkDone, Engine, PrefillHooks } from "./engine.ts";
@@ -39,6 +37,8 @@ import { openLayerCapture, streamLayers } from "./_layer_stream.ts";
 import type { ResolvedIdentity } from "./identity.ts";
 import type { MtpDraft } from "../ffi/mtp.ts";
 import { logitsDigest, probeStep } from "./probe.ts";
+
+export type { ExportedChunk };
 
 /**
  * The prefix cache's part in one export (serve/prefix_cache.ts): the context already holds

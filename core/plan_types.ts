@@ -1,0 +1,217 @@
+/**
+ * What the planner (core/planner.ts) takes and returns: the request's state sizes, the link
+ * measurement, node rates and measured tail costs in; the placement, its reasons and the
+ * estimates behind it out; and the options with their defaults, each named with its unit.
+ *
+ * @module
+ */
+import { DEFAULT_STATE_BOUNDS } from "./schema.ts";
+
+/** State sizes of the model as measured from runtime export (not assumed). */
+export interface StateSize {
+  /** Attention KV bytes per prompt token (all attention layers, K and V). */
+  kvBytesPerToken: number;
+  /** Fixed recurrent bytes (conv + SSM of all recurrent layers). */
+  recurrentBytes: number;
+  /** Fixed sliding-window cache bytes (ISWA models). */
+  swaBytes?: number;
+  /** MTP draft context KV bytes per token. */
+  mtpBytesPerToken?: number;
+  /** Fixed MTP bytes (the pending hidden row). */
+  mtpFixedBytes?: number;
+}
+
+/** A link measurement and how old it is. */
+export interface LinkMeasurement {
+  bandwidthBytesPerS: number;
+  rttMs: number;
+  ageMs: number;
+  /** Lost pings over pings sent (null or absent: not measured). */
+  lossFraction?: number | null;
+  /** Why the estimator considers the link degraded (a drop, a rise); absent: it does not. */
+  degraded?: string | null;
+}
+
+/** Capability, identity and certification facts the coordinator gathered. */
+export interface PlanFlags {
+  prefillerHasPrefillRole: boolean;
+  decoderHasDecodeRole: boolean;
+  /** Both peers advertise this build's state schema version. */
+  schemaShared: boolean;
+  /** `compareIdentity` found no mismatch. */
+  identityMatch: boolean;
+  /** The model family has passed the exact state-handoff gate. */
+  familyCertified: boolean;
+}
+
+/** Everything `plan` weighs. */
+export interface PlanInput {
+  promptTokens: number;
+  /** Prompt tokens the prefiller restores from its exact-prefix cache. */
+  prefillerCachedTokens?: number;
+  state: StateSize;
+  link: LinkMeasurement | null;
+  prefillerPrefillTokensPerS: number;
+  decoderPrefillTokensPerS: number;
+  /** Time the request would wait for the prefiller (contention), in ms. */
+  prefillerQueueMs?: number;
+  decoderFreeBytes: number;
+  /** Prompt tokens per prefill chunk (one KV page each). */
+  chunkTokens: number;
+  flags: PlanFlags;
+  /** Optional layer-split alternative: its prefill rate and the per-token hop it adds. */
+  layerSplit?: { prefillTokensPerS: number; hopMsPerToken: number; outputTokens: number };
+  /**
+   * Decoder time to recompute the MTP draft state instead of receiving it; the tail takes
+   * the cheaper of the two (absent: the MTP state is always sent).
+   */
+  mtpReprimeMs?: number;
+  /** Decoder's continuation probe (one decode step) before CommitAck, in ms (absent: 0). */
+  probeMs?: number;
+  /**
+   * The recurrent state (conv + SSM) leaves layer by layer while the last chunk computes (the
+   * prefill worker's layer capture, ffi/layer_capture.ts), so it joins the page stream during
+   * the last chunk instead of after it. Absent: false (it is sent after prefill ends).
+   */
+  snapshotDuringLastChunk?: boolean;
+  /**
+   * With `snapshotDuringLastChunk`, in a model with attention layers: the capture also sends
+   * the last chunk's KV page before that chunk ends (once the last attention layer has written
+   * it), and the decoder imports it on arrival. Absent: false (it leaves after prefill ends).
+   */
+  lastPageDuringLastChunk?: boolean;
+  /** Tail costs measured on served handoffs (core/link_costs.ts); absent: the options' rates. */
+  costs?: HandoffCosts;
+}
+
+/** Tail costs the nodes measured on handoffs they served, each with its unit last. */
+export interface HandoffCosts {
+  /**
+   * Decoder: milliseconds per MiB of the import that could not overlap the wire (the last page
+   * and the snapshot, at commit). Replaces `importBytesPerS`; 0 when staging hid it all.
+   */
+  importMsPerMiB?: number;
+  /**
+   * Prefiller: prefill end to the manifest leaving when the link is not what it waits for
+   * (the tail export and its own probe step, which the manifest carries). The bytes flow
+   * meanwhile, so the tail waits for the later of the two.
+   */
+  prefillerPostMs?: number;
+  /**
+   * Link: what the tail's link part took beyond the model's `bytes / bandwidth` (or the
+   * prefiller's tail export, if later) and one RTT, on served handoffs, each with the RTT it
+   * was measured at: the transfer right after compute end runs slower than a continuous probe
+   * (the congestion window regrowing for the burst left then, frame handling on both ends).
+   * Predicted as the median of the samples measured at an RTT within a factor of 2 of the
+   * link's (all samples where none is), never below 0.
+   */
+  linkResidual?: { samples: [rttMs: number, ms: number][] };
+  /**
+   * Decoder: how long its probe result waited for the prefiller's probe digest before
+   * CommitAck. The prefiller runs its own probe decode (its first decode after the last
+   * chunk) once the manifest has left; where the manifest arrives quickly and that decode is
+   * slower than the decoder's import and probe, CommitAck waits for it.
+   */
+  probeWaitMs?: number;
+}
+
+/** Thresholds, each with its unit last. */
+export interface PlanOptions {
+  promptTokensMin: number;
+  linkAgeMsMax: number;
+  bandwidthBytesPerSMin: number;
+  rttMsMax: number;
+  /** Ping loss above this refuses the link (loss collapses QUIC throughput). */
+  lossFractionMax: number;
+  /** Disaggregation must win by at least this much. */
+  benefitMsMin: number;
+  /**
+   * And by at least this fraction of the colocated time (as must a layer split): node rates
+   * measured on a loaded machine move by several percent between requests, so a smaller
+   * predicted win is a coin toss (two workers of one speed, measured side by side: a predicted
+   * win of 3.5%, a measured one of 0.3%).
+   */
+  benefitFractionMin: number;
+  /** Decoder memory kept free beyond the state. */
+  memoryHeadroomBytes: number;
+  /** Decoder import rate for the tail (last page + snapshot). */
+  importBytesPerS: number;
+  stateBytesMax: number;
+}
+
+export const DEFAULT_PLAN_OPTIONS: Readonly<PlanOptions> = {
+  promptTokensMin: 2048,
+  linkAgeMsMax: 30_000,
+  bandwidthBytesPerSMin: 125_000_000, // 1 Gb/s
+  rttMsMax: 10,
+  lossFractionMax: 0.0005,
+  benefitMsMin: 20,
+  benefitFractionMin: 0.1,
+  memoryHeadroomBytes: 256 * 1024 * 1024,
+  importBytesPerS: 2_000_000_000,
+  stateBytesMax: DEFAULT_STATE_BOUNDS.stateBytesMax,
+};
+
+export type Placement = "colocated" | "disaggregated" | "layer-split";
+
+/** Why a placement was or was not chosen. `code` is machine-readable. */
+export interface PlanReason {
+  code:
+    | "prompt-too-short"
+    | "capability-missing"
+    | "identity-mismatch"
+    | "not-certified"
+    | "no-link-measurement"
+    | "link-stale"
+    | "link-too-slow"
+    | "rtt-too-high"
+    | "link-lossy"
+    | "link-degraded"
+    | "decoder-memory"
+    | "state-too-large"
+    | "slower-than-recompute"
+    | "no-node-rates"
+    | "chosen";
+  message: string;
+}
+
+/** The numbers behind a plan, in bytes and milliseconds. */
+export interface PlanEstimates {
+  kvBytes: number;
+  snapshotBytes: number;
+  stateBytes: number;
+  prefillerPrefillMs: number;
+  uncoveredKvMs: number;
+  snapshotTransferMs: number;
+  mtpTransferMs: number;
+  importMs: number;
+  /** The prefiller's own work after prefill end beyond the transfer (0: the link is later). */
+  manifestWaitMs?: number;
+  /** The measured link residual at this RTT (HandoffCosts.linkResidual; 0 without one). */
+  linkResidualMs?: number;
+  commitRoundTripMs: number;
+  handoffTailMs: number;
+  disaggregatedMs: number;
+  colocatedMs: number;
+  layerSplitMs: number | null;
+  benefitMs: number;
+  /** Estimated share of the non-last KV bytes sent before prefill ends (null: one chunk). */
+  overlapFraction: number | null;
+  /** Whether the MTP state travels, is recomputed on the decoder, or does not exist. */
+  mtpMode?: "transfer" | "reprime" | "none";
+  /** The decoder's continuation probe inside the tail (0 when not given). */
+  probeMs?: number;
+  /** The decoder's measured wait for the prefiller's probe digest (HandoffCosts; 0 without). */
+  probeWaitMs?: number;
+  /** Prefill end to CommitAck as the prefiller sees it: `handoffTailMs + probeMs + probeWaitMs`. */
+  commitTailMs?: number;
+  /** Prefiller queue wait (contention) counted against the benefit. */
+  prefillerQueueMs?: number;
+}
+
+export interface Plan {
+  placement: Placement;
+  reasons: PlanReason[];
+  /** Null when there is no link measurement to estimate with. */
+  estimates: PlanEstimates | null;
+}
