@@ -37,6 +37,8 @@ export interface LabTailRow {
   promptTokens: number;
   layerCapture: boolean;
   capture: CaptureMode;
+  /** Whether the workers asked for huge pages (`--huge-pages`, ffi/huge_pages.ts). */
+  hugePages: boolean;
   /** `cold`: the process pair's first handoff; `warm`: the ones after it. */
   workers: "cold" | "warm";
   prefillMs: number;
@@ -102,6 +104,8 @@ export async function runLabTailBench(o: {
   captureOffTokens: number[];
   /** Prompt lengths also run with the layers captured but the last page sent after prefill. */
   pageAfterTokens: number[];
+  /** Prompt lengths also run with capture on and `--huge-pages off` (4 KiB pages). */
+  smallPagesTokens: number[];
   /** Prompt whose real KV pages the payload-path measurement moves. */
   payloadTokens: number;
   repeats: number;
@@ -132,18 +136,20 @@ export async function runLabTailBench(o: {
   const ctx = Math.ceil((Math.max(...o.promptTokens) + 256) / 256) * 256;
   const rows: LabTailRow[] = [];
   let rttMs = NaN;
-  const modes: [CaptureMode, number[]][] = [
-    ["on", o.promptTokens],
-    ["layers", o.pageAfterTokens],
-    ["off", o.captureOffTokens],
+  const modes: [CaptureMode, number[], boolean][] = [
+    ["on", o.promptTokens, true],
+    ["on", o.smallPagesTokens, false],
+    ["layers", o.pageAfterTokens, true],
+    ["off", o.captureOffTokens, true],
   ];
-  for (const [mode, sizes] of modes) {
+  for (const [mode, sizes, hugePages] of modes) {
     if (sizes.length === 0) continue;
     const cluster = await startLocalCluster({
       args: [
         ...["--model", model, "--ctx", String(ctx)],
         ...["--layer-capture", mode === "off" ? "off" : "on"],
         ...["--last-page-capture", mode === "on" ? "on" : "off"],
+        ...["--huge-pages", hugePages ? "on" : "off"],
         ...LAB_TIMEOUT_ARGS,
         ...(o.workerThreads ? ["--threads", String(o.workerThreads)] : []),
       ],
@@ -157,16 +163,16 @@ export async function runLabTailBench(o: {
     const promptOf = (size: number) =>
       LAB_SENTENCE.repeat(Math.max(1, Math.floor((size - 16) / perSentence)));
     try {
-      if (mode === "on") rttMs = await controlRoundTripMs(cluster);
+      if (mode === "on" && hugePages) rttMs = await controlRoundTripMs(cluster);
       // The pair's first handoff, on cold workers (fresh buffers and first decodes): its own
       // row, so the measured rows are on warm workers, as in serving.
       const cold = await labHandoff(cluster, promptOf(Math.min(...sizes)));
-      rows.push({ ...row([cold], mode, rates, rttMs), workers: "cold" });
+      rows.push({ ...row([cold], mode, hugePages, rates, rttMs), workers: "cold" });
       for (const size of sizes) {
         const runs = [];
         const repeats = size >= o.onceFromTokens ? 1 : o.repeats;
         for (let i = 0; i < repeats; i++) runs.push(await labHandoff(cluster, promptOf(size)));
-        rows.push(row(runs, mode, rates, rttMs));
+        rows.push(row(runs, mode, hugePages, rates, rttMs));
       }
     } finally {
       await cluster.stop();
@@ -184,6 +190,7 @@ export async function runLabTailBench(o: {
 function row(
   runs: Awaited<ReturnType<typeof runHandoff>>[],
   capture: CaptureMode,
+  hugePages: boolean,
   rates: { raw: number; fastest: number },
   rttMs: number,
 ): LabTailRow {
@@ -204,6 +211,7 @@ function row(
     promptTokens: n,
     layerCapture: capture !== "off",
     capture,
+    hugePages,
     workers: "warm",
     prefillMs: median(t.map((x) => x.prefillMs ?? NaN)),
     ttftMs: median(runs.map((r) => r.ttftMs)),
@@ -248,8 +256,9 @@ async function tokensPerSentence(model: string): Promise<number> {
 
 /** The `lab` section of `deno task bench`: table, notes and the tail-vs-floor chart. */
 export async function labTailSection(o: { quick: boolean; modelDir: string }) {
-  // SKIPPY_LAB_PROMPTS / SKIPPY_LAB_PAGE_AFTER / SKIPPY_LAB_CAPTURE_OFF (comma-separated token
-  // counts, "" for none: capture on, layers only with the last page after prefill, off) and
+  // SKIPPY_LAB_PROMPTS / SKIPPY_LAB_SMALL_PAGES / SKIPPY_LAB_PAGE_AFTER / SKIPPY_LAB_CAPTURE_OFF
+  // (comma-separated token counts, "" for none: capture on; on with 4 KiB pages; layers only
+  // with the last page after prefill; off) and
   // SKIPPY_LAB_ONCE_FROM (prompts this long run once) narrow a run on a loaded machine;
   // SKIPPY_LAB_REPEATS sets the warm handoffs per row (default 2);
   // SKIPPY_LAB_THREADS sets llama.cpp threads per worker (default: the runtime's).
@@ -262,6 +271,7 @@ export async function labTailSection(o: { quick: boolean; modelDir: string }) {
     promptTokens: sizes("SKIPPY_LAB_PROMPTS", o.quick ? [512] : [512, 2048, 8192]),
     captureOffTokens: sizes("SKIPPY_LAB_CAPTURE_OFF", o.quick ? [] : [512, 2048]),
     pageAfterTokens: sizes("SKIPPY_LAB_PAGE_AFTER", o.quick ? [] : [512, 2048]),
+    smallPagesTokens: sizes("SKIPPY_LAB_SMALL_PAGES", o.quick ? [] : [512, 2048]),
     payloadTokens: 2048,
     repeats: sizes("SKIPPY_LAB_REPEATS", [o.quick ? 1 : 2])[0],
     payloadRepeats: o.quick ? 3 : 7,
@@ -269,7 +279,7 @@ export async function labTailSection(o: { quick: boolean; modelDir: string }) {
     workerThreads: sizes("SKIPPY_LAB_THREADS", [])[0],
   });
   const warm = r.rows.filter((x) => x.workers !== "cold");
-  const on = warm.filter((x) => x.capture === "on");
+  const on = warm.filter((x) => x.capture === "on" && x.hugePages !== false);
   const layersOnly = warm.filter((x) => x.capture === "layers");
   const off = warm.filter((x) => x.capture === "off");
   const pts = (rows: LabTailRow[], f: (x: LabTailRow) => number) =>
@@ -283,6 +293,7 @@ export async function labTailSection(o: { quick: boolean; modelDir: string }) {
         "prompt",
         "runs",
         "capture",
+        "pages",
         "workers",
         "prefill ms",
         "TTFT ms",
@@ -301,6 +312,7 @@ export async function labTailSection(o: { quick: boolean; modelDir: string }) {
         x.promptTokens,
         x.repeats,
         x.capture,
+        x.hugePages === false ? "4K" : "huge",
         x.workers ?? "warm",
         x.prefillMs,
         x.ttftMs,
@@ -334,7 +346,7 @@ export async function labTailSection(o: { quick: boolean; modelDir: string }) {
       } MB/s vs raw QUIC ${p.rawMBps.toFixed(0)} MB/s (medians of ${p.ratios.length}); ratio ${
         p.ratio.toFixed(2)
       } (median of the paired per-repeat ratios ${p.ratios.map((x) => x.toFixed(2)).join(", ")}).`,
-      "capture: `on` sends the recurrent layers and the last page while the last chunk computes (the page once the last attention layer, 78 of 88, has written it); `layers` sends only the layers then (`--last-page-capture off`: the page leaves after the chunk); `off` sends the snapshot after prefill. The modes run one after another, each on its own process pair.",
+      "capture: `on` sends the recurrent layers and the last page while the last chunk computes (the page once the last attention layer, 78 of 88, has written it); `layers` sends only the layers then (`--last-page-capture off`: the page leaves after the chunk); `off` sends the snapshot after prefill. pages: `huge` where the workers ask Linux for transparent huge pages on their contexts' buffers (the default), `4K` with `--huge-pages off`. The modes run one after another, each on its own process pair.",
       `Both workers and the client share two cores: sending while the last chunk computes competes with it (prefill ms, capture on vs off). llama.cpp threads per worker: ${
         r.workerThreads ?? "the runtime default"
       } (SKIPPY_LAB_THREADS).`,

@@ -4,7 +4,7 @@
  * waited for the prefiller's probe digest. Used for docs/bench-report/lab/ on a loaded machine.
  *
  * `deno run -A --unstable-net bench/tail_breakdown.ts [--runs 3] [--sentences 25] [--capture on]
- * [--per-cluster 1] [--threads N] [--ctx 1024]`: `--per-cluster` handoffs on each process pair (more than one:
+ * [--per-cluster 1] [--threads N] [--ctx 1024] [--last-page-capture on|off] [--huge-pages on|off]`: `--per-cluster` handoffs on each process pair (more than one:
  * the later ones run on warm workers, as in serving, where the prefiller's own probe decode can
  * be what CommitAck waits for); `--threads` llama.cpp threads per worker (default: the workers');
  * `--ctx` each worker's context (tokens; raise it with `--sentences`).
@@ -24,6 +24,8 @@ const { values } = parseArgs({
     "per-cluster": { type: "string", default: "1" },
     threads: { type: "string" },
     ctx: { type: "string", default: "1024" },
+    "last-page-capture": { type: "string", default: "on" },
+    "huge-pages": { type: "string", default: "on" },
   },
 });
 const model = await ensureModelFile(`${cacheDir()}/models`, {
@@ -41,6 +43,8 @@ for (let i = 0; i < Number(values.runs); i++) {
   const cluster = await startLocalCluster({
     args: [
       ...["--model", model, "--ctx", values.ctx!, "--layer-capture", values.capture!],
+      ...["--last-page-capture", values["last-page-capture"]!],
+      ...["--huge-pages", values["huge-pages"]!],
       ...LAB_TIMEOUT_ARGS,
       ...(values.threads ? ["--threads", values.threads] : []),
     ],

@@ -44,6 +44,7 @@ export interface RuntimeFlags {
   cpuVariant?: string;
   gpuLayers: GpuLayersRequest;
   mtp?: boolean;
+  hugePages: "on" | "off";
 }
 
 /** Parser for `--gpu-layers <n|all|auto>`. */
@@ -66,7 +67,7 @@ export function addGpuLayersOption(cmd: Command): Command {
 
 /**
  * Adds --model, --ctx, --chunk-tokens, --threads, --flash-attn, --kv-type, --cpu-variant,
- * --gpu-layers, --mtp.
+ * --gpu-layers, --mtp, --huge-pages.
  */
 export function addRuntimeOptions(cmd: Command): Command {
   const runtime = cmd
@@ -93,7 +94,13 @@ export function addRuntimeOptions(cmd: Command): Command {
     .option("--cpu-variant <name>", "CPU backend variant (default: best for this machine)");
   return addGpuLayersOption(runtime)
     .option("--mtp", "load the model's MTP layers (default: when the model has them)")
-    .option("--no-mtp", "do not load the model's MTP layers");
+    .option("--no-mtp", "do not load the model's MTP layers")
+    .addOption(
+      new Option(
+        "--huge-pages <on|off>",
+        "Linux: ask for transparent huge pages on the context's buffers (numerics unchanged)",
+      ).choices(["on", "off"]).default("on"),
+    );
 }
 
 /** Turns parsed flags into a runtime config, making the default model if needed. */
@@ -109,6 +116,7 @@ export async function runtimeConfigFrom(flags: RuntimeFlags): Promise<RuntimeCon
     cpuVariant: flags.cpuVariant,
     gpuLayers: flags.gpuLayers,
     mtp: flags.mtp,
+    hugePages: flags.hugePages !== "off",
   };
 }
 

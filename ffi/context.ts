@@ -4,6 +4,7 @@
  * Native calls on one context are serialized here (a context is not re-entrant), and every
  * compute call is nonblocking, so other work (sending state pages) proceeds meanwhile.
  */
+import { adviseHugePages, type HugePageAdvice, regionsNow } from "./huge_pages.ts";
 import {
   assert,
   ModelLoadError,
@@ -57,6 +58,11 @@ export interface ContextOptions {
    * numerics; default 0 so that co-located workers do not burn each other's cores.
    */
   pollLevel?: number;
+  /**
+   * Ask Linux for transparent huge pages on the buffers this context allocates (default true;
+   * see `huge_pages.ts`). Placement only: numerics are unchanged.
+   */
+  hugePages?: boolean;
 }
 
 /** The numerics defaults: fixed, never derived from the machine. */
@@ -83,6 +89,8 @@ export class LlamaContext implements Disposable {
   readonly nCtx: number;
   readonly nVocab: number;
   readonly nEmbd: number;
+  /** What was asked of the kernel for this context's buffers (see `huge_pages.ts`). */
+  hugePages: HugePageAdvice = { advisedBytes: 0, collapsedBytes: 0, reason: "not asked" };
 
   private constructor(
     readonly model: LlamaModel,
@@ -133,6 +141,7 @@ export class LlamaContext implements Disposable {
     set("swa_full", options.swaFull ?? true);
     set("no_perf", false);
     lib.log.clear();
+    const before = options.hugePages === false ? null : regionsNow();
     const ptr = await lib.symbols.llama_init_from_model(model.ptr, p);
     if (ptr === null) {
       const reason = lib.log.recent().at(-1) ?? "no reason given";
@@ -141,6 +150,9 @@ export class LlamaContext implements Disposable {
       });
     }
     const ctx = new LlamaContext(model, ptr, { ...options });
+    ctx.hugePages = options.hugePages === false
+      ? { advisedBytes: 0, collapsedBytes: 0, reason: "turned off" }
+      : await adviseHugePages(before);
     ctx.#attachThreadpool();
     return ctx;
   }

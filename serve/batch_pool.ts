@@ -86,6 +86,7 @@ export class SequencePool implements SessionPool, Disposable {
       typeK: config.typeK,
       typeV: config.typeV,
       swaFull: config.swaFull ?? false,
+      hugePages: config.hugePages,
     });
     try {
       const backend = await stateBackend(ctx);

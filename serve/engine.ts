@@ -35,6 +35,11 @@ export interface RuntimeConfig {
   /** Load the MTP layers (hybrid-moe-mtp models). */
   mtp?: boolean;
   /**
+   * Ask Linux for transparent huge pages on the contexts' buffers (default true; placement
+   * only, numerics unchanged: ffi/huge_pages.ts).
+   */
+  hugePages?: boolean;
+  /**
    * Size the sliding-window cache of ISWA models to the whole context (default false: the
    * window plus one micro-batch, which keeps the handoff's SWA snapshot bounded).
    */
@@ -183,6 +188,7 @@ export class Engine implements Disposable, DecodeEngine {
       typeV: config.typeV,
       swaFull: config.swaFull ?? false,
       nRsSeq: config.nRsSeq ?? (config.speculation ? nRsSeqFor(config.speculation) : 0),
+      hugePages: config.hugePages,
     });
     const engine = new Engine(lib, model, ctx, config);
     engine.#ownsModel = shared === undefined;

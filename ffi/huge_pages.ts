@@ -1,0 +1,135 @@
+/**
+ * Transparent huge pages for llama.cpp's buffers (Linux). A decode streams the whole recurrent
+ * state and the weights once per token; on lab-state that is hundreds of MB, and the first
+ * decode after a prefill chunk walked it in 4 KiB pages at 2-7x its steady time on this
+ * project's machines (a PVM guest, whose shadow page tables make a page's first touch after
+ * other work expensive). Asking the kernel for 2 MiB pages on the buffers a context allocates
+ * (`MADV_HUGEPAGE`, then `MADV_COLLAPSE` for the pages already touched) halved that first decode
+ * there (docs/bench-report/lab/, run 15).
+ *
+ * Placement only: the bytes, and so the numerics, are the same; nothing here is part of the
+ * numerical identity. Where the kernel has no THP, or it is off (`never`), or this is not Linux,
+ * nothing is advised and `reason` says why.
+ */
+
+/** A mapping of this process: [start, end) in bytes. */
+export interface Region {
+  start: bigint;
+  end: bigint;
+}
+
+/** What `adviseHugePages` did. */
+export interface HugePageAdvice {
+  /** Bytes asked to be backed by huge pages (whole 2 MiB units only). */
+  advisedBytes: number;
+  /** Of those, bytes collapsed into huge pages at once (the rest as they are touched next). */
+  collapsedBytes: number;
+  /** Why nothing was advised, or null. */
+  reason: string | null;
+}
+
+const HUGE = 2n * 1024n * 1024n;
+const MADV_HUGEPAGE = 14;
+const MADV_COLLAPSE = 25;
+const THP_ENABLED = "/sys/kernel/mm/transparent_hugepage/enabled";
+
+/**
+ * Anonymous read-write mappings in `/proc/self/maps` text (no file, no `[stack]` or other named
+ * region): where malloc and ggml put large buffers.
+ *
+ * @example
+ * ```ts
+ * anonymousRegions("7f00-7f80 rw-p 00000000 00:00 0 \n"); // [{ start: 0x7f00n, end: 0x7f80n }]
+ * ```
+ */
+export function anonymousRegions(maps: string): Region[] {
+  const out: Region[] = [];
+  for (const line of maps.split("\n")) {
+    const m = line.match(/^([0-9a-f]+)-([0-9a-f]+) (\S+) \S+ \S+ (\d+)\s*(.*)$/);
+    if (!m || !m[3].startsWith("rw") || m[4] !== "0" || m[5].trim() !== "") continue;
+    out.push({ start: BigInt("0x" + m[1]), end: BigInt("0x" + m[2]) });
+  }
+  return out;
+}
+
+/**
+ * The whole 2 MiB units of the regions in `after` that are not in `before` (new, or grown or
+ * cut since), each at least `minBytes` long.
+ */
+export function newHugeSpans(before: Region[], after: Region[], minBytes = HUGE): Region[] {
+  const old = new Set(before.map((r) => `${r.start}-${r.end}`));
+  const spans: Region[] = [];
+  for (const r of after) {
+    if (old.has(`${r.start}-${r.end}`)) continue;
+    const start = (r.start + HUGE - 1n) / HUGE * HUGE;
+    const end = r.end / HUGE * HUGE;
+    if (end - start >= minBytes) spans.push({ start, end });
+  }
+  return spans;
+}
+
+/** This process's anonymous mappings now, or null where there is no `/proc/self/maps`. */
+export function regionsNow(): Region[] | null {
+  if (Deno.build.os !== "linux") return null;
+  try {
+    return anonymousRegions(Deno.readTextFileSync("/proc/self/maps"));
+  } catch {
+    return null;
+  }
+}
+
+const LIBC = {
+  // Collapsing copies pages (about 300 ms for lab-state's 380 MB here): off the JS thread.
+  madvise: { parameters: ["usize", "usize", "i32"], result: "i32", nonblocking: true },
+} as const;
+let libc: Deno.DynamicLibrary<typeof LIBC> | null = null;
+
+async function madvise(span: Region, advice: number): Promise<boolean> {
+  libc ??= Deno.dlopen("libc.so.6", LIBC);
+  return await libc.symbols.madvise(span.start, span.end - span.start, advice) === 0;
+}
+
+let warned = false;
+
+/** Why huge pages cannot be asked for here, or null when they can. */
+function unavailable(): string | null {
+  if (Deno.build.os !== "linux") return `not Linux (${Deno.build.os})`;
+  let mode: string;
+  try {
+    mode = Deno.readTextFileSync(THP_ENABLED);
+  } catch {
+    return "this kernel has no transparent huge pages";
+  }
+  return mode.includes("[never]") ? "transparent huge pages are off (never)" : null;
+}
+
+/**
+ * Asks for huge pages on every anonymous mapping that appeared or changed since `before` (see
+ * `regionsNow`): what llama.cpp allocated for a context in between. A context placed in memory
+ * the process had freed before (malloc reuses it) is not seen: that happens when a long-lived
+ * process creates contexts again, not in a worker, which creates its contexts once. Never
+ * throws: a refused span is left as it was.
+ */
+export async function adviseHugePages(before: Region[] | null): Promise<HugePageAdvice> {
+  const why = before === null ? "no /proc/self/maps" : unavailable();
+  const after = why === null ? regionsNow() : null;
+  if (why !== null || after === null) {
+    const reason = why ?? "no /proc/self/maps";
+    // Said once on Linux, where it costs the first decodes (elsewhere there is nothing to ask).
+    if (Deno.build.os === "linux" && !warned) {
+      warned = true;
+      console.error(`skippy: contexts use 4 KiB pages: ${reason}`);
+    }
+    return { advisedBytes: 0, collapsedBytes: 0, reason };
+  }
+  let advisedBytes = 0;
+  let collapsedBytes = 0;
+  for (const span of newHugeSpans(before!, after)) {
+    if (!await madvise(span, MADV_HUGEPAGE)) continue;
+    const bytes = Number(span.end - span.start);
+    advisedBytes += bytes;
+    // Synchronous where the kernel has it (Linux 6.1+); refused spans fill in as touched.
+    if (await madvise(span, MADV_COLLAPSE)) collapsedBytes += bytes;
+  }
+  return { advisedBytes, collapsedBytes, reason: null };
+}

@@ -1,0 +1,65 @@
+import assert from "node:assert/strict";
+import { anonymousRegions, type HugePageAdvice, newHugeSpans } from "./huge_pages.ts";
+
+const MIB = 1024n * 1024n;
+
+Deno.test("anonymousRegions keeps read-write mappings without a file or a name", () => {
+  const maps = [
+    "00400000-00452000 r-xp 00000000 08:02 173521      /usr/bin/deno",
+    "7f0000000000-7f0000a00000 rw-p 00000000 00:00 0 ",
+    "7f0000a00000-7f0000c00000 ---p 00000000 00:00 0 ",
+    "7f0000c00000-7f0001000000 rw-p 00000000 08:02 42   /tmp/model.gguf",
+    "7ffd00000000-7ffd00200000 rw-p 00000000 00:00 0      [stack]",
+    "7f0001000000-7f0001400000 rw-s 00000000 00:00 0",
+    "",
+  ].join("\n");
+  assert.deepEqual(anonymousRegions(maps), [
+    { start: 0x7f0000000000n, end: 0x7f0000a00000n },
+    { start: 0x7f0001000000n, end: 0x7f0001400000n },
+  ]);
+});
+
+Deno.test("newHugeSpans: only new regions, cut to whole 2 MiB units", () => {
+  const old = { start: 0n, end: 64n * MIB };
+  const unaligned = { start: 64n * MIB + 4096n, end: 70n * MIB + 4096n };
+  const small = { start: 80n * MIB + 4096n, end: 83n * MIB };
+  assert.deepEqual(newHugeSpans([old], [old, unaligned, small]), [
+    { start: 66n * MIB, end: 70n * MIB },
+  ]);
+  // A region that grew since (an arena extended for the context) is new too.
+  const grown = { start: 0n, end: 68n * MIB };
+  assert.deepEqual(newHugeSpans([old], [grown]), [grown]);
+  // [80 MiB + 4 KiB, 83 MiB) holds no whole 2 MiB unit, whatever the minimum.
+  assert.deepEqual(newHugeSpans([], [small], 1n), []);
+});
+
+/** Runs `_huge_pages_child.ts` in a fresh process, as a worker creates its contexts. */
+async function child(hugePages: "on" | "off"): Promise<{ advice: HugePageAdvice; logits: string }> {
+  const script = new URL("./_huge_pages_child.ts", import.meta.url).pathname;
+  const out = await new Deno.Command(Deno.execPath(), {
+    args: ["run", "-A", script, hugePages],
+    stderr: "inherit",
+  }).output();
+  assert.equal(out.code, 0, `child exited with ${out.code}`);
+  return JSON.parse(new TextDecoder().decode(out.stdout).trim().split("\n").at(-1)!);
+}
+
+Deno.test("huge pages are asked for a new context's buffers, and change no logit", async () => {
+  const [huge, small] = [await child("on"), await child("off")];
+  assert.deepEqual(small.advice, { advisedBytes: 0, collapsedBytes: 0, reason: "turned off" });
+  let thp = "";
+  try {
+    thp = Deno.readTextFileSync("/sys/kernel/mm/transparent_hugepage/enabled");
+  } catch { /* no THP: the reason says so */ }
+  if (Deno.build.os === "linux" && thp !== "" && !thp.includes("[never]")) {
+    assert.equal(huge.advice.reason, null);
+    // The hybrid test model's recurrent and compute buffers span whole 2 MiB units.
+    assert.ok(huge.advice.advisedBytes >= 2 * 1024 * 1024, JSON.stringify(huge.advice));
+    assert.ok(huge.advice.collapsedBytes <= huge.advice.advisedBytes);
+  } else {
+    assert.equal(huge.advice.advisedBytes, 0);
+    assert.notEqual(huge.advice.reason, null);
+  }
+  assert.equal(huge.logits.length > 0, true);
+  assert.equal(huge.logits, small.logits);
+});
