@@ -278,12 +278,6 @@ export async function labTailSection(o: { quick: boolean; modelDir: string }) {
     onceFromTokens: sizes("SKIPPY_LAB_ONCE_FROM", [8192])[0] ?? 8192,
     workerThreads: sizes("SKIPPY_LAB_THREADS", [])[0],
   });
-  const warm = r.rows.filter((x) => x.workers !== "cold");
-  const on = warm.filter((x) => x.capture === "on" && x.hugePages !== false);
-  const layersOnly = warm.filter((x) => x.capture === "layers");
-  const off = warm.filter((x) => x.capture === "off");
-  const pts = (rows: LabTailRow[], f: (x: LabTailRow) => number) =>
-    rows.map((x) => ({ x: x.promptTokens, y: f(x) }));
   const p = r.payload;
   return {
     name: "lab",
@@ -351,28 +345,34 @@ export async function labTailSection(o: { quick: boolean; modelDir: string }) {
         r.workerThreads ?? "the runtime default"
       } (SKIPPY_LAB_THREADS).`,
     ],
-    charts: {
-      "lab-tail-vs-floor.svg": lineChart([
-        { name: "tail - probe, capture on", points: pts(on, (x) => x.tailToReadyMs) },
-        ...(layersOnly.length
-          ? [{
-            name: "tail - probe, layers only (last page after)",
-            points: pts(layersOnly, (x) => x.tailToReadyMs),
-          }]
-          : []),
-        ...(off.length
-          ? [{ name: "tail - probe, layer capture off", points: pts(off, (x) => x.tailToReadyMs) }]
-          : []),
-        { name: "floor (snapshot + last page)", points: pts(on, (x) => x.floorMs) },
-        { name: "layer floor (last layer + last page)", points: pts(on, (x) => x.layerFloorMs) },
-      ], {
-        title: "lab-state: uncovered handoff tail vs its floors",
-        xLabel: "prompt tokens",
-        yLabel: "ms",
-        logX: true,
-      }),
-    },
+    charts: { "lab-tail-vs-floor.svg": labTailChart(r.rows) },
   };
+}
+
+/** Tail - probe of the warm rows against both floors, by prompt length (log x). */
+export function labTailChart(rows: LabTailRow[]): string {
+  const warm = rows.filter((x) => x.workers !== "cold");
+  const on = warm.filter((x) => x.capture === "on" && x.hugePages !== false);
+  const small = warm.filter((x) => x.capture === "on" && x.hugePages === false);
+  const layersOnly = warm.filter((x) => x.capture === "layers");
+  const off = warm.filter((x) => x.capture === "off");
+  const pts = (rows: LabTailRow[], f: (x: LabTailRow) => number) =>
+    rows.map((x) => ({ x: x.promptTokens, y: f(x) }));
+  const series = (name: string, rows: LabTailRow[]) =>
+    rows.length ? [{ name, points: pts(rows, (x) => x.tailToReadyMs) }] : [];
+  return lineChart([
+    { name: "tail - probe, capture on", points: pts(on, (x) => x.tailToReadyMs) },
+    ...series("tail - probe, capture on, 4 KiB pages (--huge-pages off)", small),
+    ...series("tail - probe, layers only (last page after)", layersOnly),
+    ...series("tail - probe, layer capture off", off),
+    { name: "floor (snapshot + last page)", points: pts(on, (x) => x.floorMs) },
+    { name: "layer floor (last layer + last page)", points: pts(on, (x) => x.layerFloorMs) },
+  ], {
+    title: "lab-state: uncovered handoff tail vs its floors",
+    xLabel: "prompt tokens",
+    yLabel: "ms",
+    logX: true,
+  });
 }
 
 /**

@@ -222,10 +222,11 @@ export class StateExporter {
     };
     const logits = await this.#prefill(prompt, paged, sink, onChunk, hooks, prefix);
     if (firstToken < 0) sampleFirst(logits); // the engine's positions did not start at 0
-    const firstLogitsSha256 = await logitsDigest(logits);
     this.#captured = captured;
     await this.#exportTail(n, prompt, firstToken, sampling, sampler, sink);
     onTailExported?.();
+    // Only the result needs it: hashed after the tail left, not between compute end and the tail.
+    const firstLogitsSha256 = await logitsDigest(logits);
     // The probe: continue one token here so the decoder can prove it continues identically.
     // It runs while the manifest travels and the decoder imports (its digest follows).
     const probe = await probeStep(this.engine, firstToken);
