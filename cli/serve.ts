@@ -3,6 +3,7 @@
  * worker until interrupted. Prints one `ready` line (with the node id and address) once it
  * accepts connections, then one line per handoff; never prompt content.
  */
+import { MALLOC_HUGE_PAGES_TUNABLE, mallocHugePages } from "../ffi/mod.ts";
 import { type Command, Option } from "commander";
 import { DEFAULT_HANDOFF_TIMING } from "../core/handoff.ts";
 import { type Role, ROLES } from "../transport/mod.ts";
@@ -223,6 +224,14 @@ async function runServe(flags: ServeFlags): Promise<void> {
       prefixCheckpointsMax: flags.prefixCheckpointsMax,
     },
   });
+  if (runtime.hugePages && Deno.build.os === "linux" && !mallocHugePages()) {
+    // Named, not silent: without the tunable only the contexts are advised, after allocation.
+    console.error(
+      "huge pages: contexts advised after they are allocated; start serve with " +
+        `GLIBC_TUNABLES=${MALLOC_HUGE_PAGES_TUNABLE} to have the weights and every buffer in ` +
+        "huge pages from their first touch (ffi/huge_pages.ts)",
+    );
+  }
   if (speculation && speculation.mode !== "none") {
     // Named, not silent: what speculation costs the handoff on this worker.
     console.error(

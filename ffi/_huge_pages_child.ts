@@ -1,7 +1,8 @@
 /**
- * Test helper for huge_pages_test.ts: in a fresh process, as a worker creates its contexts,
- * creates one context on the hybrid test model (`--huge-pages on|off` as the first argument)
- * and prints its `hugePages` advice and the last logits' bytes as hex, as JSON.
+ * Test helper for huge_pages_test.ts: in a fresh process, as a worker starts, loads the hybrid
+ * test model and creates one context with huge pages `on` or `off` (the first argument), and
+ * prints as JSON whether the weights were read into huge pages, the context's advice, and the
+ * last logits' bytes as hex.
  */
 import { prompt, TEST_CONTEXT } from "./_state_testing.ts";
 import { testModel } from "../testing/models.ts";
@@ -11,12 +12,14 @@ import { LlamaContext } from "./context.ts";
 import { loadLlama } from "./library.ts";
 import { LlamaModel } from "./model.ts";
 
-using model = await LlamaModel.load(loadLlama(), await testModel("hybrid"), {});
-using ctx = await LlamaContext.create(model, { ...TEST_CONTEXT, hugePages: Deno.args[0] === "on" });
+const hugePages = Deno.args[0] === "on";
+using model = await LlamaModel.load(loadLlama(), await testModel("hybrid"), { hugePages });
+using ctx = await LlamaContext.create(model, { ...TEST_CONTEXT, hugePages });
 const tokens = prompt(96);
 const batch = new LlamaBatch(tokens.length);
 batch.fill(tokens, 0, true);
 await ctx.decode(batch);
 const logits = ctx.logits(-1);
 const bytes = new Uint8Array(logits.buffer, logits.byteOffset, logits.byteLength);
-console.log(JSON.stringify({ advice: ctx.hugePages, logits: toHex(bytes) }));
+const weights = model.weightsInHugePages;
+console.log(JSON.stringify({ weights, advice: ctx.hugePages, logits: toHex(bytes) }));

@@ -91,8 +91,31 @@ async function madvise(span: Region, advice: number): Promise<boolean> {
 
 let warned = false;
 
+/**
+ * The glibc tunable (glibc 2.35+) under which malloc asks for huge pages on every region it maps,
+ * before anything touches it: llama.cpp's buffers, and weights read into memory, are then huge
+ * from the start, which advising after `llama_init_from_model` (which clears them) cannot give.
+ * Read at process start, so it is set for child workers (serve/local_cluster.ts) and named for
+ * a `serve` started without it.
+ */
+export const MALLOC_HUGE_PAGES_TUNABLE = "glibc.malloc.hugetlb=1";
+
+/** True when this process started with `MALLOC_HUGE_PAGES_TUNABLE` (Linux only). */
+export function mallocHugePages(): boolean {
+  if (Deno.build.os !== "linux") return false;
+  return (Deno.env.get("GLIBC_TUNABLES") ?? "").split(":").includes(MALLOC_HUGE_PAGES_TUNABLE);
+}
+
+/** `GLIBC_TUNABLES` with `MALLOC_HUGE_PAGES_TUNABLE` added to what is already there. */
+export function glibcTunablesWithHugePages(current = Deno.env.get("GLIBC_TUNABLES") ?? ""): string {
+  const parts = current.split(":").filter((p) =>
+    p !== "" && !p.startsWith("glibc.malloc.hugetlb=")
+  );
+  return [...parts, MALLOC_HUGE_PAGES_TUNABLE].join(":");
+}
+
 /** Why huge pages cannot be asked for here, or null when they can. */
-function unavailable(): string | null {
+export function hugePagesUnavailable(): string | null {
   if (Deno.build.os !== "linux") return `not Linux (${Deno.build.os})`;
   let mode: string;
   try {
@@ -111,7 +134,7 @@ function unavailable(): string | null {
  * throws: a refused span is left as it was.
  */
 export async function adviseHugePages(before: Region[] | null): Promise<HugePageAdvice> {
-  const why = before === null ? "no /proc/self/maps" : unavailable();
+  const why = before === null ? "no /proc/self/maps" : hugePagesUnavailable();
   const after = why === null ? regionsNow() : null;
   if (why !== null || after === null) {
     const reason = why ?? "no /proc/self/maps";

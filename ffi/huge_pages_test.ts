@@ -1,5 +1,11 @@
 import assert from "node:assert/strict";
-import { anonymousRegions, type HugePageAdvice, newHugeSpans } from "./huge_pages.ts";
+import {
+  anonymousRegions,
+  glibcTunablesWithHugePages,
+  type HugePageAdvice,
+  MALLOC_HUGE_PAGES_TUNABLE,
+  newHugeSpans,
+} from "./huge_pages.ts";
 
 const MIB = 1024n * 1024n;
 
@@ -33,25 +39,38 @@ Deno.test("newHugeSpans: only new regions, cut to whole 2 MiB units", () => {
   assert.deepEqual(newHugeSpans([], [small], 1n), []);
 });
 
-/** Runs `_huge_pages_child.ts` in a fresh process, as a worker creates its contexts. */
-async function child(hugePages: "on" | "off"): Promise<{ advice: HugePageAdvice; logits: string }> {
+interface ChildResult {
+  weights: boolean;
+  advice: HugePageAdvice;
+  logits: string;
+}
+
+/** Runs `_huge_pages_child.ts` in a fresh process, as a worker starts (with `tunables`). */
+async function child(hugePages: "on" | "off", tunables = ""): Promise<ChildResult> {
   const script = new URL("./_huge_pages_child.ts", import.meta.url).pathname;
   const out = await new Deno.Command(Deno.execPath(), {
     args: ["run", "-A", script, hugePages],
+    env: { GLIBC_TUNABLES: tunables },
     stderr: "inherit",
   }).output();
   assert.equal(out.code, 0, `child exited with ${out.code}`);
   return JSON.parse(new TextDecoder().decode(out.stdout).trim().split("\n").at(-1)!);
 }
 
-Deno.test("huge pages are asked for a new context's buffers, and change no logit", async () => {
-  const [huge, small] = [await child("on"), await child("off")];
+Deno.test("huge pages for weights and a new context's buffers change no logit", async () => {
+  const huge = await child("on");
+  const small = await child("off");
+  const tuned = await child("on", glibcTunablesWithHugePages(""));
   assert.deepEqual(small.advice, { advisedBytes: 0, collapsedBytes: 0, reason: "turned off" });
+  assert.equal(small.weights, false);
+  // Without glibc's tunable the weights stay mapped from the file.
+  assert.equal(huge.weights, false);
   let thp = "";
   try {
     thp = Deno.readTextFileSync("/sys/kernel/mm/transparent_hugepage/enabled");
   } catch { /* no THP: the reason says so */ }
   if (Deno.build.os === "linux" && thp !== "" && !thp.includes("[never]")) {
+    assert.equal(tuned.weights, true, "with the tunable the weights are read into huge pages");
     assert.equal(huge.advice.reason, null);
     // The hybrid test model's recurrent and compute buffers span whole 2 MiB units.
     assert.ok(huge.advice.advisedBytes >= 2 * 1024 * 1024, JSON.stringify(huge.advice));
@@ -62,4 +81,13 @@ Deno.test("huge pages are asked for a new context's buffers, and change no logit
   }
   assert.equal(huge.logits.length > 0, true);
   assert.equal(huge.logits, small.logits);
+  assert.equal(tuned.logits, small.logits);
+});
+
+Deno.test("glibc's huge-page tunable is added to the tunables already set, once", () => {
+  assert.equal(glibcTunablesWithHugePages(""), MALLOC_HUGE_PAGES_TUNABLE);
+  assert.equal(
+    glibcTunablesWithHugePages("glibc.malloc.arena_max=2:glibc.malloc.hugetlb=0"),
+    `glibc.malloc.arena_max=2:${MALLOC_HUGE_PAGES_TUNABLE}`,
+  );
 });

@@ -67,3 +67,9 @@ export {
 export { MtpDraft } from "./mtp.ts";
 export { recurrentPayloadBytes } from "./_recurrent_split.ts";
 export { LlamaSampler, type LlamaSamplerOptions } from "./sampler.ts";
+export {
+  glibcTunablesWithHugePages,
+  type HugePageAdvice,
+  MALLOC_HUGE_PAGES_TUNABLE,
+  mallocHugePages,
+} from "./huge_pages.ts";

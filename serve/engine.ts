@@ -35,8 +35,9 @@ export interface RuntimeConfig {
   /** Load the MTP layers (hybrid-moe-mtp models). */
   mtp?: boolean;
   /**
-   * Ask Linux for transparent huge pages on the contexts' buffers (default true; placement
-   * only, numerics unchanged: ffi/huge_pages.ts).
+   * Ask Linux for transparent huge pages on the contexts' buffers, and on the weights where the
+   * process started with glibc's huge-page tunable (default true; placement only, numerics
+   * unchanged: ffi/huge_pages.ts).
    */
   hugePages?: boolean;
   /**
@@ -177,6 +178,7 @@ export class Engine implements Disposable, DecodeEngine {
     const model = shared ?? await LlamaModel.load(lib, config.modelPath, {
       loadMtp: config.mtp,
       gpuLayers: config.gpuLayers,
+      hugePages: config.hugePages !== false,
     });
     const ctx = await LlamaContext.create(model, {
       nCtx: config.nCtx,

@@ -7,6 +7,7 @@
 import { parsePeerCard, TrustList, type TrustRole } from "../transport/mod.ts";
 import type { PeerAddress } from "./messages.ts";
 import { Node } from "./node.ts";
+import { glibcTunablesWithHugePages } from "../ffi/huge_pages.ts";
 
 const MAIN = new URL("../main.ts", import.meta.url).pathname;
 /** How long a worker may take to load its model and listen. */
@@ -83,6 +84,16 @@ export interface StartWorkerOptions {
   env?: Record<string, string>;
 }
 
+/**
+ * glibc's huge-page tunable for a worker that keeps `--huge-pages on` (the default) on Linux:
+ * its weights and buffers then sit in huge pages from their first touch (ffi/huge_pages.ts).
+ */
+function workerHugePagesEnv(args: string[]): Record<string, string> {
+  const i = args.lastIndexOf("--huge-pages");
+  if (Deno.build.os !== "linux" || (i >= 0 && args[i + 1] === "off")) return {};
+  return { GLIBC_TUNABLES: glibcTunablesWithHugePages() };
+}
+
 /** Starts `serve` as a child process and waits for its ready line. */
 export async function startWorker(
   role: string,
@@ -107,7 +118,7 @@ export async function startWorker(
     ],
     stdout: "piped",
     stderr: "piped",
-    ...(options.env ? { env: options.env } : {}),
+    env: { ...workerHugePagesEnv(args), ...options.env },
   }).spawn();
   const log: string[] = [];
   pumpLines(process.stderr, (line) => {

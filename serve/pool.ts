@@ -59,6 +59,7 @@ export class EnginePool implements Disposable, SessionPool {
     const model = await LlamaModel.load(lib, config.modelPath, {
       loadMtp: mtp,
       gpuLayers: config.gpuLayers,
+      hugePages: config.hugePages !== false,
     });
     const withDraft = mtp && model.info().nLayerNextn > 0;
     return new EnginePool(model, { ...config, mtp }, sessionsMax, withDraft);
