@@ -1,11 +1,17 @@
 /**
- * Transparent huge pages for llama.cpp's buffers (Linux). A decode streams the whole recurrent
+ * Transparent huge pages for llama.cpp's memory (Linux). A decode streams the whole recurrent
  * state and the weights once per token; on lab-state that is hundreds of MB, and the first
- * decode after a prefill chunk walked it in 4 KiB pages at 2-7x its steady time on this
- * project's machines (a PVM guest, whose shadow page tables make a page's first touch after
- * other work expensive). Asking the kernel for 2 MiB pages on the buffers a context allocates
- * (`MADV_HUGEPAGE`, then `MADV_COLLAPSE` for the pages already touched) halved that first decode
- * there (docs/bench-report/lab/, run 15).
+ * decode after a prefill chunk walked it in 4 KiB pages at 6-9x its steady time on this
+ * project's machines (a PVM guest, where memory that other work has displaced is expensive to
+ * walk again page by page). Two levels (docs/bench-report/lab/, runs 15-17), lab-state, one
+ * thread, a step in a loop 29-36 ms:
+ *
+ * - `adviseHugePages`, always (`--huge-pages on`): `MADV_HUGEPAGE` on the mappings a context
+ *   allocated, then `MADV_COLLAPSE` for the pages `llama_init_from_model` already touched. The
+ *   first decode after a 485-token prefill: 81-100 ms instead of 257-262 ms.
+ * - `MALLOC_HUGE_PAGES_TUNABLE`, where the process started with it (workers this project starts
+ *   get it): every buffer is huge from its first touch, and the weights are read into such
+ *   memory instead of mapped from the file (`ModelLoadOptions.hugePages`): 34 ms, no penalty.
  *
  * Placement only: the bytes, and so the numerics, are the same; nothing here is part of the
  * numerical identity. Where the kernel has no THP, or it is off (`never`), or this is not Linux,
