@@ -123,13 +123,28 @@ export function glibcTunablesWithHugePages(current = Deno.env.get("GLIBC_TUNABLE
 /** Why huge pages cannot be asked for here, or null when they can. */
 export function hugePagesUnavailable(): string | null {
   if (Deno.build.os !== "linux") return `not Linux (${Deno.build.os})`;
-  let mode: string;
   try {
-    mode = Deno.readTextFileSync(THP_ENABLED);
+    return thpModeReason(Deno.readTextFileSync(THP_ENABLED));
   } catch {
-    return "this kernel has no transparent huge pages";
+    return thpModeReason(null);
   }
-  return mode.includes("[never]") ? "transparent huge pages are off (never)" : null;
+}
+
+/**
+ * Why the THP mode in `enabled` (the text of /sys/kernel/mm/transparent_hugepage/enabled, null
+ * when there is none) rules out asking for huge pages, or null when `madvise` or `always` allow it.
+ *
+ * @example
+ * ```ts
+ * thpModeReason("always [madvise] never\n"); // null
+ * ```
+ */
+export function thpModeReason(enabled: string | null): string | null {
+  if (enabled === null) return "this kernel has no transparent huge pages";
+  if (/\[(madvise|always)\]/.test(enabled)) return null;
+  return enabled.includes("[never]")
+    ? "transparent huge pages are off (never)"
+    : `unknown THP mode "${enabled.trim().slice(0, 40)}"`;
 }
 
 /**

@@ -5,6 +5,7 @@ import {
   type HugePageAdvice,
   MALLOC_HUGE_PAGES_TUNABLE,
   newHugeSpans,
+  thpModeReason,
 } from "./huge_pages.ts";
 
 const MIB = 1024n * 1024n;
@@ -90,4 +91,12 @@ Deno.test("glibc's huge-page tunable is added to the tunables already set, once"
     glibcTunablesWithHugePages("glibc.malloc.arena_max=2:glibc.malloc.hugetlb=0"),
     `glibc.malloc.arena_max=2:${MALLOC_HUGE_PAGES_TUNABLE}`,
   );
+});
+
+Deno.test("THP modes: madvise and always allow huge pages; never, none and others say why", () => {
+  assert.equal(thpModeReason("always [madvise] never\n"), null);
+  assert.equal(thpModeReason("[always] madvise never\n"), null);
+  assert.equal(thpModeReason("always madvise [never]\n"), "transparent huge pages are off (never)");
+  assert.equal(thpModeReason(null), "this kernel has no transparent huge pages");
+  assert.match(thpModeReason("")!, /unknown THP mode/);
 });
