@@ -11,6 +11,7 @@ export * from "./bytes.ts";
 export * from "./schema.ts";
 export * from "./identity.ts";
 export * from "./binding.ts";
+export * from "./say_once.ts";
 export * from "./chunk.ts";
 export * from "./manifest.ts";
 export * from "./ledger.ts";

@@ -4,7 +4,7 @@
  * Native calls on one context are serialized here (a context is not re-entrant), and every
  * compute call is nonblocking, so other work (sending state pages) proceeds meanwhile.
  */
-import { adviseHugePages, type HugePageAdvice, regionsNow } from "./huge_pages.ts";
+import { adviseNewMappings, type HugePageAdvice } from "./huge_pages.ts";
 import {
   assert,
   ModelLoadError,
@@ -141,7 +141,7 @@ export class LlamaContext implements Disposable {
     set("swa_full", options.swaFull ?? true);
     set("no_perf", false);
     lib.log.clear();
-    const before = options.hugePages === false ? null : regionsNow();
+    const advise = adviseNewMappings(options.hugePages !== false);
     const ptr = await lib.symbols.llama_init_from_model(model.ptr, p);
     if (ptr === null) {
       const reason = lib.log.recent().at(-1) ?? "no reason given";
@@ -150,9 +150,7 @@ export class LlamaContext implements Disposable {
       });
     }
     const ctx = new LlamaContext(model, ptr, { ...options });
-    ctx.hugePages = options.hugePages === false
-      ? { advisedBytes: 0, collapsedBytes: 0, reason: "turned off" }
-      : await adviseHugePages(before);
+    ctx.hugePages = await advise();
     ctx.#attachThreadpool();
     return ctx;
   }

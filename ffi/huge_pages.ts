@@ -6,9 +6,9 @@
  * walk again page by page). Two levels (docs/bench-report/lab/, runs 15-17), lab-state, one
  * thread, a step in a loop 29-36 ms:
  *
- * - `adviseHugePages`, always (`--huge-pages on`): `MADV_HUGEPAGE` on the mappings a context
- *   allocated, then `MADV_COLLAPSE` for the pages `llama_init_from_model` already touched. The
- *   first decode after a 485-token prefill: 81-100 ms instead of 257-262 ms.
+ * - `adviseNewMappings` (`--huge-pages on`, without the tunable): `MADV_HUGEPAGE` on the
+ *   mappings a context allocated, then `MADV_COLLAPSE` for the pages `llama_init_from_model`
+ *   already touched. The first decode after a 485-token prefill: 81-100 ms instead of 257-262.
  * - `MALLOC_HUGE_PAGES_TUNABLE`, where the process started with it (workers this project starts
  *   get it): every buffer is huge from its first touch, and the weights are read into such
  *   memory instead of mapped from the file (`ModelLoadOptions.hugePages`): 34 ms, no penalty.
@@ -18,13 +18,15 @@
  * nothing is advised and `reason` says why.
  */
 
+import { sayOnce } from "../core/say_once.ts";
+
 /** A mapping of this process: [start, end) in bytes. */
 export interface Region {
   start: bigint;
   end: bigint;
 }
 
-/** What `adviseHugePages` did. */
+/** What was asked of the kernel for one context (`adviseNewMappings`). */
 export interface HugePageAdvice {
   /** Bytes asked to be backed by huge pages (whole 2 MiB units only). */
   advisedBytes: number;
@@ -88,14 +90,20 @@ const LIBC = {
   // Collapsing copies pages (about 300 ms for lab-state's 380 MB here): off the JS thread.
   madvise: { parameters: ["usize", "usize", "i32"], result: "i32", nonblocking: true },
 } as const;
-let libc: Deno.DynamicLibrary<typeof LIBC> | null = null;
+let libc: Deno.DynamicLibrary<typeof LIBC> | null | undefined;
 
+/** True when the kernel took the advice; false when it refused, or there is no glibc to ask. */
 async function madvise(span: Region, advice: number): Promise<boolean> {
-  libc ??= Deno.dlopen("libc.so.6", LIBC);
+  if (libc === undefined) {
+    try {
+      libc = Deno.dlopen("libc.so.6", LIBC);
+    } catch {
+      libc = null; // not glibc: nothing is advised (and the tunable does not apply either)
+    }
+  }
+  if (libc === null) return false;
   return await libc.symbols.madvise(span.start, span.end - span.start, advice) === 0;
 }
-
-let warned = false;
 
 /**
  * The glibc tunable (glibc 2.35+) under which malloc asks for huge pages on every region it maps,
@@ -148,22 +156,40 @@ export function thpModeReason(enabled: string | null): string | null {
 }
 
 /**
- * Asks for huge pages on every anonymous mapping that appeared or changed since `before` (see
- * `regionsNow`): what llama.cpp allocated for a context in between. A context placed in memory
- * the process had freed before (malloc reuses it) is not seen: that happens when a long-lived
- * process creates contexts again, not in a worker, which creates its contexts once. Never
- * throws: a refused span is left as it was.
+ * Call before llama.cpp allocates (a context's creation); the returned function, called after,
+ * asks for huge pages on what appeared in between and says what it did. Nothing is asked when
+ * `want` is false, or where malloc already asks (`MALLOC_HUGE_PAGES_TUNABLE`): there every
+ * buffer is huge from its first touch, and advising again would only repeat the work.
+ *
+ * @example
+ * ```ts
+ * const advise = adviseNewMappings(true);
+ * const ptr = await lib.symbols.llama_init_from_model(model, params);
+ * const advice = await advise(); // { advisedBytes, collapsedBytes, reason }
+ * ```
  */
-export async function adviseHugePages(before: Region[] | null): Promise<HugePageAdvice> {
+export function adviseNewMappings(want: boolean): () => Promise<HugePageAdvice> {
+  const none = (reason: string) => () =>
+    Promise.resolve({ advisedBytes: 0, collapsedBytes: 0, reason });
+  if (!want) return none("turned off");
+  if (mallocHugePages()) return none(`malloc asks already (${MALLOC_HUGE_PAGES_TUNABLE})`);
+  const before = regionsNow();
+  return () => adviseHugePages(before);
+}
+
+/**
+ * Asks for huge pages on every anonymous mapping that appeared or changed since `before` (see
+ * `regionsNow`). A context placed in memory the process had freed before (malloc reuses it) is
+ * not seen: that happens when a long-lived process creates contexts again, not in a worker,
+ * which creates its contexts once. Never throws: a refused span is left as it was.
+ */
+async function adviseHugePages(before: Region[] | null): Promise<HugePageAdvice> {
   const why = before === null ? "no /proc/self/maps" : hugePagesUnavailable();
   const after = why === null ? regionsNow() : null;
   if (why !== null || after === null) {
     const reason = why ?? "no /proc/self/maps";
-    // Said once on Linux, where it costs the first decodes (elsewhere there is nothing to ask).
-    if (Deno.build.os === "linux" && !warned) {
-      warned = true;
-      console.error(`skippy: contexts use 4 KiB pages: ${reason}`);
-    }
+    // Said on Linux, where it costs the first decodes (elsewhere there is nothing to ask).
+    if (Deno.build.os === "linux") sayOnce(`contexts use 4 KiB pages: ${reason}`);
     return { advisedBytes: 0, collapsedBytes: 0, reason };
   }
   let advisedBytes = 0;

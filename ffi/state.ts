@@ -19,6 +19,7 @@ import {
   StateValidationError,
 } from "../core/errors.ts";
 import { DEFAULT_STATE_BOUNDS } from "../core/schema.ts";
+import { sayOnce } from "../core/say_once.ts";
 import type { LlamaContext } from "./context.ts";
 import { LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY } from "./llama.ts";
 import { type EntrySpan, type RecurrentSnapshot, splitRecurrent } from "./_recurrent_split.ts";
@@ -69,22 +70,13 @@ export interface StateOptions {
   into?: Uint8Array<ArrayBuffer>;
 }
 
-const warned = new Set<string>();
-
-/** Prints `reason` once per process: the one line that says why the fallback is in use. */
-function warnOnce(reason: string): void {
-  if (warned.has(reason)) return;
-  warned.add(reason);
-  console.error(`skippy: state moves through the public llama.cpp API: ${reason}`);
-}
-
 /** Picks the path for `ctx` (loading, building and self-testing the shim on first use). */
 export async function stateBackend(
   ctx: LlamaContext,
   want: "auto" | "public" = "auto",
 ): Promise<StateBackend> {
   const fallback = (reason: string, quiet = false): StateBackend => {
-    if (!quiet) warnOnce(reason);
+    if (!quiet) sayOnce(`state moves through the public llama.cpp API: ${reason}`);
     return { path: "public", kind: publicMemoryKind(ctx), reason, shim: null };
   };
   if (want === "public") return fallback("requested", true);

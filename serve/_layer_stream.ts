@@ -9,7 +9,7 @@
  * layers that follow. What the capture cannot deliver is exported after prefill instead, and
  * said once.
  */
-import { concatBytes, type Range } from "../core/mod.ts";
+import { concatBytes, type Range, sayOnce } from "../core/mod.ts";
 import type { LlamaContext } from "../ffi/mod.ts";
 import { LayerCapture, type LayerCaptureStatus } from "../ffi/layer_capture.ts";
 import type { ChunkSink, ExportedChunk } from "./exporter.ts";
@@ -17,21 +17,13 @@ import type { ChunkSink, ExportedChunk } from "./exporter.ts";
 /** One layer capture per context, opened on first use (it holds a snapshot-sized buffer). */
 const CAPTURES = new WeakMap<LlamaContext, Promise<LayerCaptureStatus>>();
 
-const warned = new Set<string>();
-/** Says `line` on stderr once per process: a fallback is never silent. */
-function warnOnce(line: string): void {
-  if (warned.has(line)) return;
-  warned.add(line);
-  console.error(`skippy: ${line}`);
-}
-
 /** The layer capture of `ctx`, or null when it cannot run here (said once, with why). */
 export async function openLayerCapture(ctx: LlamaContext): Promise<LayerCapture | null> {
   let opening = CAPTURES.get(ctx);
   if (!opening) CAPTURES.set(ctx, opening = LayerCapture.open(ctx));
   const status = await opening;
   if (status.ok) return status.capture;
-  warnOnce(
+  sayOnce(
     `layer capture off (${status.reason}): the recurrent snapshot is exported after prefill`,
   );
   return null;
@@ -80,7 +72,7 @@ async function armPage(o: StreamLayersInput): Promise<() => Promise<void>> {
     if (got.state === "pending") return;
     open = false;
     if (got.state === "failed") {
-      warnOnce(`last page not captured (${got.reason}): it is exported after prefill`);
+      sayOnce(`last page not captured (${got.reason}): it is exported after prefill`);
       return;
     }
     await o.sink(page.chunk(got.bytes), 0);
@@ -112,7 +104,7 @@ export async function streamLayers(o: StreamLayersInput): Promise<void> {
     await sendPage();
   } catch (error) {
     await done; // a failed decode is the error that matters
-    warnOnce(
+    sayOnce(
       `layer capture incomplete (${
         (error as Error).message
       }): the remaining layers are exported after prefill`,
