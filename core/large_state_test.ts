@@ -8,12 +8,8 @@ import { completeStream, DIGEST, fakeChecksum, HANDOFF_ID, header } from "./_tes
 import { type ChunkHeader, validateChunkHeader } from "./chunk.ts";
 import { StateValidationError } from "./errors.ts";
 import { StagingLedger } from "./ledger.ts";
-import {
-  buildManifest,
-  canonicalManifestBytes,
-  componentOf,
-  findIncompleteness,
-} from "./manifest.ts";
+import { buildManifest, componentOf, findIncompleteness } from "./manifest.ts";
+import { canonicalManifestBytes } from "./manifest_tags.ts";
 import { DEFAULT_STATE_BOUNDS, NO_LAYERS, type Range } from "./schema.ts";
 
 const TRUNK = 88;

@@ -9,8 +9,7 @@
  *
  * @module
  */
-import { type BindingContext, computeBindingTag, verifyBindingTag } from "./binding.ts";
-import { canonicalEncode, isHex, SHA256_BYTES } from "./bytes.ts";
+import { isHex, SHA256_BYTES } from "./bytes.ts";
 import { CHECKSUM_BYTES, type ChunkHeader } from "./chunk.ts";
 import { StateValidationError } from "./errors.ts";
 import { joinPieces, pieceShapeOk } from "./_pieces.ts";
@@ -165,87 +164,6 @@ export function buildManifest(input: {
     logical: { ...input.logical },
     verify: VERIFY_STEPS.filter((s) => verify.has(s)),
   };
-}
-
-/** Canonical bytes of the unsigned part of a manifest (what the tag covers). */
-export function canonicalManifestBytes(m: UnsignedManifest): Uint8Array {
-  return canonicalEncode({
-    handoffId: m.handoffId,
-    identityDigest: m.identityDigest,
-    schemaVersion: m.schemaVersion,
-    family: m.family,
-    components: m.components.map((c) => ({
-      kind: c.kind,
-      layerRange: [c.layerRange[0], c.layerRange[1]],
-      tokenRange: [c.tokenRange[0], c.tokenRange[1]],
-      bytes: c.bytes,
-      checksum: c.checksum,
-      ...(c.piece
-        ? { piece: { range: [c.piece.range[0], c.piece.range[1]], of: c.piece.of } }
-        : {}),
-    })),
-    logical: { position: m.logical.position, tokenCount: m.logical.tokenCount },
-    verify: [...m.verify],
-    ...(m.probe ? { probe: { logitsSha256: m.probe.logitsSha256 } } : {}),
-  });
-}
-
-/**
- * Adds the binding tag to an unsigned manifest.
- *
- * @example
- * ```ts
- * const manifest = await signManifest(buildManifest({ ... }), binding);
- * ```
- */
-export async function signManifest(
-  m: UnsignedManifest,
-  ctx: BindingContext,
-): Promise<FinalManifest> {
-  return { ...m, tag: await computeBindingTag(ctx, "final-manifest", canonicalManifestBytes(m)) };
-}
-
-/**
- * True when the manifest's tag binds it to the handoff, destination and tenant of `ctx`.
- *
- * @example
- * ```ts
- * if (!await verifyManifestTag(manifest, binding)) abort("binding-tag");
- * ```
- */
-export async function verifyManifestTag(m: FinalManifest, ctx: BindingContext): Promise<boolean> {
-  if (m.handoffId !== ctx.handoffId) return false;
-  return await verifyBindingTag(ctx, "final-manifest", canonicalManifestBytes(m), m.tag);
-}
-
-/**
- * The binding tag of a probe digest sent after its manifest (`probe.logitsSha256: null`). The
- * key is per reservation, so a digest cannot be replayed into another attempt or handoff.
- *
- * @example
- * ```ts
- * const tag = await signProbeDigest(binding, digest); // send ProbeDigest { logitsSha256, tag }
- * ```
- */
-export function signProbeDigest(ctx: BindingContext, logitsSha256: string): Promise<string> {
-  return computeBindingTag(ctx, "probe-digest", canonicalEncode({ logitsSha256 }));
-}
-
-/**
- * True when `logitsSha256` is SHA-256 hex and `tag` is its binding tag under `ctx`.
- *
- * @example
- * ```ts
- * if (!await verifyProbeDigest(binding, msg.logitsSha256, msg.tag)) abort("binding-tag");
- * ```
- */
-export async function verifyProbeDigest(
-  ctx: BindingContext,
-  logitsSha256: unknown,
-  tag: unknown,
-): Promise<boolean> {
-  if (!isHex(logitsSha256, SHA256_BYTES) || typeof tag !== "string") return false;
-  return await verifyBindingTag(ctx, "probe-digest", canonicalEncode({ logitsSha256 }), tag);
 }
 
 /** Total payload bytes the manifest lists. */

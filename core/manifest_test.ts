@@ -9,13 +9,17 @@ import {
   findIncompleteness,
   mandatoryVerifySteps,
   manifestStateBytes,
-  signManifest,
-  signProbeDigest,
   type UnsignedManifest,
   validateManifest,
+} from "./manifest.ts";
+import {
+  openManifest,
+  sealManifest,
+  signManifest,
+  signProbeDigest,
   verifyManifestTag,
   verifyProbeDigest,
-} from "./manifest.ts";
+} from "./manifest_tags.ts";
 import type { ModelFamily } from "./schema.ts";
 
 function unsigned(family: ModelFamily = "hybrid", n = 2048): UnsignedManifest {
@@ -63,6 +67,21 @@ Deno.test("a signed manifest verifies; a changed component, destination or tenan
   );
   assert.equal(await verifyManifestTag(m, { ...ctx, destNodeId: "node-other" }), false);
   assert.equal(await verifyManifestTag(m, { ...ctx, tenantId: "tenant-b" }), false);
+});
+
+Deno.test("a sealed manifest opens from its bytes; changed bytes, another tenant or tag do not", async () => {
+  const { manifest, bytes } = await sealManifest(unsigned(), ctx);
+  const opened = validateManifest(await openManifest(bytes, manifest.tag, ctx), {
+    trunkLayers: 6,
+  });
+  assert.deepEqual(opened, manifest);
+  assert.equal(await verifyManifestTag(opened, ctx), true);
+  const flipped = bytes.slice();
+  flipped[flipped.length >> 1] ^= 1;
+  assert.equal(await openManifest(flipped, manifest.tag, ctx), null);
+  assert.equal(await openManifest(bytes, manifest.tag, { ...ctx, tenantId: "tenant-b" }), null);
+  assert.equal(await openManifest(bytes, "00".repeat(32), ctx), null);
+  assert.equal(await openManifest(bytes, undefined, ctx), null);
 });
 
 Deno.test("validateManifest() accepts a complete manifest of every family", async () => {

@@ -14,6 +14,7 @@ export * from "./binding.ts";
 export * from "./say_once.ts";
 export * from "./chunk.ts";
 export * from "./manifest.ts";
+export * from "./manifest_tags.ts";
 export * from "./ledger.ts";
 export * from "./logical.ts";
 export * from "./handoff.ts";

@@ -22,8 +22,11 @@ export interface ExportRunSinks {
   retained: RetainedState;
   /** Wakes the session's loop (a chunk to feed, the manifest, the end). */
   wake: () => void;
-  /** Every chunk is out of the exporter: the manifest may leave before the probe runs. */
-  onTailExported: (manifest: Omit<FinalManifest, "tag">) => void;
+  /**
+   * Every chunk is out of the exporter: the manifest may leave. The probe decode starts once
+   * the returned promise settles.
+   */
+  onTailExported: (manifest: Omit<FinalManifest, "tag">) => Promise<void>;
 }
 
 /** How the export ended: its result, or the error that stopped it (null: stopped on purpose). */
@@ -77,8 +80,9 @@ export async function runExport(
       },
       () => {
         const headers = sinks.retained.headers();
-        sinks.onTailExported(exporter.manifest(headers, input.prompt.length, null));
+        const left = sinks.onTailExported(exporter.manifest(headers, input.prompt.length, null));
         sinks.wake();
+        return left;
       },
     );
     return { done: { result, sampler }, error: null };

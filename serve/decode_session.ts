@@ -13,7 +13,6 @@ import {
   BoundedQueue,
   type ChunkHeader,
   createDecoder,
-  decodeMsgpack,
   type DecoderState,
   decoderStep,
   type FinalManifest,
@@ -23,6 +22,7 @@ import {
   IdentityMismatchError,
   LimitExceededError,
   newBindingKey,
+  openManifest,
   type ParityVerdict,
   type ReserveRequest,
   StagingLedger,
@@ -32,7 +32,6 @@ import {
   validateManifest,
   verifyChunkPayload,
   verifyChunkTag,
-  verifyManifestTag,
   verifyProbeDigest,
 } from "../core/mod.ts";
 import type { BindingContext } from "../core/binding.ts";
@@ -165,11 +164,15 @@ export class DecodeHandoff {
       }
       if (h.type === "FinalManifest") {
         this.#telemetry.push({ type: "manifest-received", atMs: performance.now() });
+        // Its tag is checked over the bytes as received, before they are parsed.
         let manifest: unknown;
         try {
-          manifest = decodeMsgpack(frame.payload);
+          manifest = this.#binding && await openManifest(frame.payload, h.tag, this.#binding);
         } catch {
           return this.#reject("protocol-error", "FinalManifest payload is not valid msgpack");
+        }
+        if (!manifest) {
+          return this.#reject("binding-tag", "manifest binding tag does not verify");
         }
         this.#events.tryPush({ ...h, manifest } as unknown as HandoffEvent);
         continue;
@@ -275,7 +278,7 @@ export class DecodeHandoff {
       case "stage":
         return this.#result(await this.#stage(a.header));
       case "verify":
-        return this.#result(await this.#verify(a.manifest));
+        return this.#result(this.#verify(a.manifest));
       case "import":
         return this.#result(await this.#import());
       case "probe":
@@ -423,12 +426,13 @@ export class DecodeHandoff {
     this.#tail.take(h, payload);
   }
 
-  async #verify(raw: FinalManifest): Promise<HandoffEvent> {
+  #verify(raw: FinalManifest): HandoffEvent {
     try {
       const trunkLayers = trunkLayerCount(this.input.identity.numerical);
       const manifest = validateManifest(raw, { trunkLayers });
-      if (!await verifyManifestTag(manifest, this.#binding!)) {
-        return this.#fail("VerifyFailed", "binding-tag", "manifest binding tag does not verify");
+      // The tag was checked over the frame's bytes (#readStream); it binds this handoff's key.
+      if (manifest.handoffId !== this.#binding!.handoffId) {
+        return this.#fail("VerifyFailed", "binding-tag", "manifest names another handoff");
       }
       const verdict = this.#ledger!.verifyAgainst(manifest);
       if (!verdict.ok) throw verdict.error;

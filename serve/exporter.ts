@@ -179,7 +179,8 @@ export class StateExporter {
 
   /**
    * Prefills `prompt` and emits every component to `sink`, the last one marked final; then
-   * calls `onTailExported` (the manifest may leave now) and runs the continuation probe.
+   * calls `onTailExported` (the manifest may leave now) and runs the continuation probe once
+   * the promise it returns settles.
    */
   async run(
     prompt: Int32Array,
@@ -188,7 +189,7 @@ export class StateExporter {
     sink: ChunkSink,
     onFirstToken?: FirstTokenHook,
     prefix?: ExportPrefix,
-    onTailExported?: () => void,
+    onTailExported?: () => Promise<void> | void,
   ): Promise<ExportResult> {
     const ctx = this.engine.ctx;
     const chunkMs: number[] = [];
@@ -220,15 +221,19 @@ export class StateExporter {
       // The draft's KV for these positions is final too: it streams like the target's.
       if (this.draft) await this.#pages("mtp-kv", this.draft.ctx, p0, p1, sink);
     };
+    // Final before any chunk computes: they leave now, not in the tail after compute end.
+    await this.#exportKnown(n, prompt, sink);
     const logits = await this.#prefill(prompt, paged, sink, onChunk, hooks, prefix);
     if (firstToken < 0) sampleFirst(logits); // the engine's positions did not start at 0
     this.#captured = captured;
-    await this.#exportTail(n, prompt, firstToken, sampling, sampler, sink);
-    onTailExported?.();
+    await this.#exportTail(n, firstToken, sampling, sampler, sink);
+    const held = onTailExported?.();
     // Only the result needs it: hashed after the tail left, not between compute end and the tail.
     const firstLogitsSha256 = await logitsDigest(logits);
     // The probe: continue one token here so the decoder can prove it continues identically.
-    // It runs while the manifest travels and the decoder imports (its digest follows).
+    // It runs once `held` settles (the session: the manifest has left), while the decoder
+    // imports; its digest follows the manifest.
+    await held;
     const probe = await probeStep(this.engine, firstToken);
     return {
       nTokens: n,
@@ -355,9 +360,35 @@ export class StateExporter {
     }
   }
 
+  /**
+   * The components that are final before prefill starts: the positions after the prompt and
+   * the token history (the prompt itself), each one chunk or byte pieces.
+   */
+  async #exportKnown(n: number, prompt: Int32Array, sink: ChunkSink): Promise<void> {
+    const positions = { nPast: n, seqId: 0, nPosPerToken: 1 };
+    await this.#emit(sink, "positions", [0, n], () => encodePositions(positions));
+    await this.#emit(sink, "history", [0, n], () => encodeTokens(prompt));
+  }
+
+  /** Emits one component as one chunk, or as byte pieces when larger than a chunk. */
+  async #emit(
+    sink: ChunkSink,
+    kind: ComponentKind,
+    range: Range,
+    make: () => Uint8Array | Promise<Uint8Array>,
+  ): Promise<void> {
+    const t0 = performance.now();
+    const payload = await make();
+    let ms = performance.now() - t0;
+    for (const chunk of this.#chunks.cut(kind, range, payload, kind === "first-token")) {
+      await sink(chunk, ms);
+      ms = 0;
+    }
+  }
+
+  /** What is final only after the last chunk: the rest of the state, sampler, first token. */
   async #exportTail(
     n: number,
-    prompt: Int32Array,
     firstToken: number,
     sampling: SamplingParams,
     sampler: SamplerState,
@@ -365,20 +396,10 @@ export class StateExporter {
   ): Promise<void> {
     const ctx = this.engine.ctx;
     const family = this.identity.numerical.family;
-    // Each component leaves as one chunk, or as byte pieces when larger than a chunk.
-    const timed = async (kind: ComponentKind, range: Range, make: () => Promise<Uint8Array>) => {
-      const t0 = performance.now();
-      const payload = await make();
-      let ms = performance.now() - t0;
-      for (const chunk of this.#chunks.cut(kind, range, payload, kind === "first-token")) {
-        await sink(chunk, ms);
-        ms = 0;
-      }
-    };
     // Bounded by the state, not by a chunk: the exporter cuts it into pieces.
     const swaBytesMax = DEFAULT_STATE_BOUNDS.stateBytesMax;
     if (family === "iswa") {
-      await timed("swa-kv", [0, n], () => exportSwa(ctx, { pageBytesMax: swaBytesMax }));
+      await this.#emit(sink, "swa-kv", [0, n], () => exportSwa(ctx, { pageBytesMax: swaBytesMax }));
     }
     const recurrentLayers = this.identity.numerical.layerKinds.filter((k) => k === "recurrent");
     const allCaptured = this.#captured.size === recurrentLayers.length;
@@ -389,14 +410,11 @@ export class StateExporter {
       await this.#recurrent(n, sink);
     }
     if (this.draft) {
-      await timed("mtp-hidden", [n - 1, n], () => Promise.resolve(this.draft!.pendingBytes()));
+      await this.#emit(sink, "mtp-hidden", [n - 1, n], () => this.draft!.pendingBytes());
     }
-    const positions = { nPast: n, seqId: 0, nPosPerToken: 1 };
-    await timed("positions", [0, n], () => Promise.resolve(encodePositions(positions)));
     const samplerPayload = { params: sampling, state: { ...sampler } };
-    await timed("sampler", [0, n], () => Promise.resolve(encodeSampler(samplerPayload)));
-    await timed("history", [0, n], () => Promise.resolve(encodeTokens(prompt)));
-    await timed("first-token", [n, n + 1], () => Promise.resolve(encodeTokens([firstToken])));
+    await this.#emit(sink, "sampler", [0, n], () => encodeSampler(samplerPayload));
+    await this.#emit(sink, "first-token", [n, n + 1], () => encodeTokens([firstToken]));
   }
 
   /** The final recurrent snapshot (see `exportSnapshot`): what layer capture did not send. */

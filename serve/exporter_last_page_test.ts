@@ -54,10 +54,12 @@ for (const layerCapture of [true, false]) {
       // Exported again now that the probe decode has run: positions < n are unchanged.
       const last = await exportKvPage(engine.ctx, p0, n);
       assert.deepEqual(pages[2].payload, last);
-      // Captured, it went out before the snapshot's end-of-prompt components.
+      // Captured, it went out before the components known only after compute.
       const at = kinds.lastIndexOf("kv-page");
-      const firstLate = kinds.indexOf("positions");
-      assert.ok(at < firstLate, `last page at ${at}, positions at ${firstLate}`);
+      const firstLate = kinds.indexOf("sampler");
+      assert.ok(at < firstLate, `last page at ${at}, sampler at ${firstLate}`);
+      // Positions and history are final before prefill: they lead, not in the tail.
+      assert.deepEqual(kinds.slice(0, 2), ["positions", "history"]);
       if (layerCapture) assert.ok(kinds.slice(0, at).includes("ssm"), "captured layers first");
     },
   });

@@ -12,7 +12,6 @@
 import {
   type AbortReason,
   BoundedQueue,
-  canonicalEncode,
   computeChunkTag,
   contextTokensNeeded,
   createPrefiller,
@@ -27,7 +26,8 @@ import {
   type PrefillerState,
   prefillerStep,
   type SamplerState,
-  signManifest,
+  type SealedManifest,
+  sealManifest,
   signProbeDigest,
   StateValidationError,
 } from "../core/mod.ts";
@@ -117,6 +117,10 @@ export class PrefillHandoff {
   #probeDigest: string | null = null;
   #exportError: unknown = null;
   #manifestFed = false;
+  /** The signed manifest of this attempt and the bytes its tag covers. */
+  #sealed: SealedManifest | null = null;
+  /** Settles when the manifest has left (or the attempt ended): the probe decode waits for it. */
+  readonly #manifestLeft = Promise.withResolvers<void>();
   #probeFed = false;
   /** When this attempt's ReserveRequest left (null: answered, or none sent). */
   #reserveSentAt: number | null = null;
@@ -381,10 +385,14 @@ export class PrefillHandoff {
       if (msg.type === "FinalManifest") {
         // The component list grows with the prompt: it travels as the frame's payload (bounded
         // by the frame's payload limit), never in the header. The probe digest follows it on
-        // the same stream, as its final frame.
+        // the same stream, as its final frame. The payload is the bytes its tag covers, as
+        // signed: the decoder checks the tag before it parses them.
         const { manifest, ...head } = msg as FinalManifestMessage;
-        await this.#stream!.send({ ...head }, canonicalEncode(manifest));
+        const sealed = this.#sealed?.manifest === manifest ? this.#sealed.bytes : null;
+        if (!sealed) throw new StateValidationError("FinalManifest to send was not sealed here");
+        await this.#stream!.send({ ...head, tag: manifest.tag }, sealed);
         this.#telemetry.push({ type: "manifest-sent", atMs: performance.now() });
+        this.#manifestLeft.resolve();
         return;
       }
       if (msg.type === "ProbeDigest") {
@@ -467,6 +475,8 @@ export class PrefillHandoff {
     this.#binding = null;
     this.#feedIndex = 0;
     this.#manifestFed = false;
+    this.#sealed = null;
+    this.#manifestLeft.resolve();
     this.#probeFed = false;
     this.#stagedAcks = 0;
     // A connection that failed once is not trusted again, even if its reader has not noticed.
@@ -499,8 +509,8 @@ export class PrefillHandoff {
     if (this.#exportDone && allFed && !this.#manifestFed && prefillerCanExport(this.#state)) {
       if (this.#binding === null) return; // signed once the reservation's key is known
       this.#manifestFed = true;
-      const manifest = await signManifest(this.#exportDone.manifest, this.#binding);
-      await this.#feed({ type: "ExportDone", manifest });
+      this.#sealed = await sealManifest(this.#exportDone.manifest, this.#binding);
+      await this.#feed({ type: "ExportDone", manifest: this.#sealed.manifest });
     }
     if (this.#manifestFed && !this.#probeFed && this.#probeDigest && this.#binding) {
       this.#probeFed = true;
@@ -516,7 +526,13 @@ export class PrefillHandoff {
       telemetry: this.#telemetry,
       retained: this.#retained,
       wake,
-      onTailExported: (manifest) => this.#exportDone = { manifest },
+      onTailExported: (manifest) => {
+        this.#exportDone = { manifest };
+        // The probe decode waits until the manifest has left: on cores the workers share, its
+        // compute would slow the last bytes of state, and the decoder cannot start its own
+        // probe before the manifest is in.
+        return this.#manifestLeft.promise;
+      },
     });
     if (end.done) {
       this.#probeDigest = end.done.result.probeLogitsSha256;
@@ -530,6 +546,7 @@ export class PrefillHandoff {
   #result(outcome: PrefillOutcome["outcome"], reason: AbortReason | null, message: string | null) {
     const { handoffId } = this.input.request;
     const promptTokens = this.input.prompt.length;
+    this.#manifestLeft.resolve();
     const head = { type: "PrefillOutcome" as const, handoffId, outcome, reason, message };
     const out: PrefillOutcome = { ...head, promptTokens, telemetry: null };
     return out;

@@ -13,8 +13,10 @@ import { hex } from "./_encoding.ts";
 /**
  * Version of the handoff protocol spoken on top of this transport. Changelog:
  * 1. First version.
+ * 2. FinalManifest carries its tag in the header and, as its payload, the exact bytes the tag
+ *    covers (checked before they are parsed); positions and history lead the state stream.
  */
-export const HANDOFF_PROTOCOL_VERSION = 1;
+export const HANDOFF_PROTOCOL_VERSION = 2;
 
 /** The roles a worker can advertise. */
 export const ROLES = ["prefill", "decode", "prefill+decode"] as const;
