@@ -136,7 +136,7 @@ export function componentOf(h: ChunkHeader): ManifestComponent {
  * ```ts
  * const unsigned = buildManifest({ handoffId, identityDigest, family: "hybrid",
  *   components: sent.map(componentOf), logical: { position: 4096, tokenCount: 4096 } });
- * const manifest = await signManifest(unsigned, binding);
+ * const { manifest, bytes } = await sealManifest(unsigned, binding);
  * ```
  */
 export function buildManifest(input: {

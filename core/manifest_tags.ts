@@ -33,21 +33,6 @@ export function canonicalManifestBytes(m: UnsignedManifest): Uint8Array {
   });
 }
 
-/**
- * Adds the binding tag to an unsigned manifest.
- *
- * @example
- * ```ts
- * const manifest = await signManifest(buildManifest({ ... }), binding);
- * ```
- */
-export async function signManifest(
-  m: UnsignedManifest,
-  ctx: BindingContext,
-): Promise<FinalManifest> {
-  return (await sealManifest(m, ctx)).manifest;
-}
-
 /** A signed manifest and the bytes its tag covers: what a FinalManifest frame carries. */
 export interface SealedManifest {
   manifest: FinalManifest;
@@ -94,19 +79,6 @@ export async function openManifest(
   }
   const raw = decodeMsgpack(bytes);
   return typeof raw === "object" && raw !== null && !Array.isArray(raw) ? { ...raw, tag } : raw;
-}
-
-/**
- * True when the manifest's tag binds it to the handoff, destination and tenant of `ctx`.
- *
- * @example
- * ```ts
- * if (!await verifyManifestTag(manifest, binding)) abort("binding-tag");
- * ```
- */
-export async function verifyManifestTag(m: FinalManifest, ctx: BindingContext): Promise<boolean> {
-  if (m.handoffId !== ctx.handoffId) return false;
-  return await verifyBindingTag(ctx, "final-manifest", canonicalManifestBytes(m), m.tag);
 }
 
 /**

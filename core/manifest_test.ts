@@ -13,14 +13,23 @@ import {
   validateManifest,
 } from "./manifest.ts";
 import {
+  canonicalManifestBytes,
   openManifest,
   sealManifest,
-  signManifest,
   signProbeDigest,
-  verifyManifestTag,
   verifyProbeDigest,
 } from "./manifest_tags.ts";
 import type { ModelFamily } from "./schema.ts";
+
+/** The signed manifest `sealManifest` makes. */
+async function sign(m: UnsignedManifest, binding: BindingContext): Promise<FinalManifest> {
+  return (await sealManifest(m, binding)).manifest;
+}
+
+/** True when the manifest's tag verifies over its canonical bytes, as the decoder checks it. */
+async function verifies(m: FinalManifest, binding: BindingContext): Promise<boolean> {
+  return await openManifest(canonicalManifestBytes(m), m.tag, binding) !== null;
+}
 
 function unsigned(family: ModelFamily = "hybrid", n = 2048): UnsignedManifest {
   return buildManifest({
@@ -54,19 +63,19 @@ Deno.test("buildManifest() always lists the family's mandatory verify steps", ()
 });
 
 Deno.test("a signed manifest verifies; a changed component, destination or tenant fails", async () => {
-  const m = await signManifest(unsigned(), ctx);
-  assert.equal(await verifyManifestTag(m, ctx), true);
+  const m = await sign(unsigned(), ctx);
+  assert.equal(await verifies(m, ctx), true);
   const changed: FinalManifest = {
     ...m,
     components: m.components.map((c, i) => i === 0 ? { ...c, bytes: c.bytes + 1 } : c),
   };
-  assert.equal(await verifyManifestTag(changed, ctx), false);
+  assert.equal(await verifies(changed, ctx), false);
   assert.equal(
-    await verifyManifestTag({ ...m, logical: { position: 2047, tokenCount: 2047 } }, ctx),
+    await verifies({ ...m, logical: { position: 2047, tokenCount: 2047 } }, ctx),
     false,
   );
-  assert.equal(await verifyManifestTag(m, { ...ctx, destNodeId: "node-other" }), false);
-  assert.equal(await verifyManifestTag(m, { ...ctx, tenantId: "tenant-b" }), false);
+  assert.equal(await verifies(m, { ...ctx, destNodeId: "node-other" }), false);
+  assert.equal(await verifies(m, { ...ctx, tenantId: "tenant-b" }), false);
 });
 
 Deno.test("a sealed manifest opens from its bytes; changed bytes, another tenant or tag do not", async () => {
@@ -75,7 +84,7 @@ Deno.test("a sealed manifest opens from its bytes; changed bytes, another tenant
     trunkLayers: 6,
   });
   assert.deepEqual(opened, manifest);
-  assert.equal(await verifyManifestTag(opened, ctx), true);
+  assert.equal(await verifies(opened, ctx), true);
   const flipped = bytes.slice();
   flipped[flipped.length >> 1] ^= 1;
   assert.equal(await openManifest(flipped, manifest.tag, ctx), null);
@@ -86,14 +95,14 @@ Deno.test("a sealed manifest opens from its bytes; changed bytes, another tenant
 
 Deno.test("validateManifest() accepts a complete manifest of every family", async () => {
   for (const family of ["dense", "iswa", "recurrent", "hybrid", "hybrid-moe-mtp"] as const) {
-    const m = await signManifest(unsigned(family), ctx);
+    const m = await sign(unsigned(family), ctx);
     assert.equal(validateManifest(m, { trunkLayers: 6 }), m);
     assert.ok(manifestStateBytes(m) > 0);
   }
 });
 
 Deno.test("validateManifest() refuses a verify list lacking a mandatory step", async () => {
-  const m = await signManifest(unsigned(), ctx);
+  const m = await sign(unsigned(), ctx);
   assert.throws(
     () =>
       validateManifest({ ...m, verify: m.verify.filter((s) => s !== "checksums") }, {
@@ -104,7 +113,7 @@ Deno.test("validateManifest() refuses a verify list lacking a mandatory step", a
 });
 
 Deno.test("validateManifest() never crashes on garbage and refuses it with StateValidationError", async () => {
-  const m = await signManifest(unsigned(), ctx);
+  const m = await sign(unsigned(), ctx);
   const samples: unknown[] = [null, 1, "x", {}, []];
   for (const field of Object.keys(m)) {
     for (const bad of [null, -1, "x", [], {}, [{}], { position: 0, tokenCount: 0 }]) {
@@ -205,11 +214,11 @@ Deno.test("the continuation probe digest is covered by the manifest tag", async 
     destNodeId: "node-b",
     tenantId: "t",
   };
-  const signed = await signManifest(withProbe, binding);
+  const signed = await sign(withProbe, binding);
   validateManifest(signed, { trunkLayers: 6 });
-  assert.ok(await verifyManifestTag(signed, binding));
+  assert.ok(await verifies(signed, binding));
   const tampered = { ...signed, probe: { logitsSha256: "cd".repeat(32) } };
-  assert.equal(await verifyManifestTag(tampered, binding), false);
+  assert.equal(await verifies(tampered, binding), false);
   const { probe: _dropped, ...withoutProbe } = signed;
   assert.throws(() => validateManifest(withoutProbe, { trunkLayers: 6 }), StateValidationError);
 });
@@ -230,11 +239,11 @@ Deno.test("a probe digest that follows the manifest: announced by a signed null,
     destNodeId: "node-b",
     tenantId: "t",
   };
-  const signed = await signManifest(follows, binding);
+  const signed = await sign(follows, binding);
   validateManifest(signed, { trunkLayers: 6 });
   // The announcement is signed: an inline digest cannot be swapped in for it.
   const swapped = { ...signed, probe: { logitsSha256: "ab".repeat(32) } };
-  assert.equal(await verifyManifestTag(swapped, binding), false);
+  assert.equal(await verifies(swapped, binding), false);
   const digest = "ab".repeat(32);
   const tag = await signProbeDigest(binding, digest);
   assert.ok(await verifyProbeDigest(binding, digest, tag));
