@@ -15,7 +15,6 @@ import {
   computeChunkTag,
   contextTokensNeeded,
   createPrefiller,
-  type FinalManifest,
   type FinalManifestMessage,
   HandoffAbortedError,
   type HandoffAction,
@@ -26,9 +25,6 @@ import {
   type PrefillerState,
   prefillerStep,
   type SamplerState,
-  type SealedManifest,
-  sealManifest,
-  signProbeDigest,
   StateValidationError,
 } from "../core/mod.ts";
 import type { BindingContext } from "../core/binding.ts";
@@ -45,6 +41,7 @@ import {
 } from "./exporter.ts";
 import { RetainedState } from "./_retained_state.ts";
 import { runExport } from "./_export_run.ts";
+import { StreamEnd } from "./_stream_end.ts";
 import { within } from "./_deadline.ts";
 import type { ResolvedIdentity } from "./identity.ts";
 import { describeAbort, type PrefillOutcome, type PrefillRequest } from "./messages.ts";
@@ -112,16 +109,9 @@ export class PrefillHandoff {
   /** The attempt each ConnectionLost event was raised in: older ones are stale. */
   readonly #lostIn = new WeakMap<HandoffEvent, number>();
   #feedIndex = 0;
-  #exportDone: { manifest: Omit<FinalManifest, "tag"> } | null = null;
-  /** The prefiller's probe digest, once its probe decode (after the manifest) finished. */
-  #probeDigest: string | null = null;
   #exportError: unknown = null;
-  #manifestFed = false;
-  /** The signed manifest of this attempt and the bytes its tag covers. */
-  #sealed: SealedManifest | null = null;
-  /** Settles when the manifest has left (or the attempt ended): the probe decode waits for it. */
-  readonly #manifestLeft = Promise.withResolvers<void>();
-  #probeFed = false;
+  /** The manifest and the probe digest that end this attempt's stream. */
+  readonly #end = new StreamEnd();
   /** When this attempt's ReserveRequest left (null: answered, or none sent). */
   #reserveSentAt: number | null = null;
   #decoder: DecoderChannel | null = null;
@@ -388,11 +378,9 @@ export class PrefillHandoff {
         // the same stream, as its final frame. The payload is the bytes its tag covers, as
         // signed: the decoder checks the tag before it parses them.
         const { manifest, ...head } = msg as FinalManifestMessage;
-        const sealed = this.#sealed?.manifest === manifest ? this.#sealed.bytes : null;
-        if (!sealed) throw new StateValidationError("FinalManifest to send was not sealed here");
-        await this.#stream!.send({ ...head, tag: manifest.tag }, sealed);
+        await this.#stream!.send({ ...head, tag: manifest.tag }, this.#end.payload(manifest));
         this.#telemetry.push({ type: "manifest-sent", atMs: performance.now() });
-        this.#manifestLeft.resolve();
+        this.#end.manifestLeft();
         return;
       }
       if (msg.type === "ProbeDigest") {
@@ -474,10 +462,7 @@ export class PrefillHandoff {
     this.#stream = null;
     this.#binding = null;
     this.#feedIndex = 0;
-    this.#manifestFed = false;
-    this.#sealed = null;
-    this.#manifestLeft.resolve();
-    this.#probeFed = false;
+    this.#end.restart();
     this.#stagedAcks = 0;
     // A connection that failed once is not trusted again, even if its reader has not noticed.
     if (reason === "connection-lost" || this.#decoder === null) await this.#connect();
@@ -506,18 +491,15 @@ export class PrefillHandoff {
       await this.#feed({ type: "ChunkReady", header });
     }
     const allFed = this.#feedIndex === this.#retained.length;
-    if (this.#exportDone && allFed && !this.#manifestFed && prefillerCanExport(this.#state)) {
-      if (this.#binding === null) return; // signed once the reservation's key is known
-      this.#manifestFed = true;
-      this.#sealed = await sealManifest(this.#exportDone.manifest, this.#binding);
-      await this.#feed({ type: "ExportDone", manifest: this.#sealed.manifest });
-    }
-    if (this.#manifestFed && !this.#probeFed && this.#probeDigest && this.#binding) {
-      this.#probeFed = true;
-      const logitsSha256 = this.input.probeDigestHook?.(this.#probeDigest) ?? this.#probeDigest;
-      const tag = await signProbeDigest(this.#binding, logitsSha256);
-      await this.#feed({ type: "ProbeReady", logitsSha256, tag });
-    }
+    // Signed once the reservation's key is known.
+    if (this.#binding === null) return;
+    const manifest = allFed && prefillerCanExport(this.#state)
+      ? await this.#end.manifest(this.#binding)
+      : null;
+    if (manifest) await this.#feed({ type: "ExportDone", manifest });
+    if (this.#binding === null) return; // that step restarted the attempt
+    const probe = await this.#end.probe(this.#binding, this.input.probeDigestHook);
+    if (probe) await this.#feed({ type: "ProbeReady", ...probe });
   }
 
   async #runExporter(): Promise<void> {
@@ -526,16 +508,10 @@ export class PrefillHandoff {
       telemetry: this.#telemetry,
       retained: this.#retained,
       wake,
-      onTailExported: (manifest) => {
-        this.#exportDone = { manifest };
-        // The probe decode waits until the manifest has left: on cores the workers share, its
-        // compute would slow the last bytes of state, and the decoder cannot start its own
-        // probe before the manifest is in.
-        return this.#manifestLeft.promise;
-      },
+      onTailExported: (manifest) => this.#end.tailExported(manifest),
     });
     if (end.done) {
-      this.#probeDigest = end.done.result.probeLogitsSha256;
+      this.#end.probeDone(end.done.result.probeLogitsSha256);
       this.#exportResult = end.done;
     } else if (end.error !== null) {
       this.#exportError = end.error;
@@ -546,7 +522,7 @@ export class PrefillHandoff {
   #result(outcome: PrefillOutcome["outcome"], reason: AbortReason | null, message: string | null) {
     const { handoffId } = this.input.request;
     const promptTokens = this.input.prompt.length;
-    this.#manifestLeft.resolve();
+    this.#end.manifestLeft();
     const head = { type: "PrefillOutcome" as const, handoffId, outcome, reason, message };
     const out: PrefillOutcome = { ...head, promptTokens, telemetry: null };
     return out;
