@@ -197,8 +197,17 @@ export class LivePlacement {
     };
   }
 
-  /** Learns from one completed request: rates, and the pair's bandwidth from a handoff. */
-  record(result: HandoffResult, prefillNodeId: string | null, decodeNodeId: string): void {
+  /**
+   * Learns from one completed request: rates, and the pair's bandwidth from a handoff.
+   * `predictedLinkMs` is the link time the planner predicted for it (`PlacementPrediction`
+   * `linkMs`; null: not planned on costs), what its link residual is measured against.
+   */
+  record(
+    result: HandoffResult,
+    prefillNodeId: string | null,
+    decodeNodeId: string,
+    predictedLinkMs: number | null = null,
+  ): void {
     const t = result.telemetry;
     const now = performance.now();
     const clean = result.fallbacks.length === 0;
@@ -212,7 +221,7 @@ export class LivePlacement {
         this.pairs.recordTransfer(pair, sample.bytes, sample.ms, now, "handoff");
         this.pairs.recordRtt(pair, rtt.rttMs, now);
       }
-      this.#learnCosts(pair, result, now);
+      this.#learnCosts(pair, result, now, predictedLinkMs);
     } else if (clean && result.completedBy.nodeId === decodeNodeId && result.promptTokens > 0) {
       // Colocated on the decoder: its TTFT (queue included) bounds its prefill rate.
       this.#recorder(decodeNodeId).recordPrefill(result.promptTokens, result.ttftMs);
@@ -228,21 +237,35 @@ export class LivePlacement {
     this.#watching.clear();
   }
 
-  /** The pair's tail costs, from one clean handoff's telemetry. */
-  #learnCosts(pair: PeerPair, result: HandoffResult, now: number): void {
+  /**
+   * The pair's tail costs, from one clean handoff's telemetry. The link residual is learned
+   * only against the link time the planner predicted for this handoff: any other figure (bytes
+   * left at prefill end over the rate) would count twice what the model already has, such as
+   * the last captured layer's send.
+   */
+  #learnCosts(
+    pair: PeerPair,
+    result: HandoffResult,
+    now: number,
+    predictedLinkMs: number | null,
+  ): void {
     const t = result.telemetry;
     const key = _pairKey(pair.from, pair.to);
     let learned = this.#pairCosts.get(key);
     if (!learned) this.#pairCosts.set(key, learned = new HandoffCostRecorder());
     const bytes = t.bytesByComponent ?? {};
-    // The link time after prefill end, as the estimate now stands (null: no estimate).
+    // The RTT and rate the predictions use, so the link residual is measured against them.
     const est = this.pairs.estimate(pair, now);
-    const bw = est?.bandwidthBytesPerS ?? null;
-    const after = (1 - (t.stagedBeforePrefillEndFraction ?? 0)) * t.totalBytes;
-    const linkMs = bw ? (after / bw) * 1000 : null;
-    // The RTT the predictions use, so the link residual is measured against it.
-    const rttMs = est?.rttMs ?? t.rttMs;
-    learned.record({ ...t, bytesByComponent: bytes, rttMs }, result.ttftMs, linkMs);
+    learned.record(
+      {
+        ...t,
+        bytesByComponent: bytes,
+        rttMs: est?.rttMs ?? t.rttMs,
+        bandwidthBytesPerS: est?.bandwidthBytesPerS ?? null,
+      },
+      result.ttftMs,
+      predictedLinkMs,
+    );
   }
 
   #watch(link: PeerLink): void {

@@ -171,3 +171,20 @@ Deno.test("LivePlacement: the pair's measured tail costs and the announced layer
     `${captured.commitTailMs} vs ${fastProbe.commitTailMs}`,
   );
 });
+
+Deno.test("LivePlacement: the link residual is learned against the link time predicted for that handoff", () => {
+  // The same served handoff (link part 400 ms after prefill end) taught to three coordinators:
+  // one that predicted 300 ms of link for it learns a residual 300 ms smaller than one that
+  // predicted 0, and one without a prediction learns none (the model's own terms stand).
+  const tailFor = (predictedLinkMs: number | null) => {
+    const p = live();
+    p.record(result("colocated", { tpotMs: 20 }), null, "d");
+    p.monitor.estimator.recordRtt({ from: "coord", to: "d" }, 0.3, performance.now());
+    const served = { ...handoff, uncoveredTailMs: 400, commitMs: 10, tailExportMs: 0 };
+    p.record(result("disaggregated", served), "p", "d", predictedLinkMs);
+    return p.decide(input()).prediction!.commitTailMs;
+  };
+  const none = tailFor(null), zero = tailFor(0), most = tailFor(300);
+  assert.ok(Math.abs(zero - most - 300) < 1e-6, `${zero} vs ${most}`);
+  assert.ok(zero - none > 300, `${zero} vs ${none}`);
+});

@@ -77,6 +77,7 @@ export async function openServedModel(path: string, nCtx: number): Promise<Serve
     state: {
       kvBytesPerToken: sizes.kvBytesPerToken,
       recurrentBytes: sizes.recurrentBytes,
+      recurrentLayers: sizes.layers.recurrent,
       swaBytes: sizes.swaKvBytesPerToken * sizes.slidingWindow,
       mtpBytesPerToken: sizes.mtpKvBytesPerToken,
     },

@@ -251,7 +251,12 @@ export class ApiService {
     this.#finish(record, result, placement, fallbackReason, generated, finishReason, t0);
     this.#recordPrediction(record, planned, picked);
     if (result && o.live) {
-      o.live.record(result, picked.prefill?.peer.nodeId ?? null, picked.decode.peer.nodeId);
+      o.live.record(
+        result,
+        picked.prefill?.peer.nodeId ?? null,
+        picked.decode.peer.nodeId,
+        planned.prediction?.linkMs ?? null,
+      );
     }
     return {
       requestId: record.requestId,

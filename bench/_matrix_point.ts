@@ -17,6 +17,26 @@ import type { CertificationFile } from "../core/certification.ts";
 import type { HandoffCostRecorder } from "../core/link_costs.ts";
 import type { PlanOptions, StateSize } from "../core/planner.ts";
 import type { HandoffTelemetry } from "../core/telemetry.ts";
+import { expectedStateBytes, familySpec } from "../models/mod.ts";
+
+/** The link matrix's models: what `--model` names. */
+export const MATRIX_MODELS = {
+  "super-mini": { family: "hybrid", preset: "super-mini", seed: 1 },
+  "lab-state": { family: "hybrid", preset: "lab-state", seed: 1 },
+} as const;
+
+/**
+ * The recurrent layers of a matrix model (the pieces its layer capture sends), from the
+ * model's geometry; undefined for a name the matrix does not know.
+ */
+export function recurrentLayersOf(model: string): number | undefined {
+  const m = (MATRIX_MODELS as Record<string, { family: string; preset: string; seed: number }>)[
+    model
+  ];
+  return m
+    ? expectedStateBytes(familySpec(m.family, m.preset, m.seed)).layers.recurrent
+    : undefined;
+}
 
 export interface MatrixPoint {
   rateBitsPerS: number;
@@ -97,10 +117,16 @@ export function learnFrom(
   predictedLinkMs: number | null,
   /** The RTT the prediction used (the row's pings); absent: the handoff's own figure. */
   rttMs?: number | null,
+  /** The link rate the prediction used (the row's probe), bytes/s. */
+  bandwidthBytesPerS?: number | null,
 ): void {
   if (t.prefillMs) x.prefillRates.recordPrefill(t.promptTokens, t.prefillMs);
   if (t.tpotMs) x.decodeRates.recordDecode(1, t.tpotMs, t.promptTokens);
-  x.costs.record({ ...t, rttMs: rttMs ?? t.rttMs }, clientTtftMs, predictedLinkMs);
+  x.costs.record(
+    { ...t, rttMs: rttMs ?? t.rttMs, bandwidthBytesPerS: bandwidthBytesPerS ?? null },
+    clientTtftMs,
+    predictedLinkMs,
+  );
   const b = t.bytesByComponent;
   x.state.kvBytesPerToken = Math.max(x.state.kvBytesPerToken, (b["kv-page"] ?? 0) / t.promptTokens);
   x.state.recurrentBytes = Math.max(x.state.recurrentBytes, (b.conv ?? 0) + (b.ssm ?? 0));
@@ -247,7 +273,14 @@ export async function runPoint(
       wireMs: t.wireMs,
       stagedEarly: t.stagedBeforePrefillEndFraction,
     };
-    learnFrom(x, t, r.ttftMs, row.predicted?.transferMs ?? null, row.estimate?.rttMs);
+    learnFrom(
+      x,
+      t,
+      r.ttftMs,
+      row.predicted?.transferMs ?? null,
+      row.estimate?.rttMs,
+      row.estimate?.bandwidthBytesPerS,
+    );
     if (link instanceof NativeLinkRelay) {
       const s = await link.stats();
       row.relay = {

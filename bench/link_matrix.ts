@@ -40,9 +40,11 @@ import type { HandoffTelemetry } from "../core/telemetry.ts";
 
 import {
   learnFrom,
+  MATRIX_MODELS,
   type MatrixContext,
   type MatrixPoint,
   type MatrixRow,
+  recurrentLayersOf,
   runPoint,
 } from "./_matrix_point.ts";
 
@@ -60,10 +62,7 @@ export interface CalibrationRun {
 
 const SENTENCE = "the quick brown fox jumps over the lazy dog and ";
 
-const MODELS = {
-  "super-mini": { family: "hybrid", preset: "super-mini", seed: 1 },
-  "lab-state": { family: "hybrid", preset: "lab-state", seed: 1 },
-} as const;
+const MODELS = MATRIX_MODELS;
 
 export async function runLinkMatrix(o: {
   model: keyof typeof MODELS;
@@ -139,7 +138,7 @@ export async function runLinkMatrix(o: {
       prefillRates: new RateRecorder(cluster.prefill.peer.nodeId, 3),
       decodeRates: new RateRecorder(cluster.decode.peer.nodeId, 3),
       costs: new HandoffCostRecorder(),
-      state: { kvBytesPerToken: 0, recurrentBytes: 0 },
+      state: { kvBytesPerToken: 0, recurrentBytes: 0, recurrentLayers: recurrentLayersOf(o.model) },
       model: o.model,
       certification: o.certification ?? null,
       planOptions: o.planOptions ?? {},

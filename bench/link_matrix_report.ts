@@ -14,6 +14,7 @@ import type { StateSize } from "../core/planner.ts";
 import type { HandoffTelemetry } from "../core/telemetry.ts";
 import { RUNTIME_DEFAULTS } from "../serve/engine.ts";
 import type { CalibrationRun, MatrixRow } from "./link_matrix.ts";
+import { recurrentLayersOf } from "./_matrix_point.ts";
 import { writeReport } from "./report.ts";
 import { table } from "./stats.ts";
 import { scatterChart } from "./svg.ts";
@@ -46,16 +47,25 @@ export interface Replayed {
 export function replay(run: RunFile): Replayed[] {
   const prefill = new RateRecorder("p", 3), decode = new RateRecorder("d", 3);
   const costs = new HandoffCostRecorder();
-  const state: StateSize = { kvBytesPerToken: 0, recurrentBytes: 0 };
+  const state: StateSize = {
+    kvBytesPerToken: 0,
+    recurrentBytes: 0,
+    recurrentLayers: recurrentLayersOf(run.rows[0]?.model ?? ""),
+  };
   const learn = (
     t: HandoffTelemetry,
     ttft: number | null,
     linkMs: number | null,
     rttMs?: number | null,
+    bandwidthBytesPerS?: number | null,
   ) => {
     if (t.prefillMs) prefill.recordPrefill(t.promptTokens, t.prefillMs);
     if (t.tpotMs) decode.recordDecode(1, t.tpotMs, t.promptTokens);
-    costs.record({ ...t, rttMs: rttMs ?? t.rttMs }, ttft, linkMs);
+    costs.record(
+      { ...t, rttMs: rttMs ?? t.rttMs, bandwidthBytesPerS: bandwidthBytesPerS ?? null },
+      ttft,
+      linkMs,
+    );
     const b = t.bytesByComponent;
     state.kvBytesPerToken = Math.max(state.kvBytesPerToken, (b["kv-page"] ?? 0) / t.promptTokens);
     state.recurrentBytes = Math.max(state.recurrentBytes, (b.conv ?? 0) + (b.ssm ?? 0));
@@ -109,7 +119,7 @@ export function replay(run: RunFile): Replayed[] {
       link: measLink === null ? null : [predLink, measLink],
       probe: m.probeMs === null ? null : [est.probeMs ?? 0, m.probeMs],
     });
-    learn(t, m.ttftMs, est.uncoveredKvMs + est.snapshotTransferMs, e.rttMs);
+    learn(t, m.ttftMs, est.uncoveredKvMs + est.snapshotTransferMs, e.rttMs, e.bandwidthBytesPerS);
   }
   return out;
 }

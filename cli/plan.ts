@@ -134,6 +134,7 @@ async function runPlan(f: PlanFlags): Promise<void> {
     state: {
       kvBytesPerToken: s.kvBytesPerToken,
       recurrentBytes: s.recurrentBytes,
+      recurrentLayers: s.layers.recurrent,
       swaBytes: s.swaKvBytesPerToken * s.slidingWindow,
       mtpBytesPerToken: s.mtpKvBytesPerToken,
     },

@@ -13,7 +13,7 @@
  *
  * @module
  */
-import type { HandoffCosts } from "./planner.ts";
+import type { HandoffCosts, LinkResidualSample } from "./planner.ts";
 import { UsageError } from "./errors.ts";
 import { median } from "./median.ts";
 
@@ -32,6 +32,8 @@ export interface HandoffCostFacts {
   commitMs?: number | null;
   /** The RTT the predictions use for this link (absent or null: not measured). */
   rttMs?: number | null;
+  /** The link rate the predictions use, bytes/s (absent or null: not measured). */
+  bandwidthBytesPerS?: number | null;
   /**
    * Decoder: how long its probe result waited for the prefiller's probe digest (absent or
    * null: not measured).
@@ -66,8 +68,11 @@ export class HandoffCostRecorder {
   readonly #importPerMiB: number[] = [];
   readonly #firstToken: number[] = [];
   readonly #prefillerPost: number[] = [];
-  /** (RTT, what the link part took beyond the model's transfer and one RTT), in ms. */
-  readonly #residual: [rttMs: number, ms: number][] = [];
+  /**
+   * (RTT, what the link part took beyond the model's transfer and one RTT, the link rate):
+   * ms, ms, bytes/s (null: not measured).
+   */
+  readonly #residual: LinkResidualSample[] = [];
   #samples = 0;
 
   constructor(samplesMax = 8) {
@@ -104,7 +109,8 @@ export class HandoffCostRecorder {
     if (predictedLinkMs !== null && rtt !== null && commit !== null && t.uncoveredTailMs !== null) {
       // The tail less the decoder's part (import, probe) is the link's part.
       const own = Math.max(predictedLinkMs, t.tailExportMs ?? 0);
-      this.#residual.push([rtt, t.uncoveredTailMs - commit - own - rtt]);
+      const rate = t.bandwidthBytesPerS ?? null;
+      this.#residual.push([rtt, t.uncoveredTailMs - commit - own - rtt, rate]);
       if (this.#residual.length > this.samplesMax) this.#residual.shift();
     }
     if (t.probeMs !== null && t.probeMs >= 0) this.#push(this.#probe, t.probeMs);
@@ -128,7 +134,7 @@ export class HandoffCostRecorder {
     if (this.#firstToken.length) out.firstTokenOverheadMs = median(this.#firstToken);
     if (this.#prefillerPost.length) out.prefillerPostMs = median(this.#prefillerPost);
     if (this.#residual.length) {
-      out.linkResidual = { samples: this.#residual.map(([r, ms]) => [r, ms]) };
+      out.linkResidual = { samples: this.#residual.map(([r, ms, bw]) => [r, ms, bw]) };
     }
     return out;
   }
@@ -140,16 +146,26 @@ export class HandoffCostRecorder {
 }
 
 /**
- * HandoffCosts.linkResidual at `rttMs`: the median of the samples measured at an RTT within a
- * factor of 2 of it (of all samples where none is), never below 0; 0 without samples.
+ * HandoffCosts.linkResidual on a link of `rttMs` and `bytesPerS`: the median of the samples
+ * measured on a similar link, never below 0; 0 without samples. Similar: an RTT within a factor
+ * of 2, and a rate within a factor of 2 where both are known (a slow or lossy link's stalls
+ * say nothing about a fast one at the same RTT). With no similar sample, the samples at a
+ * similar RTT whatever their rate; with none of those, all samples.
  *
  * @example
  * ```ts
- * linkResidualAt([[0.3, 40], [0.2, 60], [11, 900]], 0.25); // 50
+ * linkResidualAt([[0.3, 40, 1e8], [0.2, 60, 1.2e8], [0.2, 900, 1e7], [11, 900, 1e8]], 0.25, 1e8); // 50
  * ```
  */
-export function linkResidualAt(samples: readonly [number, number][], rttMs: number): number {
+export function linkResidualAt(
+  samples: readonly LinkResidualSample[],
+  rttMs: number,
+  bytesPerS: number | null = null,
+): number {
   if (samples.length === 0) return 0;
-  const near = samples.filter(([r]) => Math.max(r, rttMs) <= 2 * Math.min(r, rttMs));
-  return Math.max(0, median((near.length ? near : samples).map(([, y]) => y)));
+  const near = (a: number, b: number) => Math.max(a, b) <= 2 * Math.min(a, b);
+  const atRtt = samples.filter(([r]) => near(r, rttMs));
+  const alike = atRtt.filter(([, , bw]) => bw == null || bytesPerS === null || near(bw, bytesPerS));
+  const pick = alike.length ? alike : atRtt.length ? atRtt : samples;
+  return Math.max(0, median(pick.map(([, y]) => y)));
 }

@@ -74,28 +74,45 @@ Deno.test("HandoffCostRecorder skips a term its record does not carry", () => {
   assert.throws(() => new HandoffCostRecorder(0), /samplesMax/);
 });
 
-Deno.test("HandoffCostRecorder keeps the link residual with the RTT it was measured at", () => {
+Deno.test("HandoffCostRecorder keeps the link residual with the RTT and rate it was measured at", () => {
   const r = new HandoffCostRecorder(2);
   // Tail 500 ms = decoder commit 300 + the model's link time 40 + RTT 10 + 150 unexplained.
   r.record({ ...facts(40, 0), commitMs: 300, rttMs: 10, tailExportMs: 5 }, null, 40);
-  assert.deepEqual(r.costs().linkResidual, { samples: [[10, 150]] });
+  assert.deepEqual(r.costs().linkResidual, { samples: [[10, 150, null]] });
   // The prefiller's own export, when later than the model's link time, is not residual.
-  r.record({ ...facts(40, 0), commitMs: 300, rttMs: 10, tailExportMs: 100 }, null, 40);
-  assert.deepEqual(r.costs().linkResidual!.samples[1], [10, 90]);
+  r.record(
+    { ...facts(40, 0), commitMs: 300, rttMs: 10, tailExportMs: 100, bandwidthBytesPerS: 5e7 },
+    null,
+    40,
+  );
+  assert.deepEqual(r.costs().linkResidual!.samples[1], [10, 90, 5e7]);
   // No RTT, no decoder commit or no predicted link time: nothing to measure it against.
   r.record({ ...facts(40, 0), commitMs: 300 }, null, 40);
   r.record({ ...facts(40, 0), rttMs: 10 }, null, 40);
   r.record({ ...facts(40, 0), commitMs: 300, rttMs: 10 }, null, null);
   assert.equal(r.costs().linkResidual!.samples.length, 2);
   r.record({ ...facts(40, 0), commitMs: 100, rttMs: 2 }, null, 0); // the oldest leaves
-  assert.deepEqual(r.costs().linkResidual!.samples, [[10, 90], [2, 398]]);
+  assert.deepEqual(r.costs().linkResidual!.samples, [[10, 90, 5e7], [2, 398, null]]);
 });
 
-Deno.test("linkResidualAt() takes the median of the samples measured at a similar RTT", () => {
+Deno.test("linkResidualAt() takes the median of the samples measured on a similar link", () => {
   assert.equal(linkResidualAt([], 1), 0);
   const samples: [number, number][] = [[0.3, 40], [0.2, 60], [11, 900], [10, 1100]];
   assert.equal(linkResidualAt(samples, 0.25), 50); // 0.3 and 0.2 ms are near 0.25
   assert.equal(linkResidualAt(samples, 12), 1000); // 11 and 10 ms
   assert.equal(linkResidualAt(samples, 3), 480); // none within 2x: all four
   assert.equal(linkResidualAt([[1, -20]], 1), 0); // never below 0
+  // At one RTT, a slow (or lossy) link's stalls are not a fast link's: rates within 2x only,
+  // a sample without a rate counting as similar, and the RTT's samples where none is alike.
+  const rated: [number, number, number | null][] = [
+    [2, 40, 1e8],
+    [2, 60, 1.5e8],
+    [2, 5000, 1e7],
+    [2, 3000, 1.2e7],
+  ];
+  assert.equal(linkResidualAt(rated, 2, 1.2e8), 50);
+  assert.equal(linkResidualAt(rated, 2, 1e7), 4000);
+  assert.equal(linkResidualAt(rated, 2, 4e8), 1530); // none within 2x: the RTT's four
+  assert.equal(linkResidualAt(rated, 2), 1530); // the link's rate unknown: by RTT alone
+  assert.equal(linkResidualAt([[2, 70, null], [2, 5000, 1e7]], 2, 1e8), 70);
 });

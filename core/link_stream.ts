@@ -1,8 +1,9 @@
 /**
  * When the last byte of a handoff's page stream leaves, for the planner (core/planner.ts): KV
  * pages released as chunks finish (the cached prefix at once), and with layer capture the
- * recurrent state released evenly while the last chunk computes, all in one FIFO at the
- * measured bandwidth, starting once the reservation round trip is done. Pure.
+ * recurrent state released while the last chunk computes, one recurrent layer at a time, all
+ * in one FIFO at the measured bandwidth, starting once the reservation round trip is done.
+ * Pure.
  *
  * @module
  */
@@ -32,6 +33,7 @@ export interface StreamFinish {
  * streamFinish(input, 125_000, 0.5).uncoveredMs; // 1 Gbit/s, 0.5 ms RTT
  * streamFinish(input, 125_000, 0.5, recurrentBytes); // with layer capture
  * streamFinish(input, 125_000, 0.5, recurrentBytes, true); // the last page captured too
+ * streamFinish(input, 125_000, 0.5, recurrentBytes, true, 40); // in 40 layers' pieces
  * ```
  */
 // KV pages leave in FIFO order: the cached prefix at once, then one page per computed chunk,
@@ -41,12 +43,19 @@ export interface StreamFinish {
 // last byte leaves at max over release points r of (r + bytes released from r on / bw); that
 // function is linear between chunk ends, so evaluating it at the link start and at every chunk
 // end is exact. The link only starts once the reservation round trip is done.
+//
+// With `capturedPieces` P > 0 the captured bytes are P equal pieces (one per recurrent layer,
+// the captured page shared among them) released at k/P of the last chunk, k = 1..P: a layer
+// leaves when its last write is computed, so the last piece leaves at compute end and its send
+// time stays on the tail. Between pieces the same function is linear in k, so the first and
+// the last piece are the two more points to evaluate. P = 0 is an even, continuous release.
 export function streamFinish(
   i: StreamInput,
   bwPerMs: number,
   rttMs: number,
   capturedBytes = 0,
   lastPageCaptured = false,
+  capturedPieces = 0,
 ): StreamFinish {
   const kv = i.state.kvBytesPerToken;
   const tps = i.prefillerPrefillTokensPerS / 1000;
@@ -66,11 +75,18 @@ export function streamFinish(
   let finishMs = rttMs + (totalBytes - pageInCapture + captured) / bwPerMs;
   // Chunk j (1..n) ends at its tokens / tps; at that point its page and every later one, and
   // the captured bytes not yet released (all of them before the last chunk), are to leave.
+  const piece = capturedPieces > 0 ? captured / capturedPieces : 0;
   for (let j = 1; j <= n; j++) {
     const atMs = j === n ? prefillMs : (j * i.chunkTokens) / tps;
     const pagesFrom = (computed - (j - 1) * i.chunkTokens) * kv - pageInCapture;
-    const capturedLeft = j === n ? 0 : captured;
+    const capturedLeft = j === n ? piece : captured;
     finishMs = Math.max(finishMs, atMs + (pagesFrom + capturedLeft) / bwPerMs);
+  }
+  if (piece > 0) {
+    // The first piece leaves 1/P into the last chunk, with every piece and the last page after.
+    const lastChunkMs = lastTokens / tps;
+    const firstAtMs = prefillMs - lastChunkMs + lastChunkMs / capturedPieces;
+    finishMs = Math.max(finishMs, firstAtMs + (lastPageBytes - pageInCapture + captured) / bwPerMs);
   }
   const nonLastBytes = totalBytes - (n === 0 ? 0 : lastPageBytes);
   let overlapFraction: number | null = null;

@@ -67,6 +67,11 @@ export interface PlacementPrediction {
    * measured wait for the prefiller's probe digest.
    */
   commitTailMs: number;
+  /**
+   * Prefill end to the last byte leaving, as the model has it (uncovered pages and the
+   * snapshot's transfer): what a served handoff's link residual is measured against.
+   */
+  linkMs: number;
 }
 
 export interface PlacementDecision extends Plan {
@@ -118,6 +123,7 @@ export function placeRequest(r: PlacementRequest, ctx: PlacementContext): Placem
         (r.costs?.firstTokenOverheadMs ?? 0),
       ttftColocatedMs: e.colocatedMs,
       commitTailMs: e.commitTailMs ?? e.handoffTailMs,
+      linkMs: e.uncoveredKvMs + e.snapshotTransferMs,
     }
     : null;
   return { ...p, link, prediction, rateSources };

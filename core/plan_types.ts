@@ -13,6 +13,11 @@ export interface StateSize {
   kvBytesPerToken: number;
   /** Fixed recurrent bytes (conv + SSM of all recurrent layers). */
   recurrentBytes: number;
+  /**
+   * Recurrent layers the fixed bytes split into (absent: the captured state is modelled as an
+   * even, continuous release). With layer capture the last layer's piece leaves at compute end.
+   */
+  recurrentLayers?: number;
   /** Fixed sliding-window cache bytes (ISWA models). */
   swaBytes?: number;
   /** MTP draft context KV bytes per token. */
@@ -20,6 +25,12 @@ export interface StateSize {
   /** Fixed MTP bytes (the pending hidden row). */
   mtpFixedBytes?: number;
 }
+
+/**
+ * One served handoff's link residual: the RTT (ms) and rate (bytes/s; null: not measured)
+ * the prediction used, and what the link part took beyond the model (ms).
+ */
+export type LinkResidualSample = [rttMs: number, ms: number, bytesPerS?: number | null];
 
 /** A link measurement and how old it is. */
 export interface LinkMeasurement {
@@ -99,13 +110,13 @@ export interface HandoffCosts {
   prefillerPostMs?: number;
   /**
    * Link: what the tail's link part took beyond the model's `bytes / bandwidth` (or the
-   * prefiller's tail export, if later) and one RTT, on served handoffs, each with the RTT it
-   * was measured at: the transfer right after compute end runs slower than a continuous probe
-   * (the congestion window regrowing for the burst left then, frame handling on both ends).
-   * Predicted as the median of the samples measured at an RTT within a factor of 2 of the
-   * link's (all samples where none is), never below 0.
+   * prefiller's tail export, if later) and one RTT, on served handoffs, each with the RTT and
+   * rate it was measured at: the transfer right after compute end runs slower than a continuous
+   * probe (the congestion window regrowing for the burst left then, frame handling on both
+   * ends). Predicted as the median of the samples measured on a similar link
+   * (`linkResidualAt`, core/link_costs.ts), never below 0.
    */
-  linkResidual?: { samples: [rttMs: number, ms: number][] };
+  linkResidual?: { samples: LinkResidualSample[] };
   /**
    * Decoder: how long its probe result waited for the prefiller's probe digest before
    * CommitAck. The prefiller runs its own probe decode (its first decode after the last

@@ -122,6 +122,10 @@ function _checkInput(i: PlanInput): void {
       throw new UsageError(`Invalid plan input ${name} ${v}: must be 0 or more`);
     }
   }
+  const layers = i.state.recurrentLayers ?? 0;
+  if (!(Number.isInteger(layers) && layers >= 0)) {
+    throw new UsageError(`Invalid plan input recurrentLayers ${layers}: must be a whole number`);
+  }
   if ((i.prefillerCachedTokens ?? 0) > i.promptTokens) {
     throw new UsageError("Invalid plan input: more cached tokens than prompt tokens");
   }
@@ -229,8 +233,9 @@ export function estimate(
   const o: PlanOptions = { ...DEFAULT_PLAN_OPTIONS, ...options };
   const bwPerMs = link.bandwidthBytesPerS / 1000;
   // With layer capture the recurrent bytes, and in a hybrid model the last page, share the
-  // stream during the last chunk.
+  // stream during the last chunk, one recurrent layer's piece at a time.
   const captured = i.snapshotDuringLastChunk ? i.state.recurrentBytes : 0;
+  const pieces = i.state.recurrentLayers ?? 0;
   const pageCaptured = captured > 0 && i.state.kvBytesPerToken > 0 &&
     i.lastPageDuringLastChunk === true;
   const stream = streamFinish(i, bwPerMs, link.rttMs, 0, pageCaptured);
@@ -244,7 +249,7 @@ export function estimate(
   // rest follows at the rate. A captured last page is imported on arrival, before the end.
   const snapshotTransferMs =
     (captured > 0
-      ? streamFinish(i, bwPerMs, link.rttMs, captured, pageCaptured).uncoveredMs -
+      ? streamFinish(i, bwPerMs, link.rttMs, captured, pageCaptured, pieces).uncoveredMs -
         stream.uncoveredMs
       : 0) + (snapshotBytes - captured) / bwPerMs;
   const importBytes = (pageCaptured ? 0 : stream.lastPageBytes) + snapshotBytes;
@@ -254,7 +259,11 @@ export function estimate(
       : (importBytes / o.importBytesPerS) * 1000) + (reprime ? i.mtpReprimeMs! : 0);
   const linkMs = stream.uncoveredMs + snapshotTransferMs;
   const manifestWaitMs = Math.max(0, (i.costs?.prefillerPostMs ?? 0) - linkMs);
-  const linkResidualMs = linkResidualAt(i.costs?.linkResidual?.samples ?? [], link.rttMs);
+  const linkResidualMs = linkResidualAt(
+    i.costs?.linkResidual?.samples ?? [],
+    link.rttMs,
+    link.bandwidthBytesPerS,
+  );
   const handoffTailMs = linkMs + manifestWaitMs + linkResidualMs + importMs + link.rttMs;
   const probeMs = i.probeMs ?? 0;
   const probeWaitMs = i.costs?.probeWaitMs ?? 0;
