@@ -11,10 +11,11 @@ import { RUNTIME_DEFAULTS } from "../serve/engine.ts";
 import { LinkEstimator } from "../core/link_estimates.ts";
 import type { RateRecorder } from "../core/node_rates.ts";
 import { placeRequest } from "../core/placement.ts";
-import { LinkMonitor } from "../transport/link_monitor.ts";
+import { DEFAULT_LINK_MONITOR_OPTIONS, LinkMonitor } from "../transport/link_monitor.ts";
+import { readUdpBufferFacts, readUdpReceiveDrops } from "../transport/mod.ts";
 import { type EmulatedLink, NativeLinkRelay, openGridLink } from "./native_relay.ts";
 import type { CertificationFile } from "../core/certification.ts";
-import type { HandoffCostRecorder } from "../core/link_costs.ts";
+import { HandoffCostRecorder } from "../core/link_costs.ts";
 import type { PlanOptions, StateSize } from "../core/planner.ts";
 import type { HandoffTelemetry } from "../core/telemetry.ts";
 import { expectedStateBytes, familySpec } from "../models/mod.ts";
@@ -84,6 +85,11 @@ export interface MatrixRow extends MatrixPoint {
     stagedEarly: number | null;
   };
   relay: null | { drops: number; lateUsMean: number; lateUsMax: number };
+  /**
+   * The host's UDP receive-buffer drops during the handoff (Linux `RcvbufErrors`, host-wide)
+   * and the default receive buffer; absent in runs before 2026-12-04, null where unreadable.
+   */
+  udp?: { receiveDrops: number | null; receiveDefaultBytes: number | null };
   /** The handoff's whole record, so predictions can be replayed from what preceded it. */
   telemetry: HandoffTelemetry | null;
   /** The link estimate the prediction used (pings and the probe through the relay). */
@@ -100,6 +106,11 @@ export interface MatrixContext {
   prefillRates: RateRecorder;
   decodeRates: RateRecorder;
   costs: HandoffCostRecorder;
+  /**
+   * The link residual per link point ("rate/rtt/loss"): a live pair learns it only from the
+   * handoffs over its one link, and the grid's points are different links.
+   */
+  linkCosts: Map<string, HandoffCostRecorder>;
   /** State sizes as the runtime exported them (largest seen). */
   state: StateSize;
   model: string;
@@ -119,17 +130,25 @@ export function learnFrom(
   rttMs?: number | null,
   /** The link rate the prediction used (the row's probe), bytes/s. */
   bandwidthBytesPerS?: number | null,
+  /** The link point it ran over (absent: the unshaped calibration). */
+  point?: MatrixPoint,
 ): void {
   if (t.prefillMs) x.prefillRates.recordPrefill(t.promptTokens, t.prefillMs);
   if (t.tpotMs) x.decodeRates.recordDecode(1, t.tpotMs, t.promptTokens);
-  x.costs.record(
-    { ...t, rttMs: rttMs ?? t.rttMs, bandwidthBytesPerS: bandwidthBytesPerS ?? null },
-    clientTtftMs,
-    predictedLinkMs,
-  );
+  const facts = { ...t, rttMs: rttMs ?? t.rttMs, bandwidthBytesPerS: bandwidthBytesPerS ?? null };
+  x.costs.record(facts, clientTtftMs, predictedLinkMs);
+  if (point) linkCostsAt(x, point).record(facts, clientTtftMs, predictedLinkMs);
   const b = t.bytesByComponent;
   x.state.kvBytesPerToken = Math.max(x.state.kvBytesPerToken, (b["kv-page"] ?? 0) / t.promptTokens);
   x.state.recurrentBytes = Math.max(x.state.recurrentBytes, (b.conv ?? 0) + (b.ssm ?? 0));
+}
+
+/** The recorder of a link point's own residual. */
+export function linkCostsAt(x: MatrixContext, p: MatrixPoint): HandoffCostRecorder {
+  const key = `${p.rateBitsPerS}/${p.rttMs}/${p.lossFraction}`;
+  let c = x.linkCosts.get(key);
+  if (!c) x.linkCosts.set(key, c = new HandoffCostRecorder());
+  return c;
 }
 
 export async function loadAvg(): Promise<number> {
@@ -186,10 +205,11 @@ export async function runPoint(
       pingsPerMeasure: 10,
     });
     const conn = await x.cluster.client.connect(via);
-    // The probe lasts about a quarter second at the emulated rate (bounded both ways).
-    const probeBytes = p.rateBitsPerS > 0
-      ? Math.round(Math.min(16 << 20, Math.max(3 << 20, (p.rateBitsPerS / 8) * 0.25)))
-      : 16 << 20;
+    // The probe a live node sends (8 MiB), whatever the emulated rate. A probe sized from the
+    // rate (a quarter second, at least 3 MiB) read a lossless 100 Mbit/s, 2 ms link at 52-63
+    // MB/s in four tries of five, and 1 Gbit/s at up to 459; 8 MiB read 12.1-12.2 and at most
+    // 125 (bench/link_probe_check.ts, FINDINGS section 000). Unshaped loopback: 16 MiB.
+    const probeBytes = p.rateBitsPerS > 0 ? DEFAULT_LINK_MONITOR_OPTIONS.probeBytes : 16 << 20;
     await monitor.measure(conn, probeBytes);
     await conn.close();
     const e = links.estimate(
@@ -227,7 +247,7 @@ export async function runPoint(
       // recurrent state, and the last chunk's page, while the last chunk computes.
       snapshotDuringLastChunk: true,
       lastPageDuringLastChunk: true,
-      costs: x.costs.costs(),
+      costs: { ...x.costs.costs(), linkResidual: linkCostsAt(x, p).costs().linkResidual },
     }, {
       links,
       nowMs: performance.now(),
@@ -250,7 +270,13 @@ export async function runPoint(
         firstTokenOverheadMs: x.costs.costs().firstTokenOverheadMs ?? 0,
       };
     }
+    const dropsBefore = await readUdpReceiveDrops();
     const r = await runHandoff(x.cluster.client, { ...request, decode: via });
+    const dropsAfter = await readUdpReceiveDrops();
+    row.udp = {
+      receiveDrops: dropsBefore !== null && dropsAfter !== null ? dropsAfter - dropsBefore : null,
+      receiveDefaultBytes: (await readUdpBufferFacts())?.receiveDefaultBytes ?? null,
+    };
     row.loadAvg1m = (row.loadAvg1m + await loadAvg()) / 2;
     if (r.placement !== "disaggregated") {
       row.refused = `handoff fell back: ${r.fallbackReason}`;
@@ -280,6 +306,7 @@ export async function runPoint(
       row.predicted?.transferMs ?? null,
       row.estimate?.rttMs,
       row.estimate?.bandwidthBytesPerS,
+      p,
     );
     if (link instanceof NativeLinkRelay) {
       const s = await link.stats();

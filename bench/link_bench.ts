@@ -38,7 +38,7 @@ import { RateRecorder } from "../core/node_rates.ts";
 import { HandoffCostRecorder } from "../core/link_costs.ts";
 import { placeRequest } from "../core/placement.ts";
 import { isCertified, parseCertification } from "../core/certification.ts";
-import { LinkMonitor } from "../transport/link_monitor.ts";
+import { DEFAULT_LINK_MONITOR_OPTIONS, LinkMonitor } from "../transport/link_monitor.ts";
 import { measureRelayCeiling } from "./link_emulator.ts";
 import {
   buildNativeRelay,
@@ -320,11 +320,8 @@ async function _runPoint(
     const monitor = new LinkMonitor(x.cluster.prefill.peer.nodeId, links, { pingsPerMeasure: 10 });
     const conns: PeerConnection[] = [];
     const conn = await _conn(x, via, conns);
-    // The probe lasts about half a second at the emulated rate (bounded both ways).
-    const probeBytes = Math.round(
-      Math.min(8 << 20, Math.max(3 << 20, (p.rateBitsPerS / 8) * 0.5)),
-    );
-    const estimate = await monitor.measure(conn, probeBytes);
+    // The probe a live node sends, whatever the emulated rate (bench/link_probe_check.ts).
+    const estimate = await monitor.measure(conn, DEFAULT_LINK_MONITOR_OPTIONS.probeBytes);
     // The measurement above ran from this process; it stands for the prefill worker's path.
     const measured = links.estimate(
       { from: x.cluster.prefill.peer.nodeId, to: decode.nodeId },

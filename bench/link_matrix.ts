@@ -138,6 +138,7 @@ export async function runLinkMatrix(o: {
       prefillRates: new RateRecorder(cluster.prefill.peer.nodeId, 3),
       decodeRates: new RateRecorder(cluster.decode.peer.nodeId, 3),
       costs: new HandoffCostRecorder(),
+      linkCosts: new Map(),
       state: { kvBytesPerToken: 0, recurrentBytes: 0, recurrentLayers: recurrentLayersOf(o.model) },
       model: o.model,
       certification: o.certification ?? null,
@@ -303,7 +304,9 @@ if (import.meta.main) {
               `bytes ${((r.measured?.totalBytes ?? 0) / 1e6).toFixed(1)}MB staged ${
                 r.measured?.stagedEarly?.toFixed(2)
               } ` +
-              `prefill ${f(r.measured?.prefillMs)} drops ${r.relay?.drops} late ${
+              `prefill ${f(r.measured?.prefillMs)} lead ${f(r.telemetry?.captureLeadMs)} ` +
+              `udp drops ${r.udp?.receiveDrops} ` +
+              `relay drops ${r.relay?.drops} late ${
                 r.relay?.lateUsMean.toFixed(0)
               }us load ${r.loadAvg1m} ${r.decision}`),
       ),

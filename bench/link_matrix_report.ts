@@ -47,6 +47,16 @@ export interface Replayed {
 export function replay(run: RunFile): Replayed[] {
   const prefill = new RateRecorder("p", 3), decode = new RateRecorder("d", 3);
   const costs = new HandoffCostRecorder();
+  // The link residual is the link's: each link point keeps its own, as a live pair learns it
+  // only from the handoffs over its one link (the grid's points are different links).
+  const linkCosts = new Map<string, HandoffCostRecorder>();
+  const linkKey = (r: MatrixRow) => `${r.rateBitsPerS}/${r.rttMs}/${r.lossFraction}`;
+  const linkCostsOf = (r: MatrixRow | null) => {
+    if (!r) return null;
+    let c = linkCosts.get(linkKey(r));
+    if (!c) linkCosts.set(linkKey(r), c = new HandoffCostRecorder());
+    return c;
+  };
   const state: StateSize = {
     kvBytesPerToken: 0,
     recurrentBytes: 0,
@@ -58,14 +68,13 @@ export function replay(run: RunFile): Replayed[] {
     linkMs: number | null,
     rttMs?: number | null,
     bandwidthBytesPerS?: number | null,
+    row: MatrixRow | null = null,
   ) => {
     if (t.prefillMs) prefill.recordPrefill(t.promptTokens, t.prefillMs);
     if (t.tpotMs) decode.recordDecode(1, t.tpotMs, t.promptTokens);
-    costs.record(
-      { ...t, rttMs: rttMs ?? t.rttMs, bandwidthBytesPerS: bandwidthBytesPerS ?? null },
-      ttft,
-      linkMs,
-    );
+    const facts = { ...t, rttMs: rttMs ?? t.rttMs, bandwidthBytesPerS: bandwidthBytesPerS ?? null };
+    costs.record(facts, ttft, linkMs);
+    linkCostsOf(row)?.record(facts, ttft, linkMs);
     const b = t.bytesByComponent;
     state.kvBytesPerToken = Math.max(state.kvBytesPerToken, (b["kv-page"] ?? 0) / t.promptTokens);
     state.recurrentBytes = Math.max(state.recurrentBytes, (b.conv ?? 0) + (b.ssm ?? 0));
@@ -105,7 +114,7 @@ export function replay(run: RunFile): Replayed[] {
       chunkTokens: RUNTIME_DEFAULTS.chunkTokens,
       snapshotDuringLastChunk: true,
       lastPageDuringLastChunk: run.lastPageCapture === true,
-      costs: costs.costs(),
+      costs: { ...costs.costs(), linkResidual: linkCostsOf(row)!.costs().linkResidual },
     }, { links, nowMs: 0, certification: null });
     const est = d.estimates!, p = d.prediction!;
     const predLink = est.handoffTailMs - est.importMs - est.commitRoundTripMs / 2;
@@ -119,7 +128,14 @@ export function replay(run: RunFile): Replayed[] {
       link: measLink === null ? null : [predLink, measLink],
       probe: m.probeMs === null ? null : [est.probeMs ?? 0, m.probeMs],
     });
-    learn(t, m.ttftMs, est.uncoveredKvMs + est.snapshotTransferMs, e.rttMs, e.bandwidthBytesPerS);
+    learn(
+      t,
+      m.ttftMs,
+      est.uncoveredKvMs + est.snapshotTransferMs,
+      e.rttMs,
+      e.bandwidthBytesPerS,
+      row,
+    );
   }
   return out;
 }

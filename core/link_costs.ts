@@ -5,7 +5,8 @@
  * which costs several decode steps), how long its result waits for the prefiller's probe
  * digest (the prefiller's own first decode after prefill, which starts after its manifest
  * leaves and can end later than the decoder's import and probe), the import that could not overlap the wire, the
- * prefiller's own work between prefill end and the manifest (its tail export), what the link
+ * prefiller's own work between prefill end and the manifest (its tail export), how long before
+ * compute end the last recurrent layer was captured (layer capture), what the link
  * part took beyond the model's transfer (the link residual), and what the client waits for
  * beyond the prefill (connection, reservation, the first token's trip).
  *
@@ -28,6 +29,11 @@ export interface HandoffCostFacts {
   commitRoundTripMs: number | null;
   /** The prefiller's export work after prefill end (absent or null: an older prefiller). */
   tailExportMs?: number | null;
+  /**
+   * Prefiller: the last recurrent layer's capture to compute end (absent or null: no layer
+   * capture, or an older prefiller).
+   */
+  captureLeadMs?: number | null;
   /** Decoder: manifest received to commit (absent or null: not measured). */
   commitMs?: number | null;
   /** The RTT the predictions use for this link (absent or null: not measured). */
@@ -68,6 +74,7 @@ export class HandoffCostRecorder {
   readonly #importPerMiB: number[] = [];
   readonly #firstToken: number[] = [];
   readonly #prefillerPost: number[] = [];
+  readonly #captureLead: number[] = [];
   /**
    * (RTT, what the link part took beyond the model's transfer and one RTT, the link rate):
    * ms, ms, bytes/s (null: not measured).
@@ -105,6 +112,8 @@ export class HandoffCostRecorder {
       const post = t.uncoveredTailMs - t.commitRoundTripMs;
       if (post >= 0) this.#push(this.#prefillerPost, post);
     }
+    const lead = t.captureLeadMs ?? null;
+    if (lead !== null && lead >= 0) this.#push(this.#captureLead, lead);
     const rtt = t.rttMs ?? null, commit = t.commitMs ?? null;
     if (predictedLinkMs !== null && rtt !== null && commit !== null && t.uncoveredTailMs !== null) {
       // The tail less the decoder's part (import, probe) is the link's part.
@@ -133,6 +142,7 @@ export class HandoffCostRecorder {
     if (this.#importPerMiB.length) out.importMsPerMiB = median(this.#importPerMiB);
     if (this.#firstToken.length) out.firstTokenOverheadMs = median(this.#firstToken);
     if (this.#prefillerPost.length) out.prefillerPostMs = median(this.#prefillerPost);
+    if (this.#captureLead.length) out.captureLeadMs = median(this.#captureLead);
     if (this.#residual.length) {
       out.linkResidual = { samples: this.#residual.map(([r, ms, bw]) => [r, ms, bw]) };
     }

@@ -63,6 +63,14 @@ Deno.test("HandoffCostRecorder learns the decoder's wait for the prefiller's pro
   assert.equal(r.costs().probeWaitMs, 90); // median of the newest three: 0, 110, 90
 });
 
+Deno.test("HandoffCostRecorder learns how long before compute end the last layer was captured", () => {
+  const r = new HandoffCostRecorder(3);
+  r.record({ ...facts(40, 0), captureLeadMs: null }); // no layer capture: no sample
+  assert.equal(r.costs().captureLeadMs, undefined);
+  for (const lead of [90, 12, 18, 15]) r.record({ ...facts(40, 0), captureLeadMs: lead });
+  assert.equal(r.costs().captureLeadMs, 15); // median of the newest three: 12, 18, 15
+});
+
 Deno.test("HandoffCostRecorder skips a term its record does not carry", () => {
   const r = new HandoffCostRecorder();
   r.record(facts(null, 0, 1000), null);

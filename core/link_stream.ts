@@ -34,6 +34,7 @@ export interface StreamFinish {
  * streamFinish(input, 125_000, 0.5, recurrentBytes); // with layer capture
  * streamFinish(input, 125_000, 0.5, recurrentBytes, true); // the last page captured too
  * streamFinish(input, 125_000, 0.5, recurrentBytes, true, 40); // in 40 layers' pieces
+ * streamFinish(input, 125_000, 0.5, recurrentBytes, true, 40, 12); // the last 12 ms early
  * ```
  */
 // KV pages leave in FIFO order: the cached prefix at once, then one page per computed chunk,
@@ -46,7 +47,9 @@ export interface StreamFinish {
 //
 // With `capturedPieces` P > 0 the captured bytes are P equal pieces (one per recurrent layer,
 // the captured page shared among them) released at k/P of the last chunk, k = 1..P: a layer
-// leaves when its last write is computed, so the last piece leaves at compute end and its send
+// leaves when its last write is computed, so the last piece leaves at compute end less
+// `lastPieceLeadMs` (the compute after the last recurrent layer, measured: HandoffCosts
+// .captureLeadMs; the pieces then spread over the chunk before it) and the rest of its send
 // time stays on the tail. Between pieces the same function is linear in k, so the first and
 // the last piece are the two more points to evaluate. P = 0 is an even, continuous release.
 export function streamFinish(
@@ -56,6 +59,7 @@ export function streamFinish(
   capturedBytes = 0,
   lastPageCaptured = false,
   capturedPieces = 0,
+  lastPieceLeadMs = 0,
 ): StreamFinish {
   const kv = i.state.kvBytesPerToken;
   const tps = i.prefillerPrefillTokensPerS / 1000;
@@ -76,16 +80,22 @@ export function streamFinish(
   // Chunk j (1..n) ends at its tokens / tps; at that point its page and every later one, and
   // the captured bytes not yet released (all of them before the last chunk), are to leave.
   const piece = capturedPieces > 0 ? captured / capturedPieces : 0;
+  const lastChunkMs = n === 0 ? 0 : lastTokens / tps;
+  // The pieces are released over the last chunk less the lead (never before the chunk starts).
+  const lead = piece > 0 ? Math.min(Math.max(0, lastPieceLeadMs), lastChunkMs) : 0;
   for (let j = 1; j <= n; j++) {
     const atMs = j === n ? prefillMs : (j * i.chunkTokens) / tps;
     const pagesFrom = (computed - (j - 1) * i.chunkTokens) * kv - pageInCapture;
-    const capturedLeft = j === n ? piece : captured;
+    const capturedLeft = j === n && lead === 0 ? piece : j === n ? 0 : captured;
     finishMs = Math.max(finishMs, atMs + (pagesFrom + capturedLeft) / bwPerMs);
+    // The last piece, `lead` before the chunk's end, with an uncaptured last page after it.
+    if (j === n && lead > 0) {
+      finishMs = Math.max(finishMs, atMs - lead + (pagesFrom + piece) / bwPerMs);
+    }
   }
   if (piece > 0) {
-    // The first piece leaves 1/P into the last chunk, with every piece and the last page after.
-    const lastChunkMs = lastTokens / tps;
-    const firstAtMs = prefillMs - lastChunkMs + lastChunkMs / capturedPieces;
+    // The first piece leaves 1/P into the spread, with every piece and the last page after.
+    const firstAtMs = prefillMs - lastChunkMs + (lastChunkMs - lead) / capturedPieces;
     finishMs = Math.max(finishMs, firstAtMs + (lastPageBytes - pageInCapture + captured) / bwPerMs);
   }
   const nonLastBytes = totalBytes - (n === 0 ? 0 : lastPageBytes);

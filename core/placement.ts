@@ -162,10 +162,13 @@ export function planInputFor(
     probeMs: r.costs?.probeMs ?? msPerTokenAt(dr.decode, r.promptTokens),
     snapshotDuringLastChunk: r.snapshotDuringLastChunk ?? false,
     lastPageDuringLastChunk: r.lastPageDuringLastChunk ?? false,
+    // Every HandoffCosts term the pair measured (a term left out here is silently 0 there).
     costs: {
       importMsPerMiB: r.costs?.importMsPerMiB,
       prefillerPostMs: r.costs?.prefillerPostMs,
+      captureLeadMs: r.costs?.captureLeadMs,
       linkResidual: r.costs?.linkResidual,
+      probeWaitMs: r.costs?.probeWaitMs,
     },
     flags: {
       prefillerHasPrefillRole: r.prefiller.hasRole,

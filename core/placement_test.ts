@@ -198,3 +198,28 @@ Deno.test("placeRequest() predicts with the pair's measured costs: probe, import
   );
   assert.equal(measured.prediction!.commitTailMs, m.handoffTailMs + 300);
 });
+
+Deno.test("placeRequest() passes every measured cost term to the plan: capture lead, probe wait", () => {
+  // A 5 Gbit/s link keeps up with the 0.5 s last chunk but for the last 4.3 MB layer (6.9 ms).
+  const links = new LinkEstimator();
+  const pair = { from: "p", to: "d" };
+  for (let k = 0; k < 5; k++) links.recordRtt(pair, 0.3, 1000 + k);
+  links.recordTransfer(pair, 100 * MIB, (100 * MIB) / 625e3, 1000, "handoff");
+  const base = request({
+    snapshotDuringLastChunk: true,
+    lastPageDuringLastChunk: true,
+    state: { kvBytesPerToken: 8192, recurrentBytes: 172_687_360, recurrentLayers: 40 },
+  });
+  const without = placeRequest({ ...base, costs: { samples: 4 } }, ctx(links)).estimates!;
+  const withCosts = placeRequest(
+    { ...base, costs: { samples: 4, captureLeadMs: 5, probeWaitMs: 7 } },
+    ctx(links),
+  ).estimates!;
+  // The last layer leaves 5 ms before compute end: 5 ms less of it on the tail.
+  assert.ok(
+    Math.abs(without.snapshotTransferMs - withCosts.snapshotTransferMs - 5) < 1e-6,
+    `${without.snapshotTransferMs} vs ${withCosts.snapshotTransferMs}`,
+  );
+  assert.equal(withCosts.probeWaitMs, 7);
+  assert.equal(without.probeWaitMs, 0);
+});

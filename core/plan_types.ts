@@ -109,6 +109,12 @@ export interface HandoffCosts {
    */
   prefillerPostMs?: number;
   /**
+   * Prefiller, with layer capture: milliseconds between the last recurrent layer's capture and
+   * compute end (the layers and output after it, the first token's sampling). The last layer's
+   * piece leaves that much before compute end; 0 when absent (it leaves at compute end).
+   */
+  captureLeadMs?: number;
+  /**
    * Link: what the tail's link part took beyond the model's `bytes / bandwidth` (or the
    * prefiller's tail export, if later) and one RTT, on served handoffs, each with the RTT and
    * rate it was measured at: the transfer right after compute end runs slower than a continuous

@@ -111,6 +111,7 @@ function _checkInput(i: PlanInput): void {
     ["decoderFreeBytes", i.decoderFreeBytes],
     ["kvBytesPerToken", i.state.kvBytesPerToken],
     ["recurrentBytes", i.state.recurrentBytes],
+    ["costs.captureLeadMs", i.costs?.captureLeadMs ?? 0],
   ];
   for (const [name, v] of positive) {
     if (!(Number.isFinite(v) && v > 0)) {
@@ -236,6 +237,7 @@ export function estimate(
   // stream during the last chunk, one recurrent layer's piece at a time.
   const captured = i.snapshotDuringLastChunk ? i.state.recurrentBytes : 0;
   const pieces = i.state.recurrentLayers ?? 0;
+  const lead = i.costs?.captureLeadMs ?? 0;
   const pageCaptured = captured > 0 && i.state.kvBytesPerToken > 0 &&
     i.lastPageDuringLastChunk === true;
   const stream = streamFinish(i, bwPerMs, link.rttMs, 0, pageCaptured);
@@ -249,7 +251,7 @@ export function estimate(
   // rest follows at the rate. A captured last page is imported on arrival, before the end.
   const snapshotTransferMs =
     (captured > 0
-      ? streamFinish(i, bwPerMs, link.rttMs, captured, pageCaptured, pieces).uncoveredMs -
+      ? streamFinish(i, bwPerMs, link.rttMs, captured, pageCaptured, pieces, lead).uncoveredMs -
         stream.uncoveredMs
       : 0) + (snapshotBytes - captured) / bwPerMs;
   const importBytes = (pageCaptured ? 0 : stream.lastPageBytes) + snapshotBytes;

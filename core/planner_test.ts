@@ -195,7 +195,7 @@ Deno.test("estimate() agrees with a brute-force FIFO simulation of the page stre
 // The same FIFO with layer capture: the recurrent bytes and the last chunk's page (the capture
 // sends it before the chunk ends) leave in `slices` equal pieces released evenly while the last
 // chunk computes.
-function simulateCapture(i: PlanInput, slices: number) {
+function simulateCapture(i: PlanInput, slices: number, leadMs = 0) {
   const link = i.link!;
   const bw = link.bandwidthBytesPerS / 1000;
   const tps = i.prefillerPrefillTokensPerS / 1000;
@@ -209,8 +209,10 @@ function simulateCapture(i: PlanInput, slices: number) {
     done += tokens;
     const page = tokens * i.state.kvBytesPerToken;
     if (done + cached >= i.promptTokens) {
+      // The last slice leaves `leadMs` before the chunk's end (at the earliest, its start).
+      const span = Math.max(0, done / tps - start - leadMs);
       for (let k = 1; k <= slices; k++) {
-        const at = start + ((done / tps - start) * k) / slices;
+        const at = start + (span * k) / slices;
         releases.push({ at, bytes: (i.state.recurrentBytes + page) / slices });
       }
     } else releases.push({ at: done / tps, bytes: page });
@@ -282,6 +284,67 @@ Deno.test("estimate() with layer capture in whole layers equals a FIFO simulatio
   }
 });
 
+Deno.test("estimate() with a capture lead equals a FIFO simulation of layers released that early", () => {
+  // The last layer leaves captureLeadMs before compute end, the others spread over the chunk
+  // before it; a lead longer than the chunk releases every layer at its start.
+  let seed = 29;
+  const random = () => ((seed = (seed * 1103515245 + 12345) % 2 ** 31) / 2 ** 31);
+  for (let k = 0; k < 300; k++) {
+    const promptTokens = 1 + Math.floor(random() * 40_000);
+    const recurrentLayers = 1 + Math.floor(random() * 100);
+    const i = input({
+      promptTokens,
+      prefillerCachedTokens: random() < 0.3 ? Math.floor(random() * (promptTokens - 1)) : 0,
+      chunkTokens: 1 + Math.floor(random() * 4096),
+      prefillerPrefillTokensPerS: 500 + random() * 50_000,
+      link: { bandwidthBytesPerS: 1e7 + random() * 1e10, rttMs: random() * 5, ageMs: 0 },
+      snapshotDuringLastChunk: true,
+      lastPageDuringLastChunk: random() < 0.7,
+      state: { kvBytesPerToken: 8192, recurrentBytes: random() * 200 * MIB, recurrentLayers },
+      costs: { captureLeadMs: random() * 300 },
+    });
+    const e = estimate(i, i.link!);
+    const sim = i.lastPageDuringLastChunk
+      ? simulateCapture(i, recurrentLayers, i.costs!.captureLeadMs)
+      : simulateCaptureUncapturedPage(i, recurrentLayers, i.costs!.captureLeadMs!);
+    const modelled = e.uncoveredKvMs + e.snapshotTransferMs -
+      (e.snapshotBytes - i.state.recurrentBytes) / (i.link!.bandwidthBytesPerS / 1000);
+    assert.ok(
+      Math.abs(modelled - sim) <= 1e-6 * Math.max(1, sim),
+      `${
+        JSON.stringify({ promptTokens, recurrentLayers, ch: i.chunkTokens })
+      }: ${modelled} vs ${sim}`,
+    );
+  }
+});
+
+// The FIFO with layers captured but the last page exported at the chunk's end, after them.
+function simulateCaptureUncapturedPage(i: PlanInput, layers: number, leadMs: number) {
+  const link = i.link!;
+  const bw = link.bandwidthBytesPerS / 1000;
+  const tps = i.prefillerPrefillTokensPerS / 1000;
+  const cached = i.prefillerCachedTokens ?? 0;
+  const releases: { at: number; bytes: number }[] = [];
+  if (cached > 0) releases.push({ at: 0, bytes: cached * i.state.kvBytesPerToken });
+  let done = 0;
+  for (let t = cached; t < i.promptTokens; t += i.chunkTokens) {
+    const tokens = Math.min(i.chunkTokens, i.promptTokens - t);
+    const start = done / tps;
+    done += tokens;
+    const page = tokens * i.state.kvBytesPerToken;
+    if (done + cached >= i.promptTokens) {
+      const span = Math.max(0, done / tps - start - leadMs);
+      for (let k = 1; k <= layers; k++) {
+        releases.push({ at: start + (span * k) / layers, bytes: i.state.recurrentBytes / layers });
+      }
+    }
+    releases.push({ at: done / tps, bytes: page });
+  }
+  let clock = link.rttMs;
+  for (const r of releases) clock = Math.max(clock, r.at) + r.bytes / bw;
+  return Math.max(0, clock - done / tps);
+}
+
 Deno.test("estimate() with layer capture keeps the last layer's send time on the tail", () => {
   // lab-state at 512 tokens: 40 layers of 4.3 MB behind a 1 Gbit/s link, a 7 s chunk hides all
   // but the last layer, which leaves at compute end: about 35 ms, where an even release says 0.
@@ -299,6 +362,17 @@ Deno.test("estimate() with layer capture keeps the last layer's send time on the
   assert.throws(
     () => plan({ ...i, state: { ...state, recurrentLayers: 2.5 } }),
     /recurrentLayers 2.5/,
+  );
+  // Captured 20 ms before compute end, the last layer keeps only the rest of its send time.
+  const lead = { ...i, state: { ...state, recurrentLayers: 40 }, costs: { captureLeadMs: 20 } };
+  const early = estimate(lead, i.link!);
+  assert.ok(
+    Math.abs(early.snapshotTransferMs - even.snapshotTransferMs - (lastLayerMs - 20)) < 1e-6,
+    `${early.snapshotTransferMs} vs ${even.snapshotTransferMs} + ${lastLayerMs} - 20`,
+  );
+  assert.throws(
+    () => plan({ ...lead, costs: { captureLeadMs: -1 } }),
+    /captureLeadMs -1/,
   );
 });
 

@@ -136,6 +136,13 @@ export interface HandoffTelemetry {
    * during the last chunk), without waits for the link; null or absent: not measured.
    */
   tailExportMs?: number | null;
+  /**
+   * Prefiller, with layer capture: how long before compute end the last recurrent layer's
+   * state came out of the exporter (the compute after that layer's last write: later layers,
+   * the output, the first token's sampling), during which it was already on its way; null or
+   * absent: not captured during the last chunk, or not measured.
+   */
+  captureLeadMs?: number | null;
   bandwidthBytesPerS: number | null;
   /** Bytes sent over the summed write time: what the handoff actually achieved. */
   achievedBytesPerS: number | null;
@@ -250,6 +257,13 @@ function _fraction(s: PrefillerTelemetrySummary, early: number): number | null {
   return total > 0 ? Math.min(1, early / total) : null;
 }
 
+/** Compute end less the last recurrent export, where that export came first (layer capture). */
+function _captureLead(s: PrefillerTelemetrySummary): number | null {
+  const end = s.prefillComputedMs ?? null;
+  const last = s.lastRecurrentExportMs ?? null;
+  return end === null || last === null || last > end ? null : end - last;
+}
+
 /** When the prompt's last chunk finished computing (older prefillers: its page export). */
 function _prefillEnd(s: PrefillerTelemetrySummary): number | null {
   return s.prefillComputedMs ?? s.prefillEndMs;
@@ -274,6 +288,7 @@ function _prefillerSide(s: PrefillerTelemetrySummary) {
     stagedBeforePrefillEndFraction: _fraction(s, s.kvStagedByPrefillEndBytes),
     uncoveredTailMs: _sub(s.commitAckMs, _prefillEnd(s)),
     tailExportMs: s.prefillEndMs === null ? null : s.tailExportMs ?? null,
+    captureLeadMs: _captureLead(s),
     achievedBytesPerS: s.wireMs > 0 ? (s.totalBytes / s.wireMs) * 1000 : null,
     retries: s.retries,
     retryReasons: [...s.retryReasons],

@@ -33,6 +33,11 @@ export interface PrefillerTelemetrySummary {
   prefillEndMs: number | null;
   /** When the last chunk's compute finished and the first token was sampled. */
   prefillComputedMs?: number | null;
+  /**
+   * When the last recurrent piece (conv or SSM) came out of the exporter: with layer capture,
+   * the last Mamba layer's capture, before compute end; without it, after.
+   */
+  lastRecurrentExportMs?: number | null;
   cachedTokens: number;
   computedTokens: number;
   bytesByComponent: Partial<Record<ComponentKind, number>>;
@@ -185,6 +190,9 @@ export class PrefillerTelemetry {
         return;
       case "export":
         s.exportMs += e.durationMs;
+        if (e.kind === "conv" || e.kind === "ssm") {
+          s.lastRecurrentExportMs = Math.max(s.lastRecurrentExportMs ?? -Infinity, e.atMs);
+        }
         // The last page's export starts exactly at the chunk's end (the same subtraction).
         if (s.prefillEndMs !== null && e.atMs - e.durationMs >= s.prefillEndMs - 1e-6) {
           s.tailExportMs = (s.tailExportMs ?? 0) + e.durationMs;

@@ -220,6 +220,24 @@ Deno.test("a last page captured during the last chunk: its end is the compute en
   assert.equal(t.prefillMs, 200);
   assert.equal(t.computedTokens, 1024);
   assert.equal(t.tailExportMs, 3); // the positions only: the page and layer came before 200
+  assert.equal(t.captureLeadMs, 10); // the last recurrent export at 190, compute end at 200
+});
+
+Deno.test("captureLeadMs: the last recurrent export before compute end, null when it came after", () => {
+  const events = (convAt: number, ssmAt: number): PrefillerTelemetryEvent[] => [
+    { type: "request-start", atMs: 0 },
+    { type: "export", atMs: convAt, kind: "conv", bytes: 64, durationMs: 1 },
+    { type: "export", atMs: ssmAt, kind: "ssm", bytes: MIB, durationMs: 2 },
+    { type: "prefill-computed", atMs: 200 },
+    { type: "export", atMs: 210, kind: "sampler", bytes: 16, durationMs: 1 },
+  ];
+  // Layer capture: the later of the two recurrent exports counts, whatever the order.
+  assert.equal(deriveTelemetry({ prefiller: events(185, 170), decoder: [] }).captureLeadMs, 15);
+  // The snapshot exported after compute end (no layer capture): no lead.
+  assert.equal(deriveTelemetry({ prefiller: events(150, 205), decoder: [] }).captureLeadMs, null);
+  // Nothing recurrent (a dense model): no lead.
+  const dense = events(0, 0).filter((e) => e.type !== "export" || e.kind === "sampler");
+  assert.equal(deriveTelemetry({ prefiller: dense, decoder: [] }).captureLeadMs, null);
 });
 
 Deno.test("the tail and TTFT count from the last chunk's compute end when the prefiller reports it", () => {

@@ -22,3 +22,4 @@ export * from "./handshake_gate.ts";
 export * from "./link_probe.ts";
 export * from "./link_monitor.ts";
 export { seededRandom } from "./_prng.ts";
+export * from "./udp_buffers.ts";
