@@ -194,8 +194,9 @@ Deno.test("estimate() agrees with a brute-force FIFO simulation of the page stre
 
 // The same FIFO with layer capture: the recurrent bytes and the last chunk's page (the capture
 // sends it before the chunk ends) leave in `slices` equal pieces released evenly while the last
-// chunk computes.
-function simulateCapture(i: PlanInput, slices: number, leadMs = 0) {
+// chunk computes, the last `leadMs` before its end. Without `pageCaptured` the pieces are the
+// recurrent bytes alone and the page leaves at the chunk's end, after them.
+function simulateCapture(i: PlanInput, slices: number, leadMs = 0, pageCaptured = true) {
   const link = i.link!;
   const bw = link.bandwidthBytesPerS / 1000;
   const tps = i.prefillerPrefillTokensPerS / 1000;
@@ -211,10 +212,11 @@ function simulateCapture(i: PlanInput, slices: number, leadMs = 0) {
     if (done + cached >= i.promptTokens) {
       // The last slice leaves `leadMs` before the chunk's end (at the earliest, its start).
       const span = Math.max(0, done / tps - start - leadMs);
+      const sliced = i.state.recurrentBytes + (pageCaptured ? page : 0);
       for (let k = 1; k <= slices; k++) {
-        const at = start + (span * k) / slices;
-        releases.push({ at, bytes: (i.state.recurrentBytes + page) / slices });
+        releases.push({ at: start + (span * k) / slices, bytes: sliced / slices });
       }
+      if (!pageCaptured) releases.push({ at: done / tps, bytes: page });
     } else releases.push({ at: done / tps, bytes: page });
   }
   let clock = link.rttMs;
@@ -304,9 +306,12 @@ Deno.test("estimate() with a capture lead equals a FIFO simulation of layers rel
       costs: { captureLeadMs: random() * 300 },
     });
     const e = estimate(i, i.link!);
-    const sim = i.lastPageDuringLastChunk
-      ? simulateCapture(i, recurrentLayers, i.costs!.captureLeadMs)
-      : simulateCaptureUncapturedPage(i, recurrentLayers, i.costs!.captureLeadMs!);
+    const sim = simulateCapture(
+      i,
+      recurrentLayers,
+      i.costs!.captureLeadMs,
+      i.lastPageDuringLastChunk,
+    );
     const modelled = e.uncoveredKvMs + e.snapshotTransferMs -
       (e.snapshotBytes - i.state.recurrentBytes) / (i.link!.bandwidthBytesPerS / 1000);
     assert.ok(
@@ -317,33 +322,6 @@ Deno.test("estimate() with a capture lead equals a FIFO simulation of layers rel
     );
   }
 });
-
-// The FIFO with layers captured but the last page exported at the chunk's end, after them.
-function simulateCaptureUncapturedPage(i: PlanInput, layers: number, leadMs: number) {
-  const link = i.link!;
-  const bw = link.bandwidthBytesPerS / 1000;
-  const tps = i.prefillerPrefillTokensPerS / 1000;
-  const cached = i.prefillerCachedTokens ?? 0;
-  const releases: { at: number; bytes: number }[] = [];
-  if (cached > 0) releases.push({ at: 0, bytes: cached * i.state.kvBytesPerToken });
-  let done = 0;
-  for (let t = cached; t < i.promptTokens; t += i.chunkTokens) {
-    const tokens = Math.min(i.chunkTokens, i.promptTokens - t);
-    const start = done / tps;
-    done += tokens;
-    const page = tokens * i.state.kvBytesPerToken;
-    if (done + cached >= i.promptTokens) {
-      const span = Math.max(0, done / tps - start - leadMs);
-      for (let k = 1; k <= layers; k++) {
-        releases.push({ at: start + (span * k) / layers, bytes: i.state.recurrentBytes / layers });
-      }
-    }
-    releases.push({ at: done / tps, bytes: page });
-  }
-  let clock = link.rttMs;
-  for (const r of releases) clock = Math.max(clock, r.at) + r.bytes / bw;
-  return Math.max(0, clock - done / tps);
-}
 
 Deno.test("estimate() with layer capture keeps the last layer's send time on the tail", () => {
   // lab-state at 512 tokens: 40 layers of 4.3 MB behind a 1 Gbit/s link, a 7 s chunk hides all
