@@ -15,6 +15,7 @@
  * client share two cores here, so sending while computing competes with the prefill: prefill
  * time is shown with layer capture on and off.
  */
+import { readUdpBufferFacts, readUdpReceiveDrops } from "../transport/mod.ts";
 import { ensureModelFile } from "../models/mod.ts";
 import { runHandoff } from "../serve/coordinator.ts";
 import { type LocalCluster, startLocalCluster } from "../serve/local_cluster.ts";
@@ -76,6 +77,11 @@ export interface LabTailResult {
   rttMs: number;
   payload: PayloadPathResult;
   rows: LabTailRow[];
+  /**
+   * The host's default UDP receive buffer and the datagrams its kernel dropped for a full one
+   * during the run (Linux `RcvbufErrors`, host-wide; null where unreadable; absent before run 27).
+   */
+  udp?: { receiveDefaultBytes: number | null; receiveDrops: number | null };
 }
 
 const MAMBA_LAYERS = 40;
@@ -125,6 +131,7 @@ export async function runLabTailBench(o: {
     preset: "lab-state",
     seed: 1,
   });
+  const dropsBefore = await readUdpReceiveDrops();
   const transport = await runTransportBench({ transferMiB: 128, repeats: o.repeats });
   const payload = await runPayloadPathBench({
     modelPath: model,
@@ -178,12 +185,17 @@ export async function runLabTailBench(o: {
       await cluster.stop();
     }
   }
+  const dropsAfter = await readUdpReceiveDrops();
   return {
     workerThreads: o.workerThreads ?? null,
     rawMBps: transport.rawMBpsMedian,
     rttMs,
     payload,
     rows,
+    udp: {
+      receiveDefaultBytes: (await readUdpBufferFacts())?.receiveDefaultBytes ?? null,
+      receiveDrops: dropsBefore !== null && dropsAfter !== null ? dropsAfter - dropsBefore : null,
+    },
   };
 }
 
@@ -331,7 +343,11 @@ export async function labTailSection(o: { quick: boolean; modelDir: string }) {
         )
       } ms, measured in this run; the floors use that rate. \`x at fastest raw\`: tail - probe over the layer floor at the faster of that rate and the payload section's raw baseline (${
         Math.max(r.rawMBps, p.rawMBps).toFixed(0)
-      } MB/s), the stricter reading.`,
+      } MB/s), the stricter reading. UDP receive buffer ${
+        r.udp?.receiveDefaultBytes ?? "unknown"
+      } B by default; datagrams the kernel dropped for a full one during the run (host-wide): ${
+        r.udp?.receiveDrops ?? "unknown"
+      } (docs/bench-report/lab/README.md, runs 23-26).`,
       "tail: prefill end -> CommitAck; probe: the decoder's continuation probe (one decode step, which also yields token 2's logits); the floors are compared with tail - probe. The manifest leaves when the last chunk is out; the prefiller's own probe decode runs after it and its digest follows (probe wait: how long the decoder's probe result waited for it). Medians of `runs` handoffs (one at 8K: its prefill takes minutes here). Each capture mode runs on its own process pair; that pair's first handoff (at the smallest prompt) is its own `cold` row, and the other rows are on `warm` workers, as in serving; the chart shows warm rows.",
       `Payload path on lab-state (${p.pages} real KV pages of ${p.pageTokens} tokens, ${
         (p.stateBytes / 1e6).toFixed(1)

@@ -105,7 +105,8 @@ export function udpBufferAdvice(
   minBytes = UDP_RECEIVE_BUFFER_BYTES_MIN,
 ): string | null {
   if (f.receiveDefaultBytes >= minBytes) return null;
-  const kib = (n: number) => `${Math.round(n / 1024)} KiB`;
+  const kib = (n: number) =>
+    n >= 2 ** 20 && n % 2 ** 20 === 0 ? `${n / 2 ** 20} MiB` : `${Math.round(n / 1024)} KiB`;
   const raise = f.settings.default.startsWith("net.core")
     ? `sysctl -w ${f.settings.max}=${Math.max(minBytes, f.receiveMaxBytes)} ` +
       `${f.settings.default}=${minBytes}`

@@ -18,7 +18,7 @@ Deno.test("udpBufferAdvice() names the small default and the sysctl that raises 
     receiveMaxBytes: 212_992,
   });
   assert.ok(advice);
-  assert.match(advice, /net\.core\.rmem_default is 208 KiB \(under 4096 KiB\)/);
+  assert.match(advice, /net\.core\.rmem_default is 208 KiB \(under 4 MiB\)/);
   assert.match(
     advice,
     /sysctl -w net\.core\.rmem_max=4194304 net\.core\.rmem_default=4194304$/,
