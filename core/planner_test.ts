@@ -224,21 +224,36 @@ function simulateCapture(i: PlanInput, slices: number, leadMs = 0, pageCaptured 
   return Math.max(0, clock - done / tps);
 }
 
+// A random plan with layer capture: up to 40K prompt tokens, a cached prefix 3 times in 10,
+// chunks up to 4096, 10 MB/s to 10 GB/s, up to 200 MiB recurrent.
+function randomCapturePlan(
+  random: () => number,
+  o: { recurrentLayers?: number; lastPage?: boolean; leadMs?: number } = {},
+): PlanInput {
+  const promptTokens = 1 + Math.floor(random() * 40_000);
+  return input({
+    promptTokens,
+    prefillerCachedTokens: random() < 0.3 ? Math.floor(random() * (promptTokens - 1)) : 0,
+    chunkTokens: 1 + Math.floor(random() * 4096),
+    prefillerPrefillTokensPerS: 500 + random() * 50_000,
+    link: { bandwidthBytesPerS: 1e7 + random() * 1e10, rttMs: random() * 5, ageMs: 0 },
+    snapshotDuringLastChunk: true,
+    lastPageDuringLastChunk: o.lastPage ?? true,
+    state: {
+      kvBytesPerToken: 8192,
+      recurrentBytes: random() * 200 * MIB,
+      recurrentLayers: o.recurrentLayers,
+    },
+    ...(o.leadMs === undefined ? {} : { costs: { captureLeadMs: o.leadMs } }),
+  });
+}
+
 Deno.test("estimate() with layer capture agrees with a FIFO simulation of pages and layers", () => {
   let seed = 11;
   const random = () => ((seed = (seed * 1103515245 + 12345) % 2 ** 31) / 2 ** 31);
   for (let k = 0; k < 300; k++) {
-    const promptTokens = 1 + Math.floor(random() * 40_000);
-    const i = input({
-      promptTokens,
-      prefillerCachedTokens: random() < 0.3 ? Math.floor(random() * (promptTokens - 1)) : 0,
-      chunkTokens: 1 + Math.floor(random() * 4096),
-      prefillerPrefillTokensPerS: 500 + random() * 50_000,
-      link: { bandwidthBytesPerS: 1e7 + random() * 1e10, rttMs: random() * 5, ageMs: 0 },
-      snapshotDuringLastChunk: true,
-      lastPageDuringLastChunk: true,
-      state: { kvBytesPerToken: 8192, recurrentBytes: random() * 200 * MIB },
-    });
+    const i = randomCapturePlan(random);
+    const promptTokens = i.promptTokens;
     const e = estimate(i, i.link!);
     // Each slice leaves at the end of its share of the chunk, so the simulation is late by at
     // most one slice's send time against the even release the model takes.
@@ -256,71 +271,36 @@ Deno.test("estimate() with layer capture agrees with a FIFO simulation of pages 
   }
 });
 
-Deno.test("estimate() with layer capture in whole layers equals a FIFO simulation of those layers", () => {
-  // One piece per recurrent layer, the last at compute end: its send time stays on the tail.
-  let seed = 23;
+// Random plans with one piece per recurrent layer against simulateCapture, exact; `lead`: a
+// random capture lead and the last page captured or not.
+function checkWholeLayers(seed: number, lead: boolean): void {
   const random = () => ((seed = (seed * 1103515245 + 12345) % 2 ** 31) / 2 ** 31);
   for (let k = 0; k < 300; k++) {
-    const promptTokens = 1 + Math.floor(random() * 40_000);
     const recurrentLayers = 1 + Math.floor(random() * 100);
-    const i = input({
-      promptTokens,
-      prefillerCachedTokens: random() < 0.3 ? Math.floor(random() * (promptTokens - 1)) : 0,
-      chunkTokens: 1 + Math.floor(random() * 4096),
-      prefillerPrefillTokensPerS: 500 + random() * 50_000,
-      link: { bandwidthBytesPerS: 1e7 + random() * 1e10, rttMs: random() * 5, ageMs: 0 },
-      snapshotDuringLastChunk: true,
-      lastPageDuringLastChunk: true,
-      state: { kvBytesPerToken: 8192, recurrentBytes: random() * 200 * MIB, recurrentLayers },
-    });
+    const lastPage = lead ? random() < 0.7 : true;
+    const leadMs = lead ? random() * 300 : undefined;
+    const i = randomCapturePlan(random, { recurrentLayers, lastPage, leadMs });
+    const promptTokens = i.promptTokens;
     const e = estimate(i, i.link!);
-    const sim = simulateCapture(i, recurrentLayers);
+    const sim = simulateCapture(i, recurrentLayers, leadMs, lastPage);
     const modelled = e.uncoveredKvMs + e.snapshotTransferMs -
       (e.snapshotBytes - i.state.recurrentBytes) / (i.link!.bandwidthBytesPerS / 1000);
     assert.ok(
       Math.abs(modelled - sim) <= 1e-6 * Math.max(1, sim),
-      `${
-        JSON.stringify({ promptTokens, recurrentLayers, ch: i.chunkTokens })
-      }: ${modelled} vs ${sim}`,
+      `${JSON.stringify({ promptTokens, recurrentLayers, leadMs })}: ${modelled} vs ${sim}`,
     );
   }
+}
+
+Deno.test("estimate() with layer capture in whole layers equals a FIFO simulation of those layers", () => {
+  // One piece per recurrent layer, the last at compute end: its send time stays on the tail.
+  checkWholeLayers(23, false);
 });
 
 Deno.test("estimate() with a capture lead equals a FIFO simulation of layers released that early", () => {
   // The last layer leaves captureLeadMs before compute end, the others spread over the chunk
   // before it; a lead longer than the chunk releases every layer at its start.
-  let seed = 29;
-  const random = () => ((seed = (seed * 1103515245 + 12345) % 2 ** 31) / 2 ** 31);
-  for (let k = 0; k < 300; k++) {
-    const promptTokens = 1 + Math.floor(random() * 40_000);
-    const recurrentLayers = 1 + Math.floor(random() * 100);
-    const i = input({
-      promptTokens,
-      prefillerCachedTokens: random() < 0.3 ? Math.floor(random() * (promptTokens - 1)) : 0,
-      chunkTokens: 1 + Math.floor(random() * 4096),
-      prefillerPrefillTokensPerS: 500 + random() * 50_000,
-      link: { bandwidthBytesPerS: 1e7 + random() * 1e10, rttMs: random() * 5, ageMs: 0 },
-      snapshotDuringLastChunk: true,
-      lastPageDuringLastChunk: random() < 0.7,
-      state: { kvBytesPerToken: 8192, recurrentBytes: random() * 200 * MIB, recurrentLayers },
-      costs: { captureLeadMs: random() * 300 },
-    });
-    const e = estimate(i, i.link!);
-    const sim = simulateCapture(
-      i,
-      recurrentLayers,
-      i.costs!.captureLeadMs,
-      i.lastPageDuringLastChunk,
-    );
-    const modelled = e.uncoveredKvMs + e.snapshotTransferMs -
-      (e.snapshotBytes - i.state.recurrentBytes) / (i.link!.bandwidthBytesPerS / 1000);
-    assert.ok(
-      Math.abs(modelled - sim) <= 1e-6 * Math.max(1, sim),
-      `${
-        JSON.stringify({ promptTokens, recurrentLayers, ch: i.chunkTokens })
-      }: ${modelled} vs ${sim}`,
-    );
-  }
+  checkWholeLayers(29, true);
 });
 
 Deno.test("estimate() with layer capture keeps the last layer's send time on the tail", () => {

@@ -375,6 +375,8 @@ export function formatTelemetry(
   parts.push(`${_mib(t.totalBytes)} [${kinds.join(", ")}]`);
   parts.push(`prefill ${_ms(t.prefillMs)}`);
   parts.push(`tail ${_ms(t.uncoveredTailMs)}`);
+  const lead = t.captureLeadMs ?? null;
+  if (lead !== null) parts.push(`last layer captured ${_ms(lead)} before compute end`);
   if (t.prediction) parts.push(`predicted tail ${_ms(t.prediction.commitTailMs)}`);
   parts.push(
     `overlap ${t.overlapFraction === null ? "n/a" : `${Math.round(t.overlapFraction * 100)}%`}`,

@@ -221,6 +221,7 @@ Deno.test("a last page captured during the last chunk: its end is the compute en
   assert.equal(t.computedTokens, 1024);
   assert.equal(t.tailExportMs, 3); // the positions only: the page and layer came before 200
   assert.equal(t.captureLeadMs, 10); // the last recurrent export at 190, compute end at 200
+  assert.match(formatTelemetry(t), /last layer captured 10\.0 ms before compute end/);
 });
 
 Deno.test("captureLeadMs: the last recurrent export before compute end, null when it came after", () => {
