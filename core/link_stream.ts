@@ -86,7 +86,9 @@ export function streamFinish(
   for (let j = 1; j <= n; j++) {
     const atMs = j === n ? prefillMs : (j * i.chunkTokens) / tps;
     const pagesFrom = (computed - (j - 1) * i.chunkTokens) * kv - pageInCapture;
-    const capturedLeft = j === n && lead === 0 ? piece : j === n ? 0 : captured;
+    // Before the last chunk's end every captured byte is still to leave; at it, the last piece
+    // if it leaves then (no lead).
+    const capturedLeft = j < n ? captured : lead === 0 ? piece : 0;
     finishMs = Math.max(finishMs, atMs + (pagesFrom + capturedLeft) / bwPerMs);
     // The last piece, `lead` before the chunk's end, with an uncaptured last page after it.
     if (j === n && lead > 0) {

@@ -76,6 +76,9 @@ function _tail(e: PlanEstimates, add: Add): void {
   if (e.manifestWaitMs) {
     add("tail", "prefiller work", e.manifestWaitMs, "tail export and probe beyond the transfer");
   }
+  if (e.linkResidualMs) {
+    add("tail", "link residual", e.linkResidualMs, "measured on this link beyond bytes / rate");
+  }
   add("tail", "import", e.importMs, "last page + snapshot into the decoder's context");
   add("tail", "commit round trip", e.commitRoundTripMs, "CommitAck, one RTT");
   add("tail", "= handoff tail", e.handoffTailMs, "");

@@ -7,7 +7,12 @@ const INPUT = planInput({
   promptTokens: 8192,
   link: { bandwidthBytesPerS: 1.25e9, rttMs: 2, ageMs: 1000 },
   probeMs: 45,
-  costs: { prefillerPostMs: 1e4, importMsPerMiB: 0.5, probeWaitMs: 80 },
+  costs: {
+    prefillerPostMs: 1e4,
+    importMsPerMiB: 0.5,
+    probeWaitMs: 80,
+    linkResidual: { samples: [[2, 30, 1.25e9]] },
+  },
 });
 
 Deno.test("explainPlan: the tail's terms add up to the handoff tail, then probe and digest wait to the commit tail", () => {
@@ -21,4 +26,5 @@ Deno.test("explainPlan: the tail's terms add up to the handoff tail, then probe 
   const commit = p.estimates!.handoffTailMs + after.reduce((s, t) => s + t.ms!, 0);
   assert.ok(Math.abs(commit - p.estimates!.commitTailMs!) < 1e-6);
   assert.ok(terms.some((t) => t.label === "prefiller work" && t.ms! > 0), "the slow sender shows");
+  assert.equal(terms.find((t) => t.label === "link residual")?.ms, 30);
 });
