@@ -264,6 +264,12 @@ Deno.test("the openai client gets local generate's text from the API over a disa
       const text = await metrics();
       assert.deepEqual(series(text, "skippy:worker_up"), [1, 1]);
       assert.deepEqual(series(text, "skippy:worker_staged_bytes"), [0, 0]);
+      // The hosts' UDP receive buffer (both workers on this host), as /proc reads it.
+      if (Deno.build.os === "linux") {
+        const rmem = Number(Deno.readTextFileSync("/proc/sys/net/core/rmem_default").trim());
+        assert.deepEqual(series(text, "skippy:worker_udp_receive_buffer_bytes"), [rmem, rmem]);
+        assert.equal(series(text, "skippy:worker_udp_receive_drops").length, 2);
+      }
       assert.equal(metricValue(text, "skippy:num_requests_waiting"), 0);
       assert.match(text, /skippy:request_success_total\{finished_reason="abort"\} 1/);
       assert.match(text, /skippy:time_to_first_token_seconds_count \d+/);

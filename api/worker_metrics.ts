@@ -40,6 +40,18 @@ const GAUGES: [keyof WorkerCounters, string, string][] = [
   ["prefillQueued", "skippy:worker_prefill_queued", "Prompts waiting for a prefill context"],
   ["rssBytes", "skippy:worker_resident_memory_bytes", "The worker process's resident memory"],
   [
+    "udpReceiveBufferBytes",
+    "skippy:worker_udp_receive_buffer_bytes",
+    "The worker host's default UDP receive buffer, which its QUIC sockets take (under 4 MiB it " +
+    "drops datagrams when the worker falls behind; transport/udp_buffers.ts)",
+  ],
+  [
+    "udpReceiveDrops",
+    "skippy:worker_udp_receive_drops",
+    "UDP datagrams the worker host's kernel dropped for a full receive buffer since boot " +
+    "(host-wide, Linux)",
+  ],
+  [
     "sequencesBusy",
     "skippy:worker_sequences_busy",
     "Sequences of the batched decode context in use",

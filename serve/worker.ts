@@ -12,6 +12,8 @@ import {
   legacyRolesNotice,
   type PeerConnection,
   type PeerListener,
+  readUdpBufferFacts,
+  readUdpReceiveDropsSync,
   type Role,
   roleCovers,
 } from "../transport/mod.ts";
@@ -95,6 +97,8 @@ export interface WorkerOptions {
 export class Worker {
   #closed = false;
   readonly #peers = new Set<PeerConnection>();
+  /** The host's default UDP receive buffer, read at start (null: unreadable here). */
+  #udpReceiveBufferBytes: number | null = null;
 
   private constructor(
     readonly options: WorkerOptions,
@@ -142,6 +146,7 @@ export class Worker {
       decode,
       prefill && !decode ? new LocalGeneration(pool, log) : null,
     );
+    worker.#udpReceiveBufferBytes = (await readUdpBufferFacts())?.receiveDefaultBytes ?? null;
     worker.#acceptLoop();
     return worker;
   }
@@ -239,11 +244,13 @@ export class Worker {
     };
   }
 
-  /** Memory and decode-side usage, reported beside the counters (not summed, not held). */
+  /** Memory, host and decode-side usage, reported beside the counters (not summed, not held). */
   #decodeUsage(): Partial<WorkerCounters> {
     const usage = this.sessions instanceof SequencePool ? this.sessions.usage() : null;
     return {
       rssBytes: Deno.memoryUsage().rss,
+      udpReceiveBufferBytes: this.#udpReceiveBufferBytes ?? undefined,
+      udpReceiveDrops: readUdpReceiveDropsSync() ?? undefined,
       decodePath: this.decode ? this.sessions.path : undefined,
       ...usage,
       ...this.decode?.admission.counters,

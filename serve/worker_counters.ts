@@ -22,6 +22,12 @@ export interface WorkerCounters extends PrefillQueueCounters {
   abortsTotal: number;
   /** The worker's resident set size (bytes), `Deno.memoryUsage().rss`. */
   rssBytes?: number;
+  /**
+   * The host's default UDP receive buffer (bytes), which the worker's QUIC sockets take, and
+   * the datagrams its kernel has dropped for a full one since boot (host-wide; Linux only).
+   */
+  udpReceiveBufferBytes?: number;
+  udpReceiveDrops?: number;
   /** Decode side: which path serves requests (see GenerateDone's `decodePath`). */
   decodePath?: "per-session" | "batched";
   /** Batched decode side: sequences of the shared context, and KV cells, in use and in all. */

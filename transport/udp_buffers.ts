@@ -79,6 +79,16 @@ export async function readUdpReceiveDrops(): Promise<number | null> {
   }
 }
 
+/** `readUdpReceiveDrops()` without waiting (a counter read on every stats request). */
+export function readUdpReceiveDropsSync(): number | null {
+  if (Deno.build.os !== "linux") return null;
+  try {
+    return udpReceiveDropsFrom(Deno.readTextFileSync("/proc/net/snmp"));
+  } catch {
+    return null;
+  }
+}
+
 /** `RcvbufErrors` from the text of /proc/net/snmp (its `Udp:` header and value lines). */
 export function udpReceiveDropsFrom(snmp: string): number | null {
   const lines = snmp.split("\n").filter((l) => l.startsWith("Udp:"));
