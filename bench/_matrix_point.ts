@@ -12,7 +12,7 @@ import { LinkEstimator } from "../core/link_estimates.ts";
 import type { RateRecorder } from "../core/node_rates.ts";
 import { placeRequest } from "../core/placement.ts";
 import { DEFAULT_LINK_MONITOR_OPTIONS, LinkMonitor } from "../transport/link_monitor.ts";
-import { readUdpBufferFacts, readUdpReceiveDrops } from "../transport/mod.ts";
+import { countUdpReceiveDrops, type UdpDropCount } from "../transport/mod.ts";
 import { type EmulatedLink, NativeLinkRelay, openGridLink } from "./native_relay.ts";
 import type { CertificationFile } from "../core/certification.ts";
 import { HandoffCostRecorder } from "../core/link_costs.ts";
@@ -89,7 +89,7 @@ export interface MatrixRow extends MatrixPoint {
    * The host's UDP receive-buffer drops during the handoff (Linux `RcvbufErrors`, host-wide)
    * and the default receive buffer; absent in runs before 2026-12-04, null where unreadable.
    */
-  udp?: { receiveDrops: number | null; receiveDefaultBytes: number | null };
+  udp?: UdpDropCount;
   /** The handoff's whole record, so predictions can be replayed from what preceded it. */
   telemetry: HandoffTelemetry | null;
   /** The link estimate the prediction used (pings and the probe through the relay). */
@@ -137,17 +137,23 @@ export function learnFrom(
   if (t.tpotMs) x.decodeRates.recordDecode(1, t.tpotMs, t.promptTokens);
   const facts = { ...t, rttMs: rttMs ?? t.rttMs, bandwidthBytesPerS: bandwidthBytesPerS ?? null };
   x.costs.record(facts, clientTtftMs, predictedLinkMs);
-  if (point) linkCostsAt(x, point).record(facts, clientTtftMs, predictedLinkMs);
+  if (point) linkCostsAt(x.linkCosts, point).record(facts, clientTtftMs, predictedLinkMs);
   const b = t.bytesByComponent;
   x.state.kvBytesPerToken = Math.max(x.state.kvBytesPerToken, (b["kv-page"] ?? 0) / t.promptTokens);
   x.state.recurrentBytes = Math.max(x.state.recurrentBytes, (b.conv ?? 0) + (b.ssm ?? 0));
 }
 
-/** The recorder of a link point's own residual. */
-export function linkCostsAt(x: MatrixContext, p: MatrixPoint): HandoffCostRecorder {
+/**
+ * The recorder of a link point's own residual, in `byPoint` (the matrix's, or a replay's):
+ * created on the point's first handoff.
+ */
+export function linkCostsAt(
+  byPoint: Map<string, HandoffCostRecorder>,
+  p: MatrixPoint,
+): HandoffCostRecorder {
   const key = `${p.rateBitsPerS}/${p.rttMs}/${p.lossFraction}`;
-  let c = x.linkCosts.get(key);
-  if (!c) x.linkCosts.set(key, c = new HandoffCostRecorder());
+  let c = byPoint.get(key);
+  if (!c) byPoint.set(key, c = new HandoffCostRecorder());
   return c;
 }
 
@@ -247,7 +253,7 @@ export async function runPoint(
       // recurrent state, and the last chunk's page, while the last chunk computes.
       snapshotDuringLastChunk: true,
       lastPageDuringLastChunk: true,
-      costs: { ...x.costs.costs(), linkResidual: linkCostsAt(x, p).costs().linkResidual },
+      costs: { ...x.costs.costs(), linkResidual: linkCostsAt(x.linkCosts, p).costs().linkResidual },
     }, {
       links,
       nowMs: performance.now(),
@@ -270,13 +276,9 @@ export async function runPoint(
         firstTokenOverheadMs: x.costs.costs().firstTokenOverheadMs ?? 0,
       };
     }
-    const dropsBefore = await readUdpReceiveDrops();
+    const udpDrops = await countUdpReceiveDrops();
     const r = await runHandoff(x.cluster.client, { ...request, decode: via });
-    const dropsAfter = await readUdpReceiveDrops();
-    row.udp = {
-      receiveDrops: dropsBefore !== null && dropsAfter !== null ? dropsAfter - dropsBefore : null,
-      receiveDefaultBytes: (await readUdpBufferFacts())?.receiveDefaultBytes ?? null,
-    };
+    row.udp = await udpDrops();
     row.loadAvg1m = (row.loadAvg1m + await loadAvg()) / 2;
     if (r.placement !== "disaggregated") {
       row.refused = `handoff fell back: ${r.fallbackReason}`;

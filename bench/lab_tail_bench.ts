@@ -15,7 +15,7 @@
  * client share two cores here, so sending while computing competes with the prefill: prefill
  * time is shown with layer capture on and off.
  */
-import { readUdpBufferFacts, readUdpReceiveDrops } from "../transport/mod.ts";
+import { countUdpReceiveDrops, type UdpDropCount } from "../transport/mod.ts";
 import { ensureModelFile } from "../models/mod.ts";
 import { runHandoff } from "../serve/coordinator.ts";
 import { type LocalCluster, startLocalCluster } from "../serve/local_cluster.ts";
@@ -81,7 +81,7 @@ export interface LabTailResult {
    * The host's default UDP receive buffer and the datagrams its kernel dropped for a full one
    * during the run (Linux `RcvbufErrors`, host-wide; null where unreadable; absent before run 27).
    */
-  udp?: { receiveDefaultBytes: number | null; receiveDrops: number | null };
+  udp?: UdpDropCount;
 }
 
 const MAMBA_LAYERS = 40;
@@ -131,7 +131,7 @@ export async function runLabTailBench(o: {
     preset: "lab-state",
     seed: 1,
   });
-  const dropsBefore = await readUdpReceiveDrops();
+  const udpDrops = await countUdpReceiveDrops();
   const transport = await runTransportBench({ transferMiB: 128, repeats: o.repeats });
   const payload = await runPayloadPathBench({
     modelPath: model,
@@ -185,17 +185,13 @@ export async function runLabTailBench(o: {
       await cluster.stop();
     }
   }
-  const dropsAfter = await readUdpReceiveDrops();
   return {
     workerThreads: o.workerThreads ?? null,
     rawMBps: transport.rawMBpsMedian,
     rttMs,
     payload,
     rows,
-    udp: {
-      receiveDefaultBytes: (await readUdpBufferFacts())?.receiveDefaultBytes ?? null,
-      receiveDrops: dropsBefore !== null && dropsAfter !== null ? dropsAfter - dropsBefore : null,
-    },
+    udp: await udpDrops(),
   };
 }
 

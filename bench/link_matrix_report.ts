@@ -14,7 +14,7 @@ import type { StateSize } from "../core/planner.ts";
 import type { HandoffTelemetry } from "../core/telemetry.ts";
 import { RUNTIME_DEFAULTS } from "../serve/engine.ts";
 import type { CalibrationRun, MatrixRow } from "./link_matrix.ts";
-import { recurrentLayersOf } from "./_matrix_point.ts";
+import { linkCostsAt, recurrentLayersOf } from "./_matrix_point.ts";
 import { writeReport } from "./report.ts";
 import { table } from "./stats.ts";
 import { scatterChart } from "./svg.ts";
@@ -50,13 +50,6 @@ export function replay(run: RunFile): Replayed[] {
   // The link residual is the link's: each link point keeps its own, as a live pair learns it
   // only from the handoffs over its one link (the grid's points are different links).
   const linkCosts = new Map<string, HandoffCostRecorder>();
-  const linkKey = (r: MatrixRow) => `${r.rateBitsPerS}/${r.rttMs}/${r.lossFraction}`;
-  const linkCostsOf = (r: MatrixRow | null) => {
-    if (!r) return null;
-    let c = linkCosts.get(linkKey(r));
-    if (!c) linkCosts.set(linkKey(r), c = new HandoffCostRecorder());
-    return c;
-  };
   const state: StateSize = {
     kvBytesPerToken: 0,
     recurrentBytes: 0,
@@ -74,7 +67,7 @@ export function replay(run: RunFile): Replayed[] {
     if (t.tpotMs) decode.recordDecode(1, t.tpotMs, t.promptTokens);
     const facts = { ...t, rttMs: rttMs ?? t.rttMs, bandwidthBytesPerS: bandwidthBytesPerS ?? null };
     costs.record(facts, ttft, linkMs);
-    linkCostsOf(row)?.record(facts, ttft, linkMs);
+    if (row) linkCostsAt(linkCosts, row).record(facts, ttft, linkMs);
     const b = t.bytesByComponent;
     state.kvBytesPerToken = Math.max(state.kvBytesPerToken, (b["kv-page"] ?? 0) / t.promptTokens);
     state.recurrentBytes = Math.max(state.recurrentBytes, (b.conv ?? 0) + (b.ssm ?? 0));
@@ -114,7 +107,7 @@ export function replay(run: RunFile): Replayed[] {
       chunkTokens: RUNTIME_DEFAULTS.chunkTokens,
       snapshotDuringLastChunk: true,
       lastPageDuringLastChunk: run.lastPageCapture === true,
-      costs: { ...costs.costs(), linkResidual: linkCostsOf(row)!.costs().linkResidual },
+      costs: { ...costs.costs(), linkResidual: linkCostsAt(linkCosts, row).costs().linkResidual },
     }, { links, nowMs: 0, certification: null });
     const est = d.estimates!, p = d.prediction!;
     const predLink = est.handoffTailMs - est.importMs - est.commitRoundTripMs / 2;

@@ -16,7 +16,7 @@ import { addGpuLayersOption, intArg, readPrompt } from "./_options.ts";
 import type { GpuLayersRequest } from "../ffi/mod.ts";
 import { RUNTIME_DEFAULTS } from "../serve/engine.ts";
 import { GENERATE_TOKENS_MAX } from "../serve/messages.ts";
-import { readUdpBufferFacts, udpBufferAdvice } from "../transport/mod.ts";
+import { hostUdpBufferAdvice } from "../transport/mod.ts";
 
 const DEMO_PROMPT = "Phase-disaggregated serving moves the exact state of a prompt from the " +
   "machine that read it to the machine that will write the answer. ";
@@ -62,8 +62,7 @@ async function runDemo(flags: DemoFlags): Promise<void> {
   const nCtx = contextFor(prompt, flags.n);
   step("starting a decode worker and a prefill worker on 127.0.0.1 (fresh identities)");
   // What each worker says at start (serve), said once here: the workers' stderr is their log.
-  const udp = await readUdpBufferFacts();
-  const udpAdvice = udp && udpBufferAdvice(udp);
+  const udpAdvice = await hostUdpBufferAdvice();
   if (udpAdvice) step(udpAdvice);
   const cluster = await startLocalCluster({
     args: ["--model", model, "--ctx", String(nCtx), "--gpu-layers", String(flags.gpuLayers)],

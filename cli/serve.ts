@@ -6,7 +6,7 @@
 import { MALLOC_HUGE_PAGES_TUNABLE, mallocHugePages } from "../ffi/mod.ts";
 import { type Command, Option } from "commander";
 import { DEFAULT_HANDOFF_TIMING } from "../core/handoff.ts";
-import { readUdpBufferFacts, type Role, ROLES, udpBufferAdvice } from "../transport/mod.ts";
+import { hostUdpBufferAdvice, type Role, ROLES } from "../transport/mod.ts";
 import { Worker } from "../serve/worker.ts";
 import { DEFAULT_PREFILL_QUEUE } from "../serve/prefill_queue.ts";
 import { DEFAULT_PREFIX_CACHE } from "../serve/prefix_cache.ts";
@@ -233,8 +233,7 @@ async function runServe(flags: ServeFlags): Promise<void> {
     );
   }
   // Named, not silent: a small UDP receive buffer slows every handoff this worker receives.
-  const udp = await readUdpBufferFacts();
-  const udpAdvice = udp && udpBufferAdvice(udp);
+  const udpAdvice = await hostUdpBufferAdvice();
   if (udpAdvice) console.error(udpAdvice);
   if (speculation && speculation.mode !== "none") {
     // Named, not silent: what speculation costs the handoff on this worker.

@@ -14,7 +14,14 @@ import { isCertified } from "./certification.ts";
 import type { LinkEstimate, LinkEstimator } from "./link_estimates.ts";
 import type { MeasuredHandoffCosts } from "./link_costs.ts";
 import { averagePrefillTokensPerS, msPerTokenAt, type NodeRates } from "./node_rates.ts";
-import { type Plan, plan, type PlanInput, type PlanOptions, type StateSize } from "./planner.ts";
+import {
+  type HandoffCosts,
+  type Plan,
+  plan,
+  type PlanInput,
+  type PlanOptions,
+  type StateSize,
+} from "./planner.ts";
 
 /** One side of a candidate handoff. */
 export interface PlacementNode {
@@ -162,14 +169,7 @@ export function planInputFor(
     probeMs: r.costs?.probeMs ?? msPerTokenAt(dr.decode, r.promptTokens),
     snapshotDuringLastChunk: r.snapshotDuringLastChunk ?? false,
     lastPageDuringLastChunk: r.lastPageDuringLastChunk ?? false,
-    // Every HandoffCosts term the pair measured (a term left out here is silently 0 there).
-    costs: {
-      importMsPerMiB: r.costs?.importMsPerMiB,
-      prefillerPostMs: r.costs?.prefillerPostMs,
-      captureLeadMs: r.costs?.captureLeadMs,
-      linkResidual: r.costs?.linkResidual,
-      probeWaitMs: r.costs?.probeWaitMs,
-    },
+    costs: handoffCostsOf(r.costs),
     flags: {
       prefillerHasPrefillRole: r.prefiller.hasRole,
       decoderHasDecodeRole: r.decoder.hasRole,
@@ -182,4 +182,15 @@ export function planInputFor(
 
 function _source(n: NodeRates): string {
   return n.sourceNote ? `${n.source} (${n.sourceNote})` : n.source;
+}
+
+/**
+ * The plan's HandoffCosts from what the pair measured: every term but the ones placement uses
+ * itself (the probe step, the first token's overhead) and the sample count. Passed whole, so a
+ * new HandoffCosts term reaches the plan without a copy here (two had been silently 0).
+ */
+function handoffCostsOf(c: MeasuredHandoffCosts | undefined): HandoffCosts {
+  if (!c) return {};
+  const { probeMs: _probe, firstTokenOverheadMs: _first, samples: _samples, ...costs } = c;
+  return costs;
 }

@@ -89,6 +89,34 @@ export function readUdpReceiveDropsSync(): number | null {
   }
 }
 
+/** The host's default receive buffer and its kernel's receive-buffer drops over some work. */
+export interface UdpDropCount {
+  receiveDefaultBytes: number | null;
+  /** Host-wide drops between the count's start and its end (null: unreadable). */
+  receiveDrops: number | null;
+}
+
+/**
+ * Starts counting the host's UDP receive-buffer drops; the function it returns ends the count.
+ *
+ * @example
+ * ```ts
+ * const end = await countUdpReceiveDrops();
+ * await runHandoff(client, request);
+ * row.udp = await end(); // { receiveDefaultBytes: 212992, receiveDrops: 7524 }
+ * ```
+ */
+export async function countUdpReceiveDrops(): Promise<() => Promise<UdpDropCount>> {
+  const before = await readUdpReceiveDrops();
+  return async () => {
+    const after = await readUdpReceiveDrops();
+    return {
+      receiveDefaultBytes: (await readUdpBufferFacts())?.receiveDefaultBytes ?? null,
+      receiveDrops: before !== null && after !== null ? after - before : null,
+    };
+  };
+}
+
 /** `RcvbufErrors` from the text of /proc/net/snmp (its `Udp:` header and value lines). */
 export function udpReceiveDropsFrom(snmp: string): number | null {
   const lines = snmp.split("\n").filter((l) => l.startsWith("Udp:"));
@@ -126,4 +154,10 @@ export function udpBufferAdvice(
     `(under ${kib(minBytes)}); QUIC drops datagrams when a receiver falls behind by more than ` +
     `that, and a handoff's last layer then crosses at a fraction of the link rate. Raise it ` +
     `(as root): ${raise}`;
+}
+
+/** `udpBufferAdvice` for this host (null: nothing to say, or the OS's settings unreadable). */
+export async function hostUdpBufferAdvice(): Promise<string | null> {
+  const facts = await readUdpBufferFacts();
+  return facts && udpBufferAdvice(facts);
 }
