@@ -20,6 +20,10 @@
  *   workers' rates: the no-link rule, named.
  * - A family not certified in the certification file (`correctness state-handoff --certify`)
  *   for the decode worker's llama.cpp build is never disaggregated automatically.
+ * - Its loss is what the prefill worker measured: after committed handoffs it probes its link
+ *   to the decode worker with datagrams (serve/link_loss.ts), and each outcome carries the
+ *   newest probe, recorded here once per probe. Without one, the coordinator's pings to the
+ *   decode worker stand in (they do not see a few lost packets), and the reason says so.
  * - The tail's fixed costs are learned per pair from the handoffs it served
  *   (`HandoffCostRecorder`, core/link_costs.ts: the decoder's probe, the import left at
  *   commit, the prefiller's measured tail export, the first token's overhead). Until a pair
@@ -84,6 +88,8 @@ export class LivePlacement {
   readonly #recorders = new Map<string, RateRecorder>();
   /** Per prefill -> decode pair: the tail's measured costs. */
   readonly #pairCosts = new Map<string, HandoffCostRecorder>();
+  /** The last loss probe recorded per pair (its id), so a repeated report counts once. */
+  readonly #lossProbes = new Map<string, number>();
   readonly #watching = new Map<string, { conn: unknown; stop: () => void }>();
 
   constructor(readonly options: LivePlacementOptions) {
@@ -192,7 +198,12 @@ export class LivePlacement {
       placement: d.placement === "disaggregated" ? "disaggregated" : "colocated",
       reason: `planner: ${messages} (prefill->decode link estimated from ${est.bandwidthSamples} ` +
         `handoff transfers, ${mbps} Mbit/s; RTT stood in by the coordinator's ping to the decode ` +
-        `worker; rates: prefill ${d.rateSources.prefiller}, decode ${d.rateSources.decoder})`,
+        `worker; ${
+          est.lossSource === "datagrams"
+            ? `loss ${((est.lossFraction ?? 0) * 100).toFixed(2)}% of the prefill worker's ` +
+              `${est.lossSamples} probe datagrams`
+            : "loss not probed yet (pings cannot see a few lost packets)"
+        }; rates: prefill ${d.rateSources.prefiller}, decode ${d.rateSources.decoder})`,
       prediction: d.prediction,
     };
   }
@@ -221,6 +232,7 @@ export class LivePlacement {
         this.pairs.recordTransfer(pair, sample.bytes, sample.ms, now, "handoff");
         this.pairs.recordRtt(pair, rtt.rttMs, now);
       }
+      this.#recordLoss(pair, result.linkLoss, now);
       this.#learnCosts(pair, result, now, predictedLinkMs);
     } else if (clean && result.completedBy.nodeId === decodeNodeId && result.promptTokens > 0) {
       // Colocated on the decoder: its TTFT (queue included) bounds its prefill rate.
@@ -229,6 +241,15 @@ export class LivePlacement {
     if (clean && t.tpotMs && result.tokens.length > 1) {
       this.#recorder(result.completedBy.nodeId).recordDecode(1, t.tpotMs, result.promptTokens);
     }
+  }
+
+  /** A loss probe the prefill worker reported, once per probe (a report repeats until the next). */
+  #recordLoss(pair: PeerPair, loss: HandoffResult["linkLoss"], now: number): void {
+    if (!loss) return;
+    const key = _pairKey(pair.from, pair.to);
+    if (this.#lossProbes.get(key) === loss.probe) return;
+    this.#lossProbes.set(key, loss.probe);
+    this.pairs.recordLossProbe(pair, loss.sent, loss.lossEvents, Math.max(0, now - loss.ageMs));
   }
 
   /** Stops every ping loop. */

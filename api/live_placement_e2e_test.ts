@@ -108,3 +108,69 @@ Deno.test("auto placement: the live decision reaches skippy.placement_reason and
     await cluster.stop();
   }
 });
+
+Deno.test("a link's loss: the prefill worker's datagram probe reaches the handoff record and the coordinator's placement", async () => {
+  const modelPath = await testModel("hybrid");
+  const cluster = await startLocalCluster({ args: ["--model", modelPath] });
+  const live = new LivePlacement({
+    localNodeId: cluster.client.identity.nodeId,
+    certification: null,
+    certificationSource: "none",
+    calibration: null,
+    pingIntervalMs: 1_000,
+    chunkTokens: RUNTIME_DEFAULTS.chunkTokens,
+  });
+  // Every request hands off, so every outcome can carry the prefill worker's newest probe.
+  const server = await startClusterApi(cluster, modelPath, {
+    placement: "disaggregated",
+    keys: null,
+    live,
+  });
+  const complete = async () => {
+    const r = await fetch(`${server.url}/v1/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({
+        model: server.model.id,
+        prompt: "the quick brown fox jumps over the lazy dog and ",
+        max_tokens: 2,
+        temperature: 0,
+      }),
+    });
+    assert.equal(r.status, 200);
+    await r.json();
+    const records = await (await fetch(`${server.url}/v1/handoffs?limit=1`)).json();
+    return (records.data ?? records.handoffs ?? records)[0];
+  };
+  try {
+    const first = await complete();
+    assert.equal(first.placement, "disaggregated");
+    assert.equal(first.linkLoss, null, "no probe before the first committed handoff");
+    // The probe runs in the background after that handoff (pings, 8 MiB, 10,000 datagrams):
+    // waited for by event, each try one more handoff, never by a deadline.
+    let record = first;
+    for (let k = 0; k < 400 && record.linkLoss === null; k++) {
+      await new Promise((r) => setTimeout(r, 100));
+      record = await complete();
+    }
+    const loss = record.linkLoss;
+    assert.equal(loss.sent, 10_000);
+    assert.ok(loss.received <= loss.sent && loss.lossEvents <= loss.sent - loss.received);
+    assert.match(
+      cluster.prefill.log.join("\n"),
+      /link to decode worker \S+: [\d.]+ MB\/s, RTT [\d.]+ ms, \d+ of 10000 datagrams lost/,
+    );
+    // The coordinator recorded it once, as the pair's loss (what `auto` placement reads).
+    const e = live.pairs.estimate(
+      { from: cluster.prefill.peer.nodeId, to: cluster.decode.peer.nodeId },
+      performance.now(),
+    )!;
+    assert.equal(e.lossSource, "datagrams");
+    assert.equal(e.lossSamples, 10_000);
+    assert.equal(e.lossFraction, loss.lossEvents / 10_000);
+  } finally {
+    live.close();
+    await server.close();
+    await cluster.stop();
+  }
+});

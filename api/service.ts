@@ -163,6 +163,7 @@ export class ApiService {
       tpotMs: null,
       e2eMs: null,
       handoff: null,
+      linkLoss: null,
     };
     this.metrics.queue.observe(ticket.queueMs / 1000);
     return { run: () => this.#runAndRecord(input, record, ticket, maxTokens, t0) };
@@ -369,6 +370,7 @@ export class ApiService {
     record.generatedTokens = generated;
     record.finishReason = finishReason;
     record.handoff = result?.telemetry ?? null;
+    record.linkLoss = result?.linkLoss ?? null;
     if (record.ttftMs !== null && generated > 1) {
       record.tpotMs = (e2eMs - record.ttftMs) / (generated - 1);
       m.tpot.observe(record.tpotMs / 1000);

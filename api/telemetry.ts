@@ -4,6 +4,7 @@
  * `GET /v1/handoffs?limit=N`, newest first) and, with `--telemetry <file|->`, one JSON line each
  * to a file or stdout.
  */
+import type { LinkLossReport } from "../serve/messages.ts";
 import type { HandoffTelemetry } from "../core/telemetry.ts";
 
 /** Records the ring keeps (the oldest is dropped beyond this). */
@@ -37,6 +38,11 @@ export interface RequestRecord {
   e2eMs: number | null;
   /** The handoff's own record (null: cancelled before it returned, or never started). */
   handoff: HandoffTelemetry | null;
+  /**
+   * The prefill worker's newest datagram loss probe of its link to the decode worker, as its
+   * outcome carried it (serve/link_loss.ts; null: none yet, or no prefill worker involved).
+   */
+  linkLoss: LinkLossReport | null;
 }
 
 export class RequestLog {

@@ -15,7 +15,7 @@ import { DEFAULT_LINK_MONITOR_OPTIONS, LinkMonitor } from "../transport/link_mon
 import { countUdpReceiveDrops, type UdpDropCount } from "../transport/mod.ts";
 import { type EmulatedLink, NativeLinkRelay, openGridLink } from "./native_relay.ts";
 import type { CertificationFile } from "../core/certification.ts";
-import { HandoffCostRecorder } from "../core/link_costs.ts";
+import { HandoffCostRecorder, type MeasuredHandoffCosts } from "../core/link_costs.ts";
 import type { PlanOptions, StateSize } from "../core/planner.ts";
 import type { HandoffTelemetry } from "../core/telemetry.ts";
 import { expectedStateBytes, familySpec } from "../models/mod.ts";
@@ -144,6 +144,19 @@ export function learnFrom(
 }
 
 /**
+ * The costs a pair on link point `p` plans with: what every handoff taught (the nodes' own
+ * costs), with the link residual from this point's handoffs alone, as a live pair learns it
+ * only over its one link; absent until the point served one.
+ */
+export function pointCosts(
+  all: HandoffCostRecorder,
+  byPoint: Map<string, HandoffCostRecorder>,
+  p: MatrixPoint,
+): MeasuredHandoffCosts {
+  return { ...all.costs(), linkResidual: linkCostsAt(byPoint, p).costs().linkResidual };
+}
+
+/**
  * The recorder of a link point's own residual, in `byPoint` (the matrix's, or a replay's):
  * created on the point's first handoff.
  */
@@ -253,7 +266,7 @@ export async function runPoint(
       // recurrent state, and the last chunk's page, while the last chunk computes.
       snapshotDuringLastChunk: true,
       lastPageDuringLastChunk: true,
-      costs: { ...x.costs.costs(), linkResidual: linkCostsAt(x.linkCosts, p).costs().linkResidual },
+      costs: pointCosts(x.costs, x.linkCosts, p),
     }, {
       links,
       nowMs: performance.now(),

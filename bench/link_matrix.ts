@@ -108,6 +108,9 @@ export async function runLinkMatrix(o: {
       String(maxPrompt + 512),
       ...(o.workerThreads ? ["--threads", String(o.workerThreads)] : []),
     ],
+    // The matrix measures each row's link itself, as a node does (pings, the 8 MiB probe, the
+    // loss probe); the prefill worker's own background measurement would overlap the next row.
+    prefillArgs: ["--link-probe-age-ms", "0"],
   });
   const rows: MatrixRow[] = [];
   const calibration: CalibrationRun[] = [];

@@ -4,18 +4,27 @@
  * same-run calibration, the handoffs served earlier, the row's own pings and probe), next to
  * the measurement; a table, the share within 15%, and predicted-against-measured charts.
  *
- *   deno run -A bench/link_matrix_report.ts --out DIR run1.json [run2.json ...]
+ *   deno run -A bench/link_matrix_report.ts --out DIR [--without TERM,...] run1.json [...]
+ *
+ * `--without` replays with those measured cost terms left out (HandoffCosts names, such as
+ * `prefillContention` or `captureLeadMs`): what each term does to the count, side by side.
  */
 import { LinkEstimator } from "../core/link_estimates.ts";
-import { HandoffCostRecorder } from "../core/link_costs.ts";
+import { HandoffCostRecorder, type MeasuredHandoffCosts } from "../core/link_costs.ts";
 import { RateRecorder } from "../core/node_rates.ts";
 import { placeRequest } from "../core/placement.ts";
 import type { StateSize } from "../core/planner.ts";
 import type { HandoffTelemetry } from "../core/telemetry.ts";
 import { RUNTIME_DEFAULTS } from "../serve/engine.ts";
 import type { CalibrationRun, MatrixRow } from "./link_matrix.ts";
-import { linkCostsAt, recurrentLayersOf } from "./_matrix_point.ts";
-import { writeReport } from "./report.ts";
+import { linkCostsAt, pointCosts, recurrentLayersOf } from "./_matrix_point.ts";
+import { type ReportSection, writeReport } from "./report.ts";
+import {
+  byPoint,
+  pointSection,
+  type PointSummary,
+  predictionError as err,
+} from "./link_matrix_points.ts";
 import { table } from "./stats.ts";
 import { scatterChart } from "./svg.ts";
 
@@ -43,8 +52,8 @@ export interface Replayed {
   probe: [pred: number, meas: number] | null;
 }
 
-/** Replays one run's predictions in row order. */
-export function replay(run: RunFile): Replayed[] {
+/** Replays one run's predictions in row order, optionally without some measured cost terms. */
+export function replay(run: RunFile, without: readonly string[] = []): Replayed[] {
   const prefill = new RateRecorder("p", 3), decode = new RateRecorder("d", 3);
   const costs = new HandoffCostRecorder();
   // The link residual is the link's: each link point keeps its own, as a live pair learns it
@@ -107,7 +116,9 @@ export function replay(run: RunFile): Replayed[] {
       chunkTokens: RUNTIME_DEFAULTS.chunkTokens,
       snapshotDuringLastChunk: true,
       lastPageDuringLastChunk: run.lastPageCapture === true,
-      costs: { ...costs.costs(), linkResidual: linkCostsAt(linkCosts, row).costs().linkResidual },
+      costs: Object.fromEntries(
+        Object.entries(pointCosts(costs, linkCosts, row)).filter(([k]) => !without.includes(k)),
+      ) as MeasuredHandoffCosts,
     }, { links, nowMs: 0, certification: null });
     const est = d.estimates!, p = d.prediction!;
     const predLink = est.handoffTailMs - est.importMs - est.commitRoundTripMs / 2;
@@ -133,57 +144,80 @@ export function replay(run: RunFile): Replayed[] {
   return out;
 }
 
-const err = (x: [number, number] | null) => (x ? x[0] / x[1] - 1 : null);
 const within = (xs: (number | null)[]) => {
   const v = xs.filter((x): x is number => x !== null);
   return `${v.filter((x) => Math.abs(x) <= 0.15).length}/${v.length}`;
 };
 
-if (import.meta.main) {
-  const args = [...Deno.args];
-  const k = args.indexOf("--out");
-  const outDir = k >= 0 ? args.splice(k, 2)[1] : "reports/link-matrix";
-  const all: Replayed[] = [];
-  const notes: string[] = [];
-  for (const f of args) {
-    const run = JSON.parse(await Deno.readTextFile(f)) as RunFile;
-    const r = replay(run);
-    all.push(...r);
-    // The noise floor: "the previous row's measurement, same prompt" as the prediction. On a
-    // quiet machine it would be near-perfect for TTFT (prefill does not depend on the link).
-    const prev = (pick: (x: Replayed) => [number, number] | null) =>
-      r.map((x, k) => {
-        const before = r.slice(0, k).reverse().find((y) =>
-          y.row.promptTokens === x.row.promptTokens && pick(y)
-        );
-        const now = pick(x);
-        return before && now ? pick(before)![1] / now[1] - 1 : null;
-      });
-    const loads = run.rows.map((x) => x.loadAvg1m).filter(Number.isFinite).sort((a, b) => a - b);
-    const c = run.ceiling;
-    const prompts = [...new Set(run.rows.map((x) => x.promptTokens))].join(", ");
-    const threads = run.workerThreads ?? RUNTIME_DEFAULTS.threads;
-    notes.push(
-      `${run.rows[0]?.model} (${f.split("/").pop()}: prompts ${prompts}, ${
-        threads === 1 ? "1 llama.cpp thread" : `${threads} llama.cpp threads`
-      } per worker): relay ${run.relay}, ceiling ${
-        c ? (c.bitsPerS / 1e6).toFixed(0) : "?"
-      } Mbit/s (best of trials ${
-        (c?.trialsBitsPerS ?? []).map((b) => (b / 1e6).toFixed(0)).join(", ")
-      }), RTT floor ${c?.rttFloorUsMedian.toFixed(0)} us; load average (1 min) over the rows ${
-        loads[0]?.toFixed(1)
-      }-${loads[loads.length - 1]?.toFixed(1)} on 2 cores; TTFT ${
-        within(r.map((x) => err(x.ttft)))
-      }, tail ${within(r.map((x) => err(x.tail)))}, link part ${
-        within(r.map((x) => err(x.link)))
-      } within 15%. Noise floor (previous row's measurement, same prompt, as the prediction): TTFT ${
-        within(prev((x) => x.ttft))
-      }, tail ${within(prev((x) => x.tail))}, link part ${within(prev((x) => x.link))}.`,
+/**
+ * One run's line: its setup, the share of rows within 15%, and the noise floor (the previous
+ * row's measurement, same prompt, as the prediction: on a quiet machine near-perfect for TTFT,
+ * which does not depend on the link).
+ */
+function runNote(file: string, run: RunFile, r: Replayed[]): string {
+  const prev = (pick: (x: Replayed) => [number, number] | null) =>
+    r.map((x, k) => {
+      const before = r.slice(0, k).reverse().find((y) =>
+        y.row.promptTokens === x.row.promptTokens && pick(y)
+      );
+      const now = pick(x);
+      return before && now ? pick(before)![1] / now[1] - 1 : null;
+    });
+  const loads = run.rows.map((x) => x.loadAvg1m).filter(Number.isFinite).sort((a, b) => a - b);
+  const c = run.ceiling;
+  const prompts = [...new Set(run.rows.map((x) => x.promptTokens))].join(", ");
+  const threads = run.workerThreads ?? RUNTIME_DEFAULTS.threads;
+  return `${run.rows[0]?.model} (${file.split("/").pop()}: prompts ${prompts}, ${
+    threads === 1 ? "1 llama.cpp thread" : `${threads} llama.cpp threads`
+  } per worker): relay ${run.relay}, ceiling ${
+    c ? (c.bitsPerS / 1e6).toFixed(0) : "?"
+  } Mbit/s (best of trials ${
+    (c?.trialsBitsPerS ?? []).map((b) => (b / 1e6).toFixed(0)).join(", ")
+  }), RTT floor ${c?.rttFloorUsMedian.toFixed(0)} us; load average (1 min) over the rows ${
+    loads[0]?.toFixed(1)
+  }-${loads[loads.length - 1]?.toFixed(1)} on 2 cores; TTFT ${
+    within(r.map((x) => err(x.ttft)))
+  }, tail ${within(r.map((x) => err(x.tail)))}, link part ${
+    within(r.map((x) => err(x.link)))
+  } within 15%. Noise floor (previous row's measurement, same prompt, as the prediction): TTFT ${
+    within(prev((x) => x.ttft))
+  }, tail ${within(prev((x) => x.tail))}, link part ${within(prev((x) => x.link))}.`;
+}
+
+/**
+ * A run with repeats, per grid point: the medians within 15%, and the measurement's own noise
+ * (every repeat within 15% of its point's median; the point's previous repeat as a prediction
+ * of the next).
+ */
+function pointsNote(r: Replayed[], points: PointSummary[]): string {
+  const samePoint = r.map((x, k) => {
+    const before = r.slice(0, k).reverse().find((y) =>
+      y.row.model === x.row.model && y.row.promptTokens === x.row.promptTokens &&
+      y.row.rateBitsPerS === x.row.rateBitsPerS && y.row.rttMs === x.row.rttMs &&
+      y.row.lossFraction === x.row.lossFraction && y.tail
     );
-  }
-  notes.push(
-    "Predictions replayed with the current planner from what each run had measured before the row; what the misses mean, and the Cubic/BBR and link-only checks: FINDINGS.md.",
-  );
+    return before && x.tail ? before.tail![1] / x.tail[1] - 1 : null;
+  });
+  const steady = (v: (number | null)[]) =>
+    `${v.filter((x) => x !== null && x <= 0.15).length}/${v.filter((x) => x !== null).length}`;
+  const repeats = Math.max(...points.map((p) => p.repeats));
+  return `${
+    r[0]?.row.model
+  }, per grid point (${points.length} points, medians over up to ${repeats} repeats): TTFT ${
+    within(points.map((p) => err(p.ttft)))
+  }, tail ${within(points.map((p) => err(p.tail)))}, link part ${
+    within(points.map((p) => err(p.link)))
+  } within 15%. The measurement's own noise: every repeat's tail within 15% of its point's median at ${
+    steady(points.map((p) => p.tailSpread))
+  } points (TTFT ${
+    steady(points.map((p) => p.ttftSpread))
+  }); the same point's previous repeat, as a prediction of the next, within 15% for ${
+    within(samePoint)
+  } tails.`;
+}
+
+/** The row table: every handoff's replayed prediction beside its measurement, and charts. */
+function rowSection(all: Replayed[], notes: string[]): ReportSection {
   const f = (v: number | undefined) => (v === undefined ? "-" : v.toFixed(0));
   const pct = (x: [number, number] | null) => {
     const e = err(x);
@@ -213,7 +247,9 @@ if (import.meta.main) {
       points: all.filter((x) => x.row.model === model).map(pick).filter((p) => p !== null)
         .map((p) => ({ x: p![0], y: p![1] })),
     }));
-  await writeReport(outDir, "Cost model against emulated links", [{
+  const chart = (title: string, pick: (x: Replayed) => [number, number] | null) =>
+    scatterChart(series(pick), { title, xLabel: "predicted ms", yLabel: "measured ms" });
+  return {
     name: "link-matrix",
     rows: all.map((x) => ({ ...x.row, telemetry: undefined, replay: { ...x, row: undefined } })),
     table: table([
@@ -235,23 +271,48 @@ if (import.meta.main) {
     ], rows),
     notes,
     charts: {
-      "ttft.svg": scatterChart(series((x) => x.ttft), {
-        title: "TTFT: predicted vs measured (ms)",
-        xLabel: "predicted ms",
-        yLabel: "measured ms",
-      }),
-      "tail.svg": scatterChart(series((x) => x.tail), {
-        title: "Tail (prefill end to CommitAck): predicted vs measured (ms)",
-        xLabel: "predicted ms",
-        yLabel: "measured ms",
-      }),
-      "link-part.svg": scatterChart(series((x) => x.link), {
-        title: "Prefill end to manifest at the decoder: predicted vs measured (ms)",
-        xLabel: "predicted ms",
-        yLabel: "measured ms",
-      }),
+      "ttft.svg": chart("TTFT: predicted vs measured (ms)", (x) => x.ttft),
+      "tail.svg": chart(
+        "Tail (prefill end to CommitAck): predicted vs measured (ms)",
+        (x) => x.tail,
+      ),
+      "link-part.svg": chart(
+        "Prefill end to manifest at the decoder: predicted vs measured (ms)",
+        (x) => x.link,
+      ),
     },
-  }]);
+  };
+}
+
+if (import.meta.main) {
+  const args = [...Deno.args];
+  const k = args.indexOf("--out");
+  const outDir = k >= 0 ? args.splice(k, 2)[1] : "reports/link-matrix";
+  const w = args.indexOf("--without");
+  const without = w >= 0 ? args.splice(w, 2)[1].split(",") : [];
+  const all: Replayed[] = [];
+  const allPoints: PointSummary[] = [];
+  const notes: string[] = [];
+  for (const f of args) {
+    const run = JSON.parse(await Deno.readTextFile(f)) as RunFile;
+    const r = replay(run, without);
+    all.push(...r);
+    notes.push(runNote(f, run, r));
+    const points = byPoint(r);
+    if (points.some((p) => p.repeats > 1)) {
+      allPoints.push(...points);
+      notes.push(pointsNote(r, points));
+    }
+  }
+  notes.push(
+    `Predictions replayed with the current planner from what each run had measured before the row${
+      without.length ? `, without the measured ${without.join(", ")}` : ""
+    }; what the misses mean, and the Cubic/BBR and link-only checks: FINDINGS.md.`,
+  );
+  await writeReport(outDir, "Cost model against emulated links", [
+    rowSection(all, notes),
+    ...(allPoints.length ? [pointSection(allPoints)] : []),
+  ]);
   console.log(notes.join("\n"));
   console.log(`report: ${outDir}/README.md`);
 }

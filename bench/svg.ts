@@ -5,7 +5,11 @@
 
 export interface Series {
   name: string;
-  points: { x: number; y: number }[];
+  /**
+   * `yLow`/`yHigh` (scatter charts only): the range the point's repeats measured, drawn as a
+   * vertical whisker through it.
+   */
+  points: { x: number; y: number; yLow?: number; yHigh?: number }[];
 }
 
 export interface ChartOptions {
@@ -156,7 +160,7 @@ export function scatterChart(
   const ph = h - MARGIN.top - MARGIN.bottom;
   const all = series.flatMap((s) => s.points).filter((p) => p.x > 0 && p.y > 0);
   if (all.length === 0) return frame(o, w, h, "");
-  const vals = all.flatMap((p) => [p.x, p.y]);
+  const vals = all.flatMap((p) => [p.x, p.y, p.yLow ?? p.y, p.yHigh ?? p.y]).filter((v) => v > 0);
   const lo = Math.log10(Math.min(...vals) / 1.3), hi = Math.log10(Math.max(...vals) * 1.3);
   const px = (v: number) => MARGIN.left + ((Math.log10(v) - lo) / (hi - lo)) * pw;
   const py = (v: number) => MARGIN.top + ph - ((Math.log10(v) - lo) / (hi - lo)) * ph;
@@ -177,12 +181,17 @@ export function scatterChart(
   }
   series.forEach((s, i) => {
     const color = COLORS[i % COLORS.length];
-    body += s.points.filter((p) =>
-      p.x > 0 && p.y > 0
-    ).map((p) =>
-      `<circle cx="${px(p.x).toFixed(1)}" cy="${py(p.y).toFixed(1)}" r="3.5" fill="${color}" ` +
-      `fill-opacity="0.8"/>`
-    ).join("") + "\n";
+    body += s.points.filter((p) => p.x > 0 && p.y > 0).map((p) => {
+      const lo = p.yLow !== undefined && p.yLow > 0 ? p.yLow : p.y;
+      const hi = p.yHigh !== undefined && p.yHigh > 0 ? p.yHigh : p.y;
+      const whisker = lo < hi
+        ? `<line x1="${px(p.x).toFixed(1)}" y1="${py(lo).toFixed(1)}" x2="${px(p.x).toFixed(1)}" ` +
+          `y2="${py(hi).toFixed(1)}" stroke="${color}" stroke-opacity="0.6"/>`
+        : "";
+      return whisker +
+        `<circle cx="${px(p.x).toFixed(1)}" cy="${py(p.y).toFixed(1)}" r="3.5" fill="${color}" ` +
+        `fill-opacity="0.8"/>`;
+    }).join("") + "\n";
   });
   body += legend(
     [...series.map((s) => s.name), `y = x (band: +-${Math.round(band * 100)}%)`],

@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { barChart, lineChart } from "./svg.ts";
+import { barChart, lineChart, scatterChart } from "./svg.ts";
 
 Deno.test("lineChart() draws one polyline per series and escapes labels", () => {
   const svg = lineChart([
@@ -18,4 +18,17 @@ Deno.test("barChart() draws categories x series bars", () => {
   ], { title: "t", xLabel: "family", yLabel: "tok/s" });
   assert.equal(svg.match(/<title>/g)?.length, 4);
   assert.ok(svg.includes("<title>decode: 20</title>"));
+});
+
+Deno.test("scatterChart() draws a whisker for a point's measured range, and none without one", () => {
+  const svg = scatterChart([{
+    name: "tail",
+    points: [{ x: 20, y: 25, yLow: 15, yHigh: 40 }, { x: 100, y: 90 }],
+  }], { title: "t", xLabel: "predicted", yLabel: "measured" });
+  assert.equal(svg.match(/<circle/g)?.length, 2);
+  // The y = x line plus one whisker, which spans 15..40 on the point's x.
+  const lines = [...svg.matchAll(/<line x1="([\d.]+)" y1="([\d.]+)" x2="([\d.]+)" y2="([\d.]+)"/g)];
+  const whiskers = lines.filter((m) => m[1] === m[3]);
+  assert.equal(whiskers.length, 1);
+  assert.ok(Number(whiskers[0][2]) > Number(whiskers[0][4]), "low end drawn below the high end");
 });

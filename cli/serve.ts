@@ -38,6 +38,7 @@ interface ServeFlags extends RuntimeFlags, SpeculationFlags {
   prefillQueueDepthMax: number;
   prefillQueueWaitMs: number;
   prefixCacheBytesMax: number;
+  linkProbeAgeMs: number;
   prefixBlockTokens: number;
   prefixCheckpointsMax: number;
   batching?: "on" | "off";
@@ -168,6 +169,14 @@ export function register(program: Command): void {
       DEFAULT_PREFIX_CACHE.prefixCacheBytesMax,
     )
     .option(
+      "--link-probe-age-ms <ms>",
+      "prefill: after a committed handoff, measure the link to that decode worker (pings, an " +
+        "8 MiB probe, then up to 10,000 datagrams for its loss, in the background) when its " +
+        "last loss probe is older than this; the coordinator's placement reads the loss (0: never)",
+      intArg(0, 86_400_000),
+      20_000,
+    )
+    .option(
       "--prefix-block-tokens <n>",
       "prefill: prefix cache block: checkpoints and hits sit at multiples of this many tokens",
       intArg(1, 65_536),
@@ -218,6 +227,7 @@ async function runServe(flags: ServeFlags): Promise<void> {
       prefillQueueDepthMax: flags.prefillQueueDepthMax,
       prefillQueueWaitMs: flags.prefillQueueWaitMs,
     },
+    linkProbeAgeMs: flags.linkProbeAgeMs,
     prefixCache: {
       prefixCacheBytesMax: flags.prefixCacheBytesMax,
       prefixBlockTokens: flags.prefixBlockTokens,

@@ -1,8 +1,8 @@
 /**
  * Per peer-pair link estimates: RTT samples (control-stream pings), bandwidth samples (the
- * handoffs' own bulk transfers, or a short probe), lost pings, each in a bounded recent window
- * with its age, and degradation detection (a bandwidth drop or an RTT rise against the
- * window's own earlier samples).
+ * handoffs' own bulk transfers, or a short probe), loss (datagram loss probes, else lost
+ * pings), each in a bounded recent window with its age, and degradation detection (a
+ * bandwidth drop or an RTT rise against the window's own earlier samples).
  *
  * Pure: every call takes the caller's clock reading `atMs` (a local monotonic clock; these
  * readings never leave the process). The planner reads `estimate()`; a degraded or stale
@@ -21,6 +21,13 @@ export interface PeerPair {
 
 /** Where a bandwidth sample came from. */
 export type BandwidthSource = "handoff" | "probe" | "manual";
+
+/**
+ * Where the loss fraction came from: datagram loss probes (packets lost, never retransmitted),
+ * or, without a probe in the window, unanswered pings (which a stream retransmits: they show
+ * a dead or congested link, not a few lost packets).
+ */
+export type LossSource = "datagrams" | "pings";
 
 /** Bounds and thresholds of the estimator, each with its unit last. */
 export interface LinkEstimatorOptions {
@@ -66,8 +73,15 @@ export interface LinkEstimate {
   bandwidthBytesPerS: number | null;
   /** Median of the recent RTT samples (after a rise: the newest ones). */
   rttMs: number | null;
-  /** Lost pings over pings sent, in the window (null: no ping sent). */
+  /**
+   * Loss events (runs of consecutive lost datagrams, each once) over datagrams sent by the
+   * loss probes in the window; without one, lost pings over pings sent (null: neither).
+   */
   lossFraction: number | null;
+  /** What `lossFraction` counts (null: nothing measured). */
+  lossSource: LossSource | null;
+  /** The datagrams (or pings) behind `lossFraction`. */
+  lossSamples: number;
   /** Age of the older of the newest bandwidth and newest RTT sample. */
   ageMs: number;
   bandwidthSamples: number;
@@ -89,6 +103,8 @@ interface PairState {
   rtt: Sample[];
   /** One entry per ping: 1 lost, 0 answered. */
   pings: Sample[];
+  /** One entry per loss probe: its loss events (value) over `sent` datagrams. */
+  lossProbes: (Sample & { sent: number })[];
   touchedMs: number;
 }
 
@@ -136,6 +152,31 @@ export class LinkEstimator {
   }
 
   /**
+   * One datagram loss probe (transport/loss_probe.ts): `lossEvents` runs of lost datagrams
+   * among `sent`.
+   */
+  recordLossProbe(pair: PeerPair, sent: number, lossEvents: number, atMs: number): void {
+    if (!(Number.isInteger(sent) && sent > 0 && Number.isInteger(lossEvents))) {
+      throw new UsageError(
+        `Invalid loss probe of ${lossEvents} events in ${sent}: counts must be integers, sent positive`,
+      );
+    }
+    if (lossEvents < 0 || lossEvents > sent) {
+      throw new UsageError(`Invalid loss probe: ${lossEvents} loss events in ${sent} sent`);
+    }
+    const s = this.#state(pair, atMs);
+    s.lossProbes.push({ atMs, value: lossEvents, sent });
+    if (s.lossProbes.length > this.options.samplesMax) s.lossProbes.shift();
+  }
+
+  /** Age of the newest loss probe of `pair` (null: none in the window). */
+  lossProbeAgeMs(pair: PeerPair, atMs: number): number | null {
+    const s = this.#pairs.get(_key(pair));
+    const fresh = s ? s.lossProbes.filter((x) => atMs - x.atMs <= this.options.windowMsMax) : [];
+    return fresh.length ? atMs - fresh[fresh.length - 1].atMs : null;
+  }
+
+  /**
    * One bulk transfer: `bytes` over `wireMs` of sending. Returns false (and records nothing)
    * when it was too small to say anything about the rate.
    */
@@ -170,7 +211,19 @@ export class LinkEstimator {
     const bw = _fresh(s.bandwidth, atMs, o.windowMsMax);
     const rtt = _fresh(s.rtt, atMs, o.windowMsMax);
     const pings = _fresh(s.pings, atMs, o.windowMsMax);
-    if (bw.length === 0 && rtt.length === 0 && pings.length === 0) return null;
+    const probes = s.lossProbes.filter((x) => atMs - x.atMs <= o.windowMsMax);
+    if (bw.length === 0 && rtt.length === 0 && pings.length === 0 && probes.length === 0) {
+      return null;
+    }
+    const sent = probes.reduce((n, p) => n + p.sent, 0);
+    const loss = probes.length
+      ? { fraction: probes.reduce((n, p) => n + p.value, 0) / sent, source: "datagrams" as const }
+      : pings.length
+      ? {
+        fraction: pings.reduce((n, p) => n + p.value, 0) / pings.length,
+        source: "pings" as const,
+      }
+      : null;
     const degraded = this.#bandwidthDrop(bw) ?? this.#rttRise(rtt);
     const recentBw = degraded?.code === "bandwidth-drop" ? bw.slice(-1) : bw;
     const recentRtt = degraded?.code === "rtt-rise" ? rtt.slice(-o.recentSamples) : rtt;
@@ -180,7 +233,9 @@ export class LinkEstimator {
       pair: { ...s.pair },
       bandwidthBytesPerS: bw.length ? median(recentBw.map((x) => x.value)) : null,
       rttMs: rtt.length ? median(recentRtt.map((x) => x.value)) : null,
-      lossFraction: pings.length ? pings.reduce((n, p) => n + p.value, 0) / pings.length : null,
+      lossFraction: loss?.fraction ?? null,
+      lossSource: loss?.source ?? null,
+      lossSamples: probes.length ? sent : pings.length,
       ageMs: Number.isFinite(oldestNewest) ? atMs - oldestNewest : Infinity,
       bandwidthSamples: bw.length,
       rttSamples: rtt.length,
@@ -239,6 +294,7 @@ export class LinkEstimator {
         bandwidthSource: null,
         rtt: [],
         pings: [],
+        lossProbes: [],
         touchedMs: atMs,
       };
       this.#pairs.set(key, s);

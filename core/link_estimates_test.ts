@@ -146,3 +146,25 @@ Deno.test("handoffTransferSample() uses delivery time, not write-acceptance time
     ms: 500,
   });
 });
+
+Deno.test("LinkEstimator: datagram loss probes, where any are fresh, decide the loss, not pings", () => {
+  const links = new LinkEstimator({ windowMsMax: 10_000 });
+  const pair = { from: "p", to: "d" };
+  for (let k = 0; k < 10; k++) links.recordRtt(pair, 2, k); // ten answered pings: 0%
+  let e = links.estimate(pair, 10)!;
+  assert.deepEqual([e.lossFraction, e.lossSource, e.lossSamples], [0, "pings", 10]);
+  links.recordLossProbe(pair, 10_000, 11, 100);
+  links.recordLossProbe(pair, 5_000, 2, 200);
+  e = links.estimate(pair, 300)!;
+  assert.equal(e.lossSource, "datagrams");
+  assert.equal(e.lossSamples, 15_000);
+  assert.ok(Math.abs(e.lossFraction! - 13 / 15_000) < 1e-15, `${e.lossFraction}`);
+  assert.equal(links.lossProbeAgeMs(pair, 300), 100);
+  // Out of the window, the pings decide again (those still in it).
+  links.recordRtt(pair, 2, 20_000);
+  e = links.estimate(pair, 20_100)!;
+  assert.deepEqual([e.lossSource, e.lossFraction], ["pings", 0]);
+  assert.equal(links.lossProbeAgeMs(pair, 20_100), null);
+  assert.throws(() => links.recordLossProbe(pair, 10, 11, 0), /11 loss events in 10 sent/);
+  assert.throws(() => links.recordLossProbe(pair, 0, 0, 0), /sent positive/);
+});

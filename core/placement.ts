@@ -155,6 +155,7 @@ export function planInputFor(
         rttMs: link.rttMs!,
         ageMs: link.ageMs,
         lossFraction: link.lossFraction,
+        lossSource: link.lossSource,
         degraded: link.degraded?.message ?? null,
       }
       : null,

@@ -140,6 +140,23 @@ Deno.test("placeRequest() refuses a lossy link (lost pings)", () => {
   assert.match(d.reasons.find((r) => r.code === "link-lossy")!.message, /2\.00% of pings/);
 });
 
+Deno.test("placeRequest() refuses a link whose loss probe lost 0.11% of its datagrams, though no ping was lost", () => {
+  const links = fastLinks(); // five answered pings
+  const pair = { from: "p", to: "d" };
+  assert.equal(placeRequest(request(), ctx(links)).placement, "disaggregated");
+  links.recordLossProbe(pair, 10_000, 11, 1500); // measured through the relay at 0.1% loss
+  const d = placeRequest(request(), ctx(links));
+  assert.equal(d.placement, "colocated");
+  assert.match(
+    d.reasons.find((r) => r.code === "link-lossy")!.message,
+    /0\.11% of the loss probe's datagrams, over lossFractionMax 0\.05%/,
+  );
+  // A clean probe: the same link is accepted again.
+  const clean = fastLinks();
+  clean.recordLossProbe(pair, 10_000, 0, 1500);
+  assert.equal(placeRequest(request(), ctx(clean)).placement, "disaggregated");
+});
+
 Deno.test("placeRequest() refuses a degraded link for new requests", () => {
   const links = fastLinks();
   links.recordTransfer({ from: "p", to: "d" }, 500 * MIB, (500 * MIB) / 1e6, 1500, "handoff");

@@ -33,7 +33,8 @@ export function explainPlan(input: PlanInput, p: Plan): PlanTerm[] {
     "link",
     null,
     l
-      ? `${_gbit(l.bandwidthBytesPerS)}, RTT ${l.rttMs} ms, loss ${_pct(l.lossFraction ?? 0)}, ` +
+      ? `${_gbit(l.bandwidthBytesPerS)}, RTT ${l.rttMs} ms, loss ${_pct(l.lossFraction ?? 0)}` +
+        `${l.lossSource === "datagrams" ? " (loss probe)" : l.lossSource ? " (pings)" : ""}, ` +
         `measured ${_ms(l.ageMs)} ago`
       : "no measurement",
   );

@@ -37,8 +37,13 @@ export interface LinkMeasurement {
   bandwidthBytesPerS: number;
   rttMs: number;
   ageMs: number;
-  /** Lost pings over pings sent (null or absent: not measured). */
+  /**
+   * Lost over sent: datagrams of the loss probes, or pings without one (null or absent: not
+   * measured).
+   */
   lossFraction?: number | null;
+  /** What `lossFraction` counts: "datagrams" or "pings" (absent: a figure given, as to `plan`). */
+  lossSource?: "datagrams" | "pings" | null;
   /** Why the estimator considers the link degraded (a drop, a rise); absent: it does not. */
   degraded?: string | null;
 }

@@ -175,9 +175,13 @@ function _eligibility(i: PlanInput, o: PlanOptions): PlanReason[] {
     if ((link.lossFraction ?? 0) > o.lossFractionMax) {
       add(
         "link-lossy",
-        `link loses ${
-          ((link.lossFraction ?? 0) * 100).toFixed(2)
-        }% of pings, over lossFractionMax ${(o.lossFractionMax * 100).toFixed(2)}%`,
+        `link loses ${((link.lossFraction ?? 0) * 100).toFixed(2)}%${
+          link.lossSource === "datagrams"
+            ? " of the loss probe's datagrams"
+            : link.lossSource === "pings"
+            ? " of pings"
+            : ""
+        }, over lossFractionMax ${(o.lossFractionMax * 100).toFixed(2)}%`,
       );
     }
     if (link.degraded) add("link-degraded", `link degraded: ${link.degraded}`);

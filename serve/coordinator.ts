@@ -37,6 +37,7 @@ import { eligibleForHandoff, roleCovers } from "../transport/mod.ts";
 import {
   type FirstToken,
   type GenerateRequest,
+  type LinkLossReport,
   parseMessage,
   type PeerAddress,
   type PrefillOutcome,
@@ -121,6 +122,11 @@ export interface HandoffResult {
   firstTokenAfterPrefillMs: number | null;
   e2eMs: number;
   mtpReady: boolean | null;
+  /**
+   * The prefill worker's newest datagram loss probe of its link to the decode worker (null:
+   * none yet, or no prefill worker): what the coordinator's placement knows of that link's loss.
+   */
+  linkLoss: LinkLossReport | null;
 }
 
 /** No node that could serve the request is left: each one tried, and why it could not. */
@@ -299,6 +305,7 @@ function resultOf(r: Running, generation: Generation, channel: RequestChannel): 
     firstTokenAfterPrefillMs,
     e2eMs: performance.now() - r.t0,
     mtpReady: generation.done.mtpReady,
+    linkLoss: outcome?.linkLoss ?? null,
   };
 }
 

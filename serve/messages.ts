@@ -129,6 +129,22 @@ export interface PrefillOutcome {
    * itself (TokenBatch messages from the second token, then GenerateDone, follow).
    */
   completedHere?: boolean;
+  /** The newest loss probe of the link to the decode worker (absent or null: none yet). */
+  linkLoss?: LinkLossReport | null;
+}
+
+/**
+ * The prefill worker's newest datagram loss probe of its link to the request's decode worker
+ * (serve/link_loss.ts): `received` of `sent` arrived, in `lossEvents` runs of lost datagrams,
+ * `ageMs` before the outcome was sent. `probe` names the probe (random), so one probe reported
+ * twice counts once.
+ */
+export interface LinkLossReport {
+  probe: number;
+  sent: number;
+  received: number;
+  lossEvents: number;
+  ageMs: number;
 }
 
 /**
@@ -338,6 +354,8 @@ const CHECKS: Record<ServeMessage["type"], Checker> = {
       ? "telemetry"
       : m.completedHere !== undefined && typeof m.completedHere !== "boolean"
       ? "completedHere"
+      : m.linkLoss !== undefined && m.linkLoss !== null && !linkLossOk(m.linkLoss)
+      ? "linkLoss"
       : null,
   FirstToken: (m) =>
     !str(m.handoffId, 64)
@@ -435,6 +453,17 @@ export function isServeMessageType(type: string): type is ServeMessage["type"] {
 }
 
 /** Checks a received control header as message `type`; throws ProtocolError naming the field. */
+/** A LinkLossReport: counts within a probe, no more loss events than lost, a finite age. */
+function linkLossOk(v: unknown): boolean {
+  if (typeof v !== "object" || v === null) return false;
+  const l = v as Record<string, unknown>;
+  return count(l.probe, 0xffffffff) && count(l.sent, 1e6) && (l.sent as number) > 0 &&
+    count(l.received, l.sent as number) &&
+    count(l.lossEvents, (l.sent as number) - (l.received as number)) &&
+    typeof l.ageMs === "number" &&
+    Number.isFinite(l.ageMs) && l.ageMs >= 0;
+}
+
 export function parseMessage<T extends ServeMessage>(header: Record<string, unknown>): T {
   const type = header.type;
   if (typeof type !== "string" || !isServeMessageType(type)) {

@@ -11,6 +11,7 @@
  * `queued: true` so the coordinator's idle timeout holds while they wait; beyond its bounds
  * the answer is `busy` (the coordinator then recomputes colocated, a named fallback).
  */
+import type { DecoderLinkLoss } from "./link_loss.ts";
 import { tokenizePrompt } from "./prompt_tokens.ts";
 import { tokenLogprob } from "../core/logprobs.ts";
 import type { HandoffTiming } from "../core/mod.ts";
@@ -87,6 +88,8 @@ export class PrefillRole {
       DEFAULT_PREFIX_CACHE,
       identity.numerical.family,
     ),
+    /** Measures the links to decode workers after handoffs (null: never). */
+    readonly linkLoss: DecoderLinkLoss | null = null,
   ) {
     this.#queue = new PrefillQueue(queue, () => pool.tryAcquire(), (p) => pool.release(p));
     this.links = new PeerLinks((to) => node.connect(to, capabilities), node.link.peerLinks);
@@ -94,6 +97,7 @@ export class PrefillRole {
 
   /** Closes the links to decode workers (each bounded by its close timeout). */
   async close(): Promise<void> {
+    this.linkLoss?.close();
     await this.links.close();
   }
 
@@ -249,6 +253,11 @@ export class PrefillRole {
       });
       active.handoff = handoff;
       const outcome = await handoff.run();
+      // The newest loss probe of this decoder's link rides with the outcome; a committed
+      // handoff may start the next one, in the background.
+      outcome.linkLoss = this.linkLoss?.report(request.decode.nodeId) ?? null;
+      const used = (decoder as DecoderChannel | null)?.link.conn;
+      if (outcome.outcome === "committed" && used) this.linkLoss?.afterHandoff(used);
       // The outcome follows the first token on the same stream, never overtakes it.
       await firstTokenSent;
       return await this.#settle(request, active, pooled, handoff, outcome);

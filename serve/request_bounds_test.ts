@@ -304,3 +304,24 @@ Deno.test("a TokenBatch over its token bound, or with stray digests, is refused 
     /field "logitsSha256"/,
   );
 });
+
+Deno.test("PrefillOutcome's link loss report is checked: counts within a probe, received at most sent", () => {
+  const base = outcome(prefillSummary(16, 1)) as unknown as Record<string, unknown>;
+  const withLoss = (linkLoss: unknown) => ({ ...structuredClone(base), linkLoss });
+  const ok = { probe: 0xffffffff, sent: 10_000, received: 9_989, lossEvents: 11, ageMs: 12.5 };
+  assert.deepEqual(parseMessage<PrefillOutcome>(withLoss(ok)).linkLoss, ok);
+  assert.equal(parseMessage<PrefillOutcome>(withLoss(null)).linkLoss, null);
+  for (
+    const bad of [
+      { ...ok, received: 10_001 },
+      { ...ok, lossEvents: 12 }, // more loss events than datagrams lost
+      { ...ok, sent: 0, received: 0, lossEvents: 0 },
+      { ...ok, probe: -1 },
+      { ...ok, ageMs: Infinity },
+      { ...ok, sent: "10000" },
+      "0.1%",
+    ]
+  ) {
+    assert.throws(() => parseMessage(withLoss(bad)), /field "linkLoss"/, JSON.stringify(bad));
+  }
+});

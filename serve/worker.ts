@@ -6,6 +6,7 @@
  * (serve/authorization.ts): a refused message gets its answer (a failed outcome, or a refused
  * reservation or stream) naming the missing role, and nothing else happens.
  */
+import { DecoderLinkLoss } from "./link_loss.ts";
 import { type HandoffTiming, ProtocolError, resolveHandoffTiming } from "../core/mod.ts";
 import {
   type Capabilities,
@@ -92,6 +93,12 @@ export interface WorkerOptions {
   decodeHooks?: DecodeHooks;
   /** The prefill side's exact-prefix cache (serve/prefix_cache.ts; default off). */
   prefixCache?: Partial<PrefixCacheOptions>;
+  /**
+   * Prefill role: after a committed handoff, the link to that decode worker is measured
+   * (serve/link_loss.ts) when its newest loss probe is older than this, in ms; 0: never.
+   * Default 20,000.
+   */
+  linkProbeAgeMs?: number;
 }
 
 export class Worker {
@@ -423,6 +430,11 @@ function prefillRole(options: WorkerOptions, p: RoleParts): PrefillRole {
       { ...DEFAULT_PREFIX_CACHE, ...options.prefixCache },
       p.identity.numerical.family,
     ),
+    (options.linkProbeAgeMs ?? 20_000) > 0
+      ? new DecoderLinkLoss(p.node.identity.nodeId, p.log, {
+        lossProbeAgeMsMax: options.linkProbeAgeMs ?? 20_000,
+      })
+      : null,
   );
 }
 

@@ -30,6 +30,19 @@ export const CloseCode = Object.freeze({
   faultInjected: 0x1f,
 });
 
+/**
+ * Unreliable datagrams on a connection (QUIC DATAGRAM frames): never retransmitted, so what
+ * the link loses stays lost. Used only to measure loss (loss_probe.ts).
+ */
+export interface DatagramPort {
+  /** Largest datagram the connection can send now (bytes). */
+  readonly maxBytes: number;
+  /** Queues one datagram of at most `maxBytes`; rejects once the connection has ended. */
+  send(data: Uint8Array): Promise<void>;
+  /** The next datagram received; null once the connection has ended. */
+  receive(): Promise<Uint8Array | null>;
+}
+
 /** A connection before authentication: QUIC (quic.ts) or the loopback fake (loopback.ts). */
 export interface RawConnection {
   /** Opens a bidirectional channel. The peer sees it only after the first byte is written. */
@@ -49,4 +62,6 @@ export interface RawConnection {
   readonly remoteAddress: string;
   /** The idle timeout in force (ms): how long a silent peer takes to be declared dead. */
   readonly maxIdleTimeoutMs: number;
+  /** Its datagrams; absent where the transport or the peer has none. */
+  readonly datagrams?: DatagramPort;
 }

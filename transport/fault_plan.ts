@@ -236,5 +236,6 @@ export function withFaults(
     serverCertificateSha256: raw.serverCertificateSha256,
     remoteAddress: raw.remoteAddress,
     maxIdleTimeoutMs: raw.maxIdleTimeoutMs,
+    datagrams: raw.datagrams,
   };
 }

@@ -15,6 +15,7 @@ Deno.test("LinkMonitor.measure() leaves a fresh RTT and bandwidth estimate for t
     assert.equal(e.bandwidthSamples, 1);
     assert.equal(e.bandwidthSource, "probe");
     assert.equal(e.lossFraction, 0);
+    assert.equal(e.lossSource, "pings"); // no datagrams on this fake link: no loss probe
     // A second measure finds the bulk sample recent: no second probe.
     const again = await m.measure(client);
     assert.equal(again!.bandwidthSamples, 1);
@@ -40,6 +41,26 @@ Deno.test("LinkMonitor.watch() pings until stopped", async () => {
     assert.ok(n >= 3);
     await new Promise((r) => setTimeout(r, 30));
     assert.ok(m.estimate(m.pairTo(client))!.rttSamples <= n + 1, "stopped (one in flight at most)");
+  } finally {
+    link.drop();
+  }
+});
+
+Deno.test("LinkMonitor.measure() probes loss with datagrams where the link has them, once per lossProbeAgeMsMax", async () => {
+  const nodes = await makeTestNodes();
+  // FAKE link losing every 500th datagram: 0.2%, which no ping shows.
+  const { client, link } = await fakeLoopbackPeers(nodes.client, nodes.server, {
+    datagrams: { dropEvery: 500 },
+  });
+  try {
+    const m = new LinkMonitor("me", undefined, { pingsPerMeasure: 3, lossProbeDatagrams: 4000 });
+    const e = await m.measure(client, 2 * 1024 * 1024);
+    assert.equal(e!.lossSource, "datagrams");
+    assert.equal(e!.lossSamples, 4000);
+    assert.ok(Math.abs(e!.lossFraction! - 0.002) < 1e-12, `${e!.lossFraction}`);
+    const again = await m.measure(client);
+    assert.equal(again!.lossSamples, 4000, "a recent loss probe: no second one");
+    assert.equal(await m.probeLoss(client), null);
   } finally {
     link.drop();
   }

@@ -15,8 +15,11 @@
 import { PeerError } from "../core/errors.ts";
 import type { FrameReader, FrameWriter } from "./framed_stream.ts";
 
-/** Version of the ping/probe exchange. Changelog: 1. First version. */
-export const LINK_PROBE_VERSION = 1;
+/**
+ * Version of the ping/probe exchange. Changelog: 1. First version. 2. The datagram loss probe
+ * (loss_probe.ts); pings and the bandwidth probe unchanged.
+ */
+export const LINK_PROBE_VERSION = 2;
 
 /** Frame types of the exchange (reserved on the control stream). */
 export const LINK_PING = "LinkPing";

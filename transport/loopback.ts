@@ -7,10 +7,18 @@
  * cleanly, a channel becomes visible to the peer only with its first byte, a killed peer is
  * noticed only after `maxIdleTimeoutMs`, pending reads then reject, and each direction has a
  * bounded buffer so backpressure is real. It does not model throughput, packet loss or TLS:
- * nothing that claims performance or security may rely on it.
+ * nothing that claims performance or security may rely on it. Datagrams exist only when
+ * asked for (`datagrams`), and lose exactly what `dropEvery` says: fault injection for the
+ * loss probe's protocol, not a model of a link.
  */
 import { BoundedQueue } from "../core/queue.ts";
-import { type ByteChannel, CloseCode, type ConnectionEnd, type RawConnection } from "./channel.ts";
+import {
+  type ByteChannel,
+  CloseCode,
+  type ConnectionEnd,
+  type DatagramPort,
+  type RawConnection,
+} from "./channel.ts";
 import { type FaultPlan, withFaults } from "./fault_plan.ts";
 import { establishPeer } from "./establish.ts";
 import type { PeerConnection, PeerOptions } from "./peer.ts";
@@ -24,6 +32,12 @@ export interface FakeLinkOptions {
   /** Streams either side may open over the link's lifetime. Default 1024. */
   streamsMax?: number;
   faults?: FaultPlan;
+  /**
+   * Datagrams on both ends (absent: none, as on a transport without them): `maxBytes` each
+   * (default 1162), the `dropEvery`-th of each direction lost (absent: none lost), at most
+   * `queueMax` waiting per receiver (default 4096; more are lost, as in a full buffer).
+   */
+  datagrams?: { maxBytes?: number; dropEvery?: number; queueMax?: number };
 }
 
 type Side = "client" | "server";
@@ -75,6 +89,7 @@ class _Pipe {
 class _FakeEnd implements RawConnection {
   readonly closed: Promise<ConnectionEnd>;
   readonly incoming: BoundedQueue<ByteChannel>;
+  datagrams?: DatagramPort;
   ended = false;
   #resolve!: (end: ConnectionEnd) => void;
 
@@ -144,8 +159,36 @@ export class FakeLoopbackLink {
       faults && (faults.sender ?? "client") === side
         ? withFaults(this.#ends[side], faults, hooks)
         : this.#ends[side];
+    if (options.datagrams) this.#openDatagrams(options.datagrams);
     this.client = wrap("client");
     this.server = wrap("server");
+  }
+
+  #openDatagrams(o: NonNullable<FakeLinkOptions["datagrams"]>): void {
+    const maxBytes = o.maxBytes ?? 1162;
+    const queues = {
+      client: new BoundedQueue<Uint8Array>(o.queueMax ?? 4096),
+      server: new BoundedQueue<Uint8Array>(o.queueMax ?? 4096),
+    };
+    for (const side of ["client", "server"] as const) {
+      const end = this.#ends[side];
+      const other = side === "client" ? "server" : "client";
+      let sent = 0;
+      end.closed.then(() => queues[side].close());
+      end.datagrams = {
+        maxBytes,
+        send: (data) => {
+          if (end.ended || this.frozen) return Promise.reject(new Error("connection lost"));
+          if (data.length > maxBytes) {
+            return Promise.reject(new Error(`datagram of ${data.length} B over ${maxBytes}`));
+          }
+          sent++;
+          if (!(o.dropEvery && sent % o.dropEvery === 0)) queues[other].tryPush(data.slice());
+          return Promise.resolve();
+        },
+        receive: async () => (await queues[side].shift().catch(() => undefined)) ?? null,
+      };
+    }
   }
 
   /** Used by the ends: a new stream from `side`; the other side sees it at its first byte. */

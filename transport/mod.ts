@@ -20,6 +20,7 @@ export * from "./fault_plan.ts";
 export * from "./loopback.ts";
 export * from "./handshake_gate.ts";
 export * from "./link_probe.ts";
+export * from "./loss_probe.ts";
 export * from "./link_monitor.ts";
 export { seededRandom } from "./_prng.ts";
 export * from "./udp_buffers.ts";

@@ -42,12 +42,21 @@ import {
   LINK_PING,
   LINK_PONG,
   LINK_PROBE_OPEN,
-  LINK_PROBE_VERSION,
   type LinkProbeOptions,
   PingTracker,
   type ProbeResult,
   sendProbe,
 } from "./link_probe.ts";
+import {
+  answerLossProbe,
+  DEFAULT_LOSS_PROBE_OPTIONS,
+  LINK_LOSS_OPEN,
+  LossProbeCounter,
+  type LossProbeOptions,
+  type LossProbePlan,
+  type LossProbeResult,
+  sendLossProbe,
+} from "./loss_probe.ts";
 import type { TrustList } from "./trust.ts";
 
 export const DEFAULT_HANDSHAKE_TIMEOUT_MS = 5_000;
@@ -100,6 +109,8 @@ export interface PeerOptions {
   handoff?: HandoffStreamOptions & { manualRelease?: boolean };
   /** Bounds of link pings and bandwidth probes (link_probe.ts). */
   linkProbe?: Partial<LinkProbeOptions>;
+  /** Bounds of the datagram loss probe (loss_probe.ts). */
+  lossProbe?: Partial<LossProbeOptions>;
 }
 
 /** A message on the control stream. */
@@ -133,6 +144,9 @@ export class PeerConnection {
   readonly #linkProbe: LinkProbeOptions;
   readonly #pings: PingTracker;
   #probing = false;
+  readonly #lossProbe: LossProbeOptions;
+  /** Counts the loss probe's datagrams; null without datagrams on this connection. */
+  readonly #lossCounter: LossProbeCounter | null;
 
   /** Use `establishPeer()`. */
   constructor(
@@ -157,6 +171,8 @@ export class PeerConnection {
     this.#incoming = new BoundedQueue(options.incomingHandoffStreamsMax ?? 16);
     this.#linkProbe = { ...DEFAULT_LINK_PROBE_OPTIONS, ...options.linkProbe };
     this.#pings = new PingTracker((h) => this.#writer.write(h), this.#linkProbe);
+    this.#lossProbe = { ...DEFAULT_LOSS_PROBE_OPTIONS, ...options.lossProbe };
+    this.#lossCounter = raw.datagrams ? new LossProbeCounter() : null;
     this.closed = raw.closed.then((end) => {
       this.#end = end;
       this.#pings.end();
@@ -164,6 +180,7 @@ export class PeerConnection {
     });
     this.#pumpControl();
     this.#pumpIncoming();
+    this.#pumpDatagrams();
   }
 
   /** Sends a control message (`header.type` must not be a reserved transport type). */
@@ -210,7 +227,41 @@ export class PeerConnection {
 
   /** Whether the peer answers link pings and probes (it advertised `linkProbeVersion`). */
   get supportsLinkProbe(): boolean {
-    return this.peerCapabilities.linkProbeVersion === LINK_PROBE_VERSION;
+    return (this.peerCapabilities.linkProbeVersion ?? 0) >= 1;
+  }
+
+  /**
+   * Whether a loss probe can run: the peer answers it (`linkProbeVersion` 2) and this
+   * connection carries datagrams.
+   */
+  get supportsLossProbe(): boolean {
+    return (this.peerCapabilities.linkProbeVersion ?? 0) >= 2 && this.#raw.datagrams !== undefined;
+  }
+
+  /** Largest datagram this connection sends (0: none). */
+  get datagramBytesMax(): number {
+    return this.#raw.datagrams?.maxBytes ?? 0;
+  }
+
+  /**
+   * Sends a loss probe (loss_probe.ts): `plan.datagrams` datagrams at `plan.bytesPerS`, on a
+   * stream of its own; resolves with the share the peer did not receive.
+   */
+  async probeLoss(plan: LossProbePlan): Promise<LossProbeResult> {
+    const port = this.#raw.datagrams;
+    if (!this.supportsLossProbe || !port) {
+      throw new PeerError(
+        `Peer ${this.peerNodeId} cannot be probed for loss (an older build, or no datagrams on this connection)`,
+      );
+    }
+    let channel: ByteChannel;
+    try {
+      channel = await this.#raw.openChannel();
+    } catch (error) {
+      throw this.#handoffError(error);
+    }
+    const { reader, writer } = this.#handoffIo(channel);
+    return await sendLossProbe(reader, writer, port, plan, this.#lossProbe);
   }
 
   /**
@@ -292,6 +343,17 @@ export class PeerConnection {
     ]);
     this.#raw.close(CloseCode.normal, "closed");
     await this.closed;
+  }
+
+  /** Feeds the connection's datagrams to the loss probe's counter until the connection ends. */
+  async #pumpDatagrams(): Promise<void> {
+    const port = this.#raw.datagrams, counter = this.#lossCounter;
+    if (!port || !counter) return;
+    for (;;) {
+      const d = await port.receive().catch(() => null);
+      if (d === null) return;
+      counter.onDatagram(d);
+    }
   }
 
   async #pumpControl(): Promise<void> {
@@ -409,6 +471,10 @@ export class PeerConnection {
       why = error instanceof SkippyError ? "malformed opening frame" : "stream lost";
     } finally {
       clearTimeout(timer);
+    }
+    if (first?.header.type === LINK_LOSS_OPEN && !first.final) {
+      await answerLossProbe(first.header, reader, writer, this.#lossCounter, this.#lossProbe);
+      return;
     }
     if (first?.header.type === LINK_PROBE_OPEN && !first.final && !this.#probing) {
       this.#probing = true;

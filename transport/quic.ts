@@ -16,7 +16,13 @@
 import { LimitExceededError, PeerError } from "../core/errors.ts";
 import { BoundedQueue } from "../core/queue.ts";
 import { PROTOCOL_LABEL } from "./auth.ts";
-import { type ByteChannel, CloseCode, type ConnectionEnd, type RawConnection } from "./channel.ts";
+import {
+  type ByteChannel,
+  CloseCode,
+  type ConnectionEnd,
+  type DatagramPort,
+  type RawConnection,
+} from "./channel.ts";
 import { establishPeer } from "./establish.ts";
 import { HandshakeGate, type HandshakeGateOptions, sourceOfAddress } from "./handshake_gate.ts";
 import type { PeerConnection, PeerOptions } from "./peer.ts";
@@ -84,6 +90,7 @@ function _transportOptions(options: QuicTransportOptions): Deno.QuicTransportOpt
 /** Adapts a QuicConn to RawConnection. */
 class QuicRawConnection implements RawConnection {
   readonly closed: Promise<ConnectionEnd>;
+  readonly datagrams?: DatagramPort;
   readonly #conn: Deno.QuicConn;
   readonly #incoming: ReadableStreamDefaultReader<Deno.QuicBidirectionalStream>;
 
@@ -95,6 +102,16 @@ class QuicRawConnection implements RawConnection {
   ) {
     this.#conn = conn;
     this.#incoming = conn.incomingBidirectionalStreams.getReader();
+    // Both ends of Deno's QUIC accept DATAGRAM frames (1,162 bytes each on loopback here).
+    if (conn.maxDatagramSize > 0) {
+      this.datagrams = {
+        get maxBytes() {
+          return conn.maxDatagramSize;
+        },
+        send: (data) => conn.sendDatagram(data),
+        receive: () => conn.readDatagram().catch(() => null),
+      };
+    }
     // A killed peer makes `closed` reject with "timed out" rather than resolve.
     this.closed = conn.closed.then(
       (info) => ({ closeCode: info.closeCode, reason: info.reason, timedOut: false }),

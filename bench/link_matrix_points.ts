@@ -1,0 +1,141 @@
+/**
+ * The link matrix's grid points over their repeats (bench/link_matrix_report.ts): the median
+ * prediction beside the median measurement per point, and how far the point's own
+ * measurements spread, with a table and a chart whose bars show each point's range.
+ */
+import type { Replayed } from "./link_matrix_report.ts";
+import type { ReportSection } from "./report.ts";
+import { median, table } from "./stats.ts";
+import { scatterChart } from "./svg.ts";
+
+/**
+ * One grid point over its repeats: the median prediction beside the median measurement, and
+ * how far the point's own measurements spread around their median (the noise any prediction
+ * of one handoff there is judged against).
+ */
+export interface PointSummary {
+  key: string;
+  model: string;
+  promptTokens: number;
+  /** The emulated link, as the table names it. */
+  linkPoint: string;
+  repeats: number;
+  ttft: [pred: number, meas: number] | null;
+  tail: [pred: number, meas: number] | null;
+  /** Prefill end to the manifest at the decoder. */
+  link: [pred: number, meas: number] | null;
+  /** The largest |measurement / median - 1| among the repeats' tails (null below 2 repeats). */
+  tailSpread: number | null;
+  ttftSpread: number | null;
+  /** The repeats' measured tails, in run order (ms). */
+  tailsMs: number[];
+}
+
+/** Groups replayed rows by grid point (model, link, prompt) and takes medians over repeats. */
+export function byPoint(rows: readonly Replayed[]): PointSummary[] {
+  const groups = new Map<string, Replayed[]>();
+  for (const x of rows) {
+    const r = x.row;
+    const key = `${r.model}|${r.rateBitsPerS}|${r.rttMs}|${r.lossFraction}|${r.promptTokens}`;
+    groups.set(key, [...(groups.get(key) ?? []), x]);
+  }
+  const med = (xs: Replayed[], pick: (x: Replayed) => [number, number] | null) => {
+    const v = xs.map(pick).filter((p): p is [number, number] => p !== null);
+    return v.length
+      ? [median(v.map((p) => p[0])), median(v.map((p) => p[1]))] as [number, number]
+      : null;
+  };
+  const spread = (xs: Replayed[], pick: (x: Replayed) => [number, number] | null) => {
+    const m = xs.map(pick).filter((p): p is [number, number] => p !== null).map((p) => p[1]);
+    if (m.length < 2) return null;
+    const mid = median(m);
+    return Math.max(...m.map((v) => Math.abs(v / mid - 1)));
+  };
+  return [...groups].map(([key, xs]) => {
+    const r = xs[0].row;
+    return {
+      key,
+      model: r.model,
+      promptTokens: r.promptTokens,
+      linkPoint: `${r.rateBitsPerS / 1e6}M ${r.rttMs}ms ${r.lossFraction * 100}%`,
+      repeats: xs.length,
+      ttft: med(xs, (x) => x.ttft),
+      tail: med(xs, (x) => x.tail),
+      link: med(xs, (x) => x.link),
+      tailSpread: spread(xs, (x) => x.tail),
+      ttftSpread: spread(xs, (x) => x.ttft),
+      tailsMs: xs.map((x) => x.tail?.[1]).filter((v): v is number => v !== undefined),
+    };
+  });
+}
+
+/** A prediction's error against its measurement (0.1: 10% over); null without a pair. */
+export const predictionError = (x: [number, number] | null) => (x ? x[0] / x[1] - 1 : null);
+
+/** The per-point table: medians over the repeats, and the spread of the measured tails. */
+export function pointSection(points: PointSummary[]): ReportSection {
+  const f = (v: number) => v.toFixed(0);
+  const pm = (x: [number, number] | null) => (x ? `${f(x[0])}/${f(x[1])}` : "-");
+  const pct = (x: [number, number] | null) => {
+    const e = predictionError(x);
+    return e === null ? "-" : `${(e * 100).toFixed(0)}%`;
+  };
+  const spread = (v: number | null) => (v === null ? "-" : `${(v * 100).toFixed(0)}%`);
+  return {
+    name: "link-matrix-points",
+    rows: points,
+    table: table(
+      [
+        "model",
+        "link",
+        "prompt",
+        "n",
+        "TTFT p/m",
+        "err",
+        "TTFT spread",
+        "tail p/m",
+        "err",
+        "tail spread",
+        "measured tails ms",
+        "link part p/m",
+        "err",
+      ],
+      points.map((p) => [
+        p.model,
+        p.linkPoint,
+        p.promptTokens,
+        p.repeats,
+        pm(p.ttft),
+        pct(p.ttft),
+        spread(p.ttftSpread),
+        pm(p.tail),
+        pct(p.tail),
+        spread(p.tailSpread),
+        p.tailsMs.map(f).join(", "),
+        pm(p.link),
+        pct(p.link),
+      ]),
+    ),
+    notes: [
+      "Each grid point over its repeats: the median of the replayed predictions beside the median of the measurements (p/m, ms), and the spread: the largest distance of one repeat's measurement from the point's median.",
+    ],
+    charts: {
+      "tail-points.svg": scatterChart(
+        [...new Set(points.map((p) => p.model))].map((model) => ({
+          name: model,
+          points: points.filter((p) => p.model === model && p.tail).map((p) => ({
+            x: p.tail![0],
+            y: p.tail![1],
+            yLow: Math.min(...p.tailsMs),
+            yHigh: Math.max(...p.tailsMs),
+          })),
+        })),
+        {
+          title: "Tail per grid point: median predicted vs median measured (ms), bar: range",
+          xLabel: "predicted ms",
+          yLabel: "measured ms",
+        },
+      ),
+    },
+  };
+}

@@ -1,0 +1,58 @@
+import assert from "node:assert/strict";
+import type { Replayed } from "./link_matrix_report.ts";
+import { byPoint } from "./link_matrix_points.ts";
+import type { MatrixRow } from "./link_matrix.ts";
+
+/** A replayed row at one link point: only the fields byPoint reads are meaningful. */
+function row(
+  rttMs: number,
+  rep: number,
+  tail: [number, number] | null,
+  ttft: [number, number] = [100, 100],
+): Replayed {
+  return {
+    row: {
+      model: "super-mini",
+      promptTokens: 512,
+      rateBitsPerS: 400e6,
+      rttMs,
+      lossFraction: 0,
+      rep,
+    } as MatrixRow,
+    ttft,
+    tail,
+    link: tail ? [tail[0] / 2, tail[1] / 2] : null,
+    probe: null,
+  };
+}
+
+Deno.test("byPoint() takes medians over each point's repeats, not across points", () => {
+  const points = byPoint([
+    row(2, 0, [50, 40]),
+    row(10, 0, [90, 100]),
+    row(2, 1, [52, 60]),
+    row(10, 1, [92, 110]),
+    row(2, 2, [54, 50]),
+    row(10, 2, [94, 400]), // one loss stall at 10 ms
+  ]);
+  assert.equal(points.length, 2);
+  const [near, far] = points;
+  assert.equal(near.linkPoint, "400M 2ms 0%");
+  assert.equal(near.repeats, 3);
+  assert.deepEqual(near.tail, [52, 50]);
+  assert.deepEqual(near.link, [26, 25]);
+  assert.deepEqual(near.tailsMs, [40, 60, 50]);
+  assert.ok(Math.abs(near.tailSpread! - 0.2) < 1e-12); // 40 and 60 around a median of 50
+  // The stall moves the spread, not the median.
+  assert.deepEqual(far.tail, [92, 110]);
+  assert.ok(Math.abs(far.tailSpread! - (400 / 110 - 1)) < 1e-12);
+  assert.equal(far.ttftSpread, 0);
+});
+
+Deno.test("byPoint() leaves a point's spread null below two measurements", () => {
+  const [p] = byPoint([row(2, 0, [50, 40]), row(2, 1, null)]);
+  assert.equal(p.repeats, 2);
+  assert.deepEqual(p.tail, [50, 40]);
+  assert.equal(p.tailSpread, null);
+  assert.deepEqual(p.tailsMs, [40]);
+});
