@@ -10,6 +10,29 @@ import { startLocalCluster } from "../serve/local_cluster.ts";
 import { testModel } from "../testing/models.ts";
 import { LivePlacement } from "./live_placement.ts";
 import { startClusterApi } from "./_test_server.ts";
+import type { ApiServer } from "./server.ts";
+/** One completion of `sentences` sentences through the API; its `skippy` fields. */
+async function completeVia(server: ApiServer, sentences: number, maxTokens: number) {
+  const r = await fetch(`${server.url}/v1/completions`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({
+      model: server.model.id,
+      prompt: "the quick brown fox jumps over the lazy dog and ".repeat(sentences),
+      max_tokens: maxTokens,
+      temperature: 0,
+    }),
+  });
+  assert.equal(r.status, 200);
+  return (await r.json()).skippy as Record<string, string>;
+}
+
+/** The newest request record (`/v1/handoffs`). */
+async function lastRecordOf(server: ApiServer) {
+  const body = await (await fetch(`${server.url}/v1/handoffs?limit=1`)).json();
+  return (body.data ?? body.handoffs ?? body)[0];
+}
+
 Deno.test("auto placement: the live decision reaches skippy.placement_reason and the record carries its prediction", async () => {
   const modelPath = await testModel("hybrid");
   const cluster = await startLocalCluster({ args: ["--model", modelPath] });
@@ -47,25 +70,8 @@ Deno.test("auto placement: the live decision reaches skippy.placement_reason and
     keys: null,
     live,
   });
-  const complete = async () => {
-    const r = await fetch(`${server.url}/v1/completions`, {
-      method: "POST",
-      headers: { "content-type": "application/json" },
-      body: JSON.stringify({
-        model: server.model.id,
-        prompt: "the quick brown fox jumps over the lazy dog and ".repeat(8),
-        max_tokens: 4,
-        temperature: 0,
-      }),
-    });
-    assert.equal(r.status, 200);
-    return (await r.json()).skippy as Record<string, string>;
-  };
-  const lastRecord = async () => {
-    const r = await fetch(`${server.url}/v1/handoffs?limit=1`);
-    const body = await r.json();
-    return (body.data ?? body.handoffs ?? body)[0];
-  };
+  const complete = () => completeVia(server, 8, 4);
+  const lastRecord = () => lastRecordOf(server);
   try {
     // Before any handoff: the link is unknown, so the no-link rule disaggregates (named).
     const first = await complete();
@@ -127,20 +133,8 @@ Deno.test("a link's loss: the prefill worker's datagram probe reaches the handof
     live,
   });
   const complete = async () => {
-    const r = await fetch(`${server.url}/v1/completions`, {
-      method: "POST",
-      headers: { "content-type": "application/json" },
-      body: JSON.stringify({
-        model: server.model.id,
-        prompt: "the quick brown fox jumps over the lazy dog and ",
-        max_tokens: 2,
-        temperature: 0,
-      }),
-    });
-    assert.equal(r.status, 200);
-    await r.json();
-    const records = await (await fetch(`${server.url}/v1/handoffs?limit=1`)).json();
-    return (records.data ?? records.handoffs ?? records)[0];
+    await completeVia(server, 1, 2);
+    return await lastRecordOf(server);
   };
   try {
     const first = await complete();

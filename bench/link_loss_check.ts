@@ -16,15 +16,9 @@
 
 import { parseArgs } from "node:util";
 import { numberList } from "./cli_args.ts";
-import { ensureModelFile } from "../models/mod.ts";
-import { cacheDir } from "../cli/paths.ts";
-import { startLocalCluster } from "../serve/local_cluster.ts";
-import { LinkEstimator } from "../core/link_estimates.ts";
 import { DEFAULT_PLAN_OPTIONS } from "../core/planner.ts";
-import { LinkMonitor } from "../transport/link_monitor.ts";
 import { countUdpReceiveDrops } from "../transport/mod.ts";
-import { MATRIX_MODELS } from "./_matrix_point.ts";
-import { buildNativeRelay, measureNativeCeiling, openGridLink } from "./native_relay.ts";
+import { repeatsArg, startRelayCheck, throughRelay } from "./_relay_check.ts";
 
 if (import.meta.main) {
   const { values } = parseArgs({
@@ -36,18 +30,9 @@ if (import.meta.main) {
       repeats: { type: "string", default: "3" },
     },
   });
-  const repeats = Number(values.repeats);
-  if (!(Number.isInteger(repeats) && repeats > 0)) {
-    throw new Error(`Invalid --repeats ${values.repeats}: give a positive integer`);
-  }
-  const binary = await buildNativeRelay();
-  if (!binary) throw new Error("No C compiler: this check needs the native relay (cc)");
-  const ceiling = await measureNativeCeiling(binary);
-  const model = await ensureModelFile(`${cacheDir()}/models`, MATRIX_MODELS["super-mini"]);
-  const cluster = await startLocalCluster({
-    args: ["--model", model, "--ctx", "1024", "--threads", "1", "--link-probe-age-ms", "0"],
-  });
-  const decode = cluster.decode.peer;
+  const repeats = repeatsArg(values.repeats);
+  const check = await startRelayCheck();
+  const { ceiling, cluster } = check;
   const max = DEFAULT_PLAN_OPTIONS.lossFractionMax;
   const pct = (x: number | null | undefined) => x == null ? "-" : `${(x * 100).toFixed(3)}%`;
   let wrong = 0, total = 0;
@@ -58,25 +43,15 @@ if (import.meta.main) {
           const read: string[] = [];
           for (let rep = 0; rep < repeats; rep++) {
             const point = { rateBitsPerS: rate * 1e6, rttMs, lossFraction: loss };
-            const link = await openGridLink(binary, decode, point, {
-              ceilingBitsPerS: ceiling.bitsPerS,
-              seed: 101 + rep,
-            });
+            const { conn, monitor, close } = await throughRelay(check, point, 101 + rep);
             try {
-              const links = new LinkEstimator();
-              const monitor = new LinkMonitor(cluster.prefill.peer.nodeId, links, {
-                pingsPerMeasure: 10,
-              });
-              const host = { host: link.endpoint.hostname, port: link.endpoint.port };
-              const conn = await cluster.client.connect({ ...decode, ...host });
               const drops = await countUdpReceiveDrops();
               await monitor.measureRate(conn);
-              const pings = links.estimate(monitor.pairTo(conn), performance.now());
+              const pings = monitor.estimate(monitor.pairTo(conn));
               const t0 = performance.now();
               const r = await monitor.probeLoss(conn).catch((e) => (e as Error).message);
               const ms = performance.now() - t0;
               const udp = await drops();
-              await conn.close();
               if (typeof r === "string" || r === null) {
                 read.push(`failed (${r ?? "not run"})`);
                 continue;
@@ -87,11 +62,11 @@ if (import.meta.main) {
               read.push(
                 `pings ${pct(pings?.lossFraction)} datagrams ${pct(r.lossFraction)} ` +
                   `(${r.sent - r.received}/${r.sent} lost in ${r.lossEvents} events, ` +
-                  `${ms.toFixed(0)} ms, host drops ` +
-                  `${udp.receiveDrops ?? "?"})${refused ? " refused" : ""}`,
+                  `${ms.toFixed(0)} ms, host drops ${udp.receiveDrops ?? "?"})` +
+                  (refused ? " refused" : ""),
               );
             } finally {
-              link.close();
+              await close();
             }
           }
           console.log(`${rate}M ${rttMs}ms loss ${pct(loss)}: ${read.join("; ")}`);

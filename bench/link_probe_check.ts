@@ -14,13 +14,7 @@
 
 import { parseArgs } from "node:util";
 import { numberList } from "./cli_args.ts";
-import { ensureModelFile } from "../models/mod.ts";
-import { cacheDir } from "../cli/paths.ts";
-import { startLocalCluster } from "../serve/local_cluster.ts";
-import { LinkEstimator } from "../core/link_estimates.ts";
-import { LinkMonitor } from "../transport/link_monitor.ts";
-import { MATRIX_MODELS } from "./_matrix_point.ts";
-import { buildNativeRelay, measureNativeCeiling, openGridLink } from "./native_relay.ts";
+import { repeatsArg, startRelayCheck, throughRelay } from "./_relay_check.ts";
 
 if (import.meta.main) {
   const { values } = parseArgs({
@@ -32,18 +26,9 @@ if (import.meta.main) {
       repeats: { type: "string", default: "5" },
     },
   });
-  const repeats = Number(values.repeats);
-  if (!(Number.isInteger(repeats) && repeats > 0)) {
-    throw new Error(`Invalid --repeats ${values.repeats}: give a positive integer`);
-  }
-  const binary = await buildNativeRelay();
-  if (!binary) throw new Error("No C compiler: this check needs the native relay (cc)");
-  const ceiling = await measureNativeCeiling(binary);
-  const model = await ensureModelFile(`${cacheDir()}/models`, MATRIX_MODELS["super-mini"]);
-  const cluster = await startLocalCluster({
-    args: ["--model", model, "--ctx", "1024", "--threads", "1"],
-  });
-  const decode = cluster.decode.peer;
+  const repeats = repeatsArg(values.repeats);
+  const check = await startRelayCheck();
+  const { ceiling, cluster } = check;
   try {
     for (const rate of numberList("--rates", values.rates)) {
       for (const rttMs of numberList("--rtts", values.rtts)) {
@@ -51,26 +36,13 @@ if (import.meta.main) {
           const read: string[] = [];
           for (let rep = 0; rep < repeats; rep++) {
             const point = { rateBitsPerS: rate * 1e6, rttMs, lossFraction: 0 };
-            const link = await openGridLink(binary, decode, point, {
-              ceilingBitsPerS: ceiling.bitsPerS,
-              seed: 7 + rep,
-            });
+            const through = await throughRelay(check, point, 7 + rep);
             try {
-              const links = new LinkEstimator();
-              const monitor = new LinkMonitor(cluster.prefill.peer.nodeId, links, {
-                pingsPerMeasure: 10,
-              });
-              const host = { host: link.endpoint.hostname, port: link.endpoint.port };
-              const conn = await cluster.client.connect({ ...decode, ...host });
-              await monitor.measure(conn, Math.round(mib * 2 ** 20));
-              await conn.close();
-              const e = links.estimate(
-                { from: cluster.prefill.peer.nodeId, to: decode.nodeId },
-                performance.now(),
-              );
+              await through.monitor.measure(through.conn, Math.round(mib * 2 ** 20));
+              const e = through.monitor.estimate(through.monitor.pairTo(through.conn));
               read.push(((e?.bandwidthBytesPerS ?? 0) / 1e6).toFixed(1));
             } finally {
-              link.close();
+              await through.close();
             }
           }
           const rateMBps = (rate / 8).toFixed(1);

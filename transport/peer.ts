@@ -254,13 +254,7 @@ export class PeerConnection {
         `Peer ${this.peerNodeId} cannot be probed for loss (an older build, or no datagrams on this connection)`,
       );
     }
-    let channel: ByteChannel;
-    try {
-      channel = await this.#raw.openChannel();
-    } catch (error) {
-      throw this.#handoffError(error);
-    }
-    const { reader, writer } = this.#handoffIo(channel);
+    const { reader, writer } = await this.#probeStream();
     return await sendLossProbe(reader, writer, port, plan, this.#lossProbe);
   }
 
@@ -283,14 +277,17 @@ export class PeerConnection {
     if (!this.supportsLinkProbe) {
       throw new PeerError(`Peer ${this.peerNodeId} does not answer link probes (older build)`);
     }
-    let channel: ByteChannel;
+    const { reader, writer } = await this.#probeStream();
+    return await sendProbe(reader, writer, bytes, this.#linkProbe);
+  }
+
+  /** A new stream of its own for a probe, framed as a handoff stream is. */
+  async #probeStream(): Promise<{ reader: FrameReader; writer: FrameWriter }> {
     try {
-      channel = await this.#raw.openChannel();
+      return this.#handoffIo(await this.#raw.openChannel());
     } catch (error) {
       throw this.#handoffError(error);
     }
-    const { reader, writer } = this.#handoffIo(channel);
-    return await sendProbe(reader, writer, bytes, this.#linkProbe);
   }
 
   /** Opens a handoff stream whose opening frame carries `meta` (e.g. the handoff id). */
