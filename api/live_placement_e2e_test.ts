@@ -162,6 +162,15 @@ Deno.test("a link's loss: the prefill worker's datagram probe reaches the handof
     assert.equal(e.lossSource, "datagrams");
     assert.equal(e.lossSamples, 10_000);
     assert.equal(e.lossFraction, loss.lossEvents / 10_000);
+    // And /metrics shows it per pair, each probe counted once.
+    const metrics = await (await fetch(`${server.url}/metrics`)).text();
+    const labels =
+      `prefill="${cluster.prefill.peer.nodeId}",decode="${cluster.decode.peer.nodeId}"`;
+    assert.ok(
+      metrics.includes(`skippy:link_loss_fraction{${labels}} ${loss.lossEvents / 10_000}`),
+      metrics,
+    );
+    assert.ok(metrics.includes(`skippy:link_loss_probe_datagrams_total{${labels}} 10000`));
   } finally {
     live.close();
     await server.close();

@@ -56,6 +56,11 @@ export class ApiMetrics {
   readonly decodePaths: Counter;
   readonly fallbackKinds: Counter;
   readonly busyRefusals: Counter;
+  /** Per prefill -> decode pair: the newest loss probe's loss events per datagram. */
+  readonly linkLoss: Gauge;
+  /** Per pair: datagrams sent by the loss probes reported so far. */
+  readonly linkLossDatagrams: Counter;
+  readonly #lossProbes = new Map<string, number>();
 
   constructor(sources: MetricsSources) {
     const registers = [this.registry];
@@ -162,6 +167,19 @@ export class ApiMetrics {
       help: "Requests answered 503 because a worker had no room (WorkerBusyError)",
       registers,
     });
+    this.linkLoss = new Gauge({
+      name: "skippy:link_loss_fraction",
+      help: "The prefill worker's newest datagram loss probe of its link to the decode worker: " +
+        "loss events (runs of lost datagrams) per datagram sent",
+      labelNames: ["prefill", "decode"],
+      registers,
+    });
+    this.linkLossDatagrams = new Counter({
+      name: "skippy:link_loss_probe_datagrams_total",
+      help: "Datagrams the prefill worker's loss probes of this link sent (each probe once)",
+      labelNames: ["prefill", "decode"],
+      registers,
+    });
     new Gauge({
       name: "skippy:num_requests_running",
       help: "Requests admitted and running",
@@ -178,6 +196,22 @@ export class ApiMetrics {
         this.set(sources.waiting());
       },
     });
+  }
+
+  /**
+   * A loss probe an outcome carried (node ids label it: a bounded set, the configured workers);
+   * each probe counted once, however many outcomes repeat it.
+   */
+  observeLinkLoss(
+    prefill: string,
+    decode: string,
+    loss: { probe: number; sent: number; lossEvents: number },
+  ): void {
+    const key = `${prefill}>${decode}`;
+    if (this.#lossProbes.get(key) === loss.probe) return;
+    this.#lossProbes.set(key, loss.probe);
+    this.linkLoss.set({ prefill, decode }, loss.lossEvents / loss.sent);
+    this.linkLossDatagrams.inc({ prefill, decode }, loss.sent);
   }
 
   /** A handoff's telemetry (only when the state moved). */

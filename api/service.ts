@@ -251,6 +251,13 @@ export class ApiService {
       : null;
     this.#finish(record, result, placement, fallbackReason, generated, finishReason, t0);
     this.#recordPrediction(record, planned, picked);
+    if (result?.linkLoss && picked.prefill) {
+      this.metrics.observeLinkLoss(
+        picked.prefill.peer.nodeId,
+        picked.decode.peer.nodeId,
+        result.linkLoss,
+      );
+    }
     if (result && o.live) {
       o.live.record(
         result,
