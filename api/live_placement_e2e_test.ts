@@ -117,7 +117,10 @@ Deno.test("auto placement: the live decision reaches skippy.placement_reason and
 
 Deno.test("a link's loss: the prefill worker's datagram probe reaches the handoff record and the coordinator's placement", async () => {
   const modelPath = await testModel("hybrid");
-  const cluster = await startLocalCluster({ args: ["--model", modelPath] });
+  // The prefill worker measures its link as `serve` does by default (a local cluster turns it off).
+  const cluster = await startLocalCluster({
+    args: ["--model", modelPath, "--link-probe-age-ms", "20000"],
+  });
   const live = new LivePlacement({
     localNodeId: cluster.client.identity.nodeId,
     certification: null,

@@ -107,6 +107,8 @@ export async function startInProcess(
     sessionsMax: 2,
     timing: TIMING,
     committedIdleMs: COMMITTED_IDLE_MS,
+    // Loopback: no link worth measuring in the background (serve/link_loss.ts).
+    linkProbeAgeMs: 0,
     // SKIPPY_TEST_LOG=1 shows the workers' log lines (never content) while debugging a test.
     log: Deno.env.get("SKIPPY_TEST_LOG") ? (line) => console.error(`${name}: ${line}`) : () => {},
     ...options,

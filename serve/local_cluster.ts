@@ -32,7 +32,11 @@ export interface LocalCluster {
 }
 
 export interface LocalClusterOptions {
-  /** Extra `serve` arguments for both workers (model, numerics, bounds). */
+  /**
+   * Extra `serve` arguments for both workers (model, numerics, bounds). Two workers on one
+   * host's loopback have no link worth measuring, so the prefill worker's background link
+   * measurement is off (`--link-probe-age-ms 0`) unless these arguments set it.
+   */
   args?: string[];
   prefillArgs?: string[];
   decodeArgs?: string[];
@@ -145,7 +149,8 @@ export async function startWorker(
 export async function startLocalCluster(options: LocalClusterOptions = {}): Promise<LocalCluster> {
   const dir = await Deno.makeTempDir({ prefix: "skippy-cluster-" });
   const nodes = await makeTrustingNodes(dir, ["prefill", "decode", "client"]);
-  const args = options.args ?? [];
+  // Later flags win: a caller's own --link-probe-age-ms overrides this default.
+  const args = ["--link-probe-age-ms", "0", ...(options.args ?? [])];
   const [decode, prefill] = await Promise.all([
     startWorker("decode", `${dir}/decode`, [...args, ...(options.decodeArgs ?? [])]),
     startWorker("prefill", `${dir}/prefill`, [...args, ...(options.prefillArgs ?? [])]),
