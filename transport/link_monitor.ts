@@ -120,7 +120,8 @@ export class LinkMonitor {
     const pair = this.pairTo(peer);
     const age = this.estimator.lossProbeAgeMs(pair, performance.now());
     if (!peer.supportsLossProbe || (age !== null && age <= o.lossProbeAgeMsMax)) return null;
-    const bw = this.estimate(pair)?.bandwidthBytesPerS;
+    const e = this.estimate(pair);
+    const bw = e?.bandwidthBytesPerS;
     const bytes = peer.datagramBytesMax;
     if (!bw || bytes <= 0) return null;
     const bytesPerS = Math.min(bw * o.lossProbeRateShare, o.lossProbeBytesPerSMax);
@@ -128,7 +129,7 @@ export class LinkMonitor {
       o.lossProbeDatagrams,
       Math.max(100, Math.floor((bytesPerS * o.lossProbeSendMsMax) / 1000 / bytes)),
     );
-    const rttMs = this.estimate(pair)?.rttMs ?? 0;
+    const rttMs = e?.rttMs ?? 0;
     // Datagrams still queued or in flight when the last leaves: a few round trips' worth.
     const r = await peer.probeLoss({ datagrams, bytesPerS, graceMs: Math.max(50, 4 * rttMs) });
     this.estimator.recordLossProbe(pair, r.sent, r.lossEvents, performance.now());

@@ -179,6 +179,10 @@ export async function sendLossProbe(
       );
     }
     const bytes = port.maxBytes;
+    // One buffer for every datagram: each send is awaited (the runtime has copied it), and only
+    // the sequence number changes.
+    const datagram = lossDatagram(bytes, probeId, 0);
+    const seqView = new DataView(datagram.buffer, 5, 4);
     const start = performance.now();
     for (let seq = 0; seq < n;) {
       // Every datagram due by now at the pace, then a millisecond's pause.
@@ -186,7 +190,10 @@ export async function sendLossProbe(
         n,
         Math.floor(((performance.now() - start) * plan.bytesPerS) / 1000 / bytes) + 1,
       );
-      for (; seq < due; seq++) await port.send(lossDatagram(bytes, probeId, seq));
+      for (; seq < due; seq++) {
+        seqView.setUint32(0, seq);
+        await port.send(datagram);
+      }
       if (seq < n) await new Promise((resolve) => setTimeout(resolve, 1));
     }
     await writer.write({ type: LINK_LOSS_END, graceMs: plan.graceMs });
