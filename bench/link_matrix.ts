@@ -6,11 +6,13 @@
  *   deno run -A --unstable-net bench/link_matrix.ts --model super-mini|lab-state
  *     [--prompts 512,2048,8192,32768] [--rates 100,400,1000] [--rtts 0.2,2,10]
  *     [--losses 0,0.001] [--repeats 1] [--worker-threads 1] [--decode-cpu-quota 0.33]
- *     [--certification FILE] [--bandwidth-min-mbps N] [--out FILE.json]
+ *     [--pin-workers on|off] [--certification FILE] [--bandwidth-min-mbps N] [--out FILE.json]
  *
  * Rate 0 is the loopback itself (no relay). `--decode-cpu-quota` limits the decode worker to a
  * fraction of one core (bench/cpu_quota.ts: a slower decoder with the same numerics, where a
- * handoff can win); `--certification` is the file the planner reads, as `coordinate` does
+ * handoff can win); `--pin-workers` (on by default where there are two CPUs) gives each worker a
+ * core of its own, as two machines would have (bench/cpu_pin.ts; off: both float, as runs before
+ * 2026-12-04 evening did); `--certification` is the file the planner reads, as `coordinate` does
  * (without it no family is certified and every decision is colocated); `--bandwidth-min-mbps`
  * replaces the planner's link floor.
  *
@@ -33,6 +35,7 @@ import { RateRecorder } from "../core/node_rates.ts";
 import { cacheDir } from "../cli/paths.ts";
 import { buildNativeRelay, measureNativeCeiling, type NativeCeiling } from "./native_relay.ts";
 import { limitCpu } from "./cpu_quota.ts";
+import { pinToCpu } from "./cpu_pin.ts";
 import { type CertificationFile, parseCertification } from "../core/certification.ts";
 import { HandoffCostRecorder } from "../core/link_costs.ts";
 import type { PlanOptions } from "../core/planner.ts";
@@ -83,6 +86,11 @@ export async function runLinkMatrix(o: {
    */
   decodeCpuQuota?: number;
   /**
+   * Pins the prefill worker to CPU 0 and the decode worker to CPU 1 (bench/cpu_pin.ts), so each
+   * stands in for a machine of its own; the relay and this process float.
+   */
+  pinWorkers?: boolean;
+  /**
    * The certification file the planner reads (`correctness state-handoff --certify`), as
    * `coordinate` does; absent: no family is certified, and every decision is colocated.
    */
@@ -121,6 +129,17 @@ export async function runLinkMatrix(o: {
     })
     : null;
   if (quota) console.error(`decode worker limited: ${quota.describe}`);
+  if (o.pinWorkers) {
+    try {
+      for (const [w, cpu] of [[cluster.prefill, 0], [cluster.decode, 1]] as const) {
+        console.error(`pinned: ${await pinToCpu(w.process.pid, cpu)}`);
+      }
+    } catch (error) {
+      await cluster.stop();
+      await quota?.release();
+      throw error;
+    }
+  }
   try {
     const base: Omit<HandoffRequest, "prompt"> = {
       prefill: cluster.prefill.peer,
@@ -184,6 +203,7 @@ export async function runLinkMatrix(o: {
                 relay: binary ? "native" : "typescript",
                 workerThreads: o.workerThreads ?? null,
                 decodeCpuQuota: o.decodeCpuQuota ?? null,
+                pinWorkers: o.pinWorkers ?? false,
                 planOptions: o.planOptions ?? {},
                 // The prefill worker's default: its capture sends the last page during the
                 // last chunk (runs before this field existed sent it after).
@@ -220,6 +240,7 @@ if (import.meta.main) {
       repeats: { type: "string", default: "1" },
       "worker-threads": { type: "string", default: "1" },
       "decode-cpu-quota": { type: "string" },
+      "pin-workers": { type: "string", default: "on" },
       certification: { type: "string" },
       "bandwidth-min-mbps": { type: "string" },
       out: { type: "string", default: "" },
@@ -230,7 +251,7 @@ if (import.meta.main) {
     console.log(
       "deno run -A --unstable-net bench/link_matrix.ts --model super-mini|lab-state " +
         "[--prompts 512,2048,8192,32768] [--rates 100,400,1000] [--rtts 0.2,2,10] " +
-        "[--losses 0,0.001] [--repeats 1] [--worker-threads 1] [--decode-cpu-quota 0.33] " +
+        "[--losses 0,0.001] [--repeats 1] [--worker-threads 1] [--decode-cpu-quota 0.33] [--pin-workers on|off] " +
         "[--certification FILE] [--bandwidth-min-mbps N] [--out FILE.json]  " +
         "(--rates 0: no relay, the loopback itself; N: the planner's link floor in MB/s)",
     );
@@ -247,6 +268,14 @@ if (import.meta.main) {
   if (quota !== undefined && !(quota > 0 && quota <= 1)) {
     console.error(`error: --decode-cpu-quota ${quota}: use a fraction of one core in (0, 1]`);
     Deno.exit(2);
+  }
+  if (v["pin-workers"] !== "on" && v["pin-workers"] !== "off") {
+    console.error(`error: --pin-workers ${v["pin-workers"]}: use on or off`);
+    Deno.exit(2);
+  }
+  const pinWorkers = v["pin-workers"] === "on" && navigator.hardwareConcurrency >= 2;
+  if (v["pin-workers"] === "on" && !pinWorkers) {
+    console.error("workers not pinned: this machine has one CPU (--pin-workers needs two)");
   }
   const points: MatrixPoint[] = [];
   for (const r of numberList("--rates", v.rates)) {
@@ -271,6 +300,7 @@ if (import.meta.main) {
     repeats: numberList("--repeats", v.repeats)[0],
     workerThreads: numberList("--worker-threads", v["worker-threads"])[0],
     decodeCpuQuota: quota,
+    pinWorkers,
     ...(v["bandwidth-min-mbps"]
       ? {
         planOptions: {

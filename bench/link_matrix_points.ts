@@ -24,6 +24,8 @@ export interface PointSummary {
   tail: [pred: number, meas: number] | null;
   /** Prefill end to the manifest at the decoder. */
   link: [pred: number, meas: number] | null;
+  /** TTFT plus the tail: the request's start to the decoder owning the state. */
+  ready: [pred: number, meas: number] | null;
   /** The largest |measurement / median - 1| among the repeats' tails (null below 2 repeats). */
   tailSpread: number | null;
   ttftSpread: number | null;
@@ -62,6 +64,7 @@ export function byPoint(rows: readonly Replayed[]): PointSummary[] {
       ttft: med(xs, (x) => x.ttft),
       tail: med(xs, (x) => x.tail),
       link: med(xs, (x) => x.link),
+      ready: med(xs, (x) => x.ready),
       tailSpread: spread(xs, (x) => x.tail),
       ttftSpread: spread(xs, (x) => x.ttft),
       tailsMs: xs.map((x) => x.tail?.[1]).filter((v): v is number => v !== undefined),
@@ -99,6 +102,8 @@ export function pointSection(points: PointSummary[]): ReportSection {
         "measured tails ms",
         "link part p/m",
         "err",
+        "TTFT+tail p/m",
+        "err",
       ],
       points.map((p) => [
         p.model,
@@ -114,12 +119,29 @@ export function pointSection(points: PointSummary[]): ReportSection {
         p.tailsMs.map(f).join(", "),
         pm(p.link),
         pct(p.link),
+        pm(p.ready),
+        pct(p.ready),
       ]),
     ),
     notes: [
       "Each grid point over its repeats: the median of the replayed predictions beside the median of the measurements (p/m, ms), and the spread: the largest distance of one repeat's measurement from the point's median.",
+      "TTFT+tail: the request's start to the decoder owning the state (the tail alone is what remains of the transfer after a prefill whose length varies; the sum is what the link fixes).",
     ],
     charts: {
+      "ready-points.svg": scatterChart(
+        [...new Set(points.map((p) => p.model))].map((model) => ({
+          name: model,
+          points: points.filter((p) => p.model === model && p.ready).map((p) => ({
+            x: p.ready![0],
+            y: p.ready![1],
+          })),
+        })),
+        {
+          title: "TTFT + tail per grid point: median predicted vs median measured (ms)",
+          xLabel: "predicted ms",
+          yLabel: "measured ms",
+        },
+      ),
       "tail-points.svg": scatterChart(
         [...new Set(points.map((p) => p.model))].map((model) => ({
           name: model,

@@ -22,6 +22,7 @@ function row(
     ttft,
     tail,
     link: tail ? [tail[0] / 2, tail[1] / 2] : null,
+    ready: tail ? [ttft[0] + tail[0], ttft[1] + tail[1]] : null,
     probe: null,
   };
 }
@@ -41,6 +42,8 @@ Deno.test("byPoint() takes medians over each point's repeats, not across points"
   assert.equal(near.repeats, 3);
   assert.deepEqual(near.tail, [52, 50]);
   assert.deepEqual(near.link, [26, 25]);
+  assert.deepEqual(near.ready, [152, 150]); // its own medians, not the medians' sum by chance
+  assert.deepEqual(far.ready, [192, 210]);
   assert.deepEqual(near.tailsMs, [40, 60, 50]);
   assert.ok(Math.abs(near.tailSpread! - 0.2) < 1e-12); // 40 and 60 around a median of 50
   // The stall moves the spread, not the median.

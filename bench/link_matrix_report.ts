@@ -7,7 +7,7 @@
  *   deno run -A bench/link_matrix_report.ts --out DIR [--without TERM,...] run1.json [...]
  *
  * `--without` replays with those measured cost terms left out (HandoffCosts names, such as
- * `prefillContention` or `captureLeadMs`): what each term does to the count, side by side.
+ * `linkResidual` or `captureLeadMs`): what each term does to the count, side by side.
  */
 import { LinkEstimator } from "../core/link_estimates.ts";
 import { HandoffCostRecorder, type MeasuredHandoffCosts } from "../core/link_costs.ts";
@@ -35,6 +35,8 @@ interface RunFile {
   calibration: CalibrationRun[];
   /** llama.cpp threads per worker (absent or null: the runtime default). */
   workerThreads?: number | null;
+  /** Each worker pinned to a CPU of its own (absent: a run from before the option, unpinned). */
+  pinWorkers?: boolean;
   /**
    * The prefill worker sent the last page during the last chunk (absent: a run from before
    * that capture, which sent it after).
@@ -49,6 +51,12 @@ export interface Replayed {
   tail: [pred: number, meas: number] | null;
   /** Prefill end to the manifest reaching the decoder: what the link and the prefiller add. */
   link: [pred: number, meas: number] | null;
+  /**
+   * TTFT plus the tail: the request's start to the decoder owning the state. Where the state's
+   * transfer outlasts the prefill, the tail is what remains of it after a prefill whose length
+   * varies, and this sum is what the link fixes.
+   */
+  ready: [pred: number, meas: number] | null;
   probe: [pred: number, meas: number] | null;
 }
 
@@ -97,7 +105,7 @@ export function replay(run: RunFile, without: readonly string[] = []): Replayed[
     }
     const t = row.telemetry, m = row.measured, e = row.estimate;
     if (row.refused || !t || !m || !e || e.rttMs === null || e.bandwidthBytesPerS === null) {
-      out.push({ row, ttft: null, tail: null, link: null, probe: null });
+      out.push({ row, ttft: null, tail: null, link: null, ready: null, probe: null });
       continue;
     }
     const links = new LinkEstimator();
@@ -130,6 +138,9 @@ export function replay(run: RunFile, without: readonly string[] = []): Replayed[
       ttft: m.ttftMs === null ? null : [p.ttftDisaggregatedMs, m.ttftMs],
       tail: m.tailMs === null ? null : [p.commitTailMs, m.tailMs],
       link: measLink === null ? null : [predLink, measLink],
+      ready: m.ttftMs === null || m.tailMs === null
+        ? null
+        : [p.ttftDisaggregatedMs + p.commitTailMs, m.ttftMs + m.tailMs],
       probe: m.probeMs === null ? null : [est.probeMs ?? 0, m.probeMs],
     });
     learn(
@@ -169,7 +180,9 @@ function runNote(file: string, run: RunFile, r: Replayed[]): string {
   const threads = run.workerThreads ?? RUNTIME_DEFAULTS.threads;
   return `${run.rows[0]?.model} (${file.split("/").pop()}: prompts ${prompts}, ${
     threads === 1 ? "1 llama.cpp thread" : `${threads} llama.cpp threads`
-  } per worker): relay ${run.relay}, ceiling ${
+  } per worker, ${
+    run.pinWorkers ? "each pinned to a CPU of its own" : "unpinned"
+  }): relay ${run.relay}, ceiling ${
     c ? (c.bitsPerS / 1e6).toFixed(0) : "?"
   } Mbit/s (best of trials ${
     (c?.trialsBitsPerS ?? []).map((b) => (b / 1e6).toFixed(0)).join(", ")
@@ -179,6 +192,8 @@ function runNote(file: string, run: RunFile, r: Replayed[]): string {
     within(r.map((x) => err(x.ttft)))
   }, tail ${within(r.map((x) => err(x.tail)))}, link part ${
     within(r.map((x) => err(x.link)))
+  }, TTFT + tail ${
+    within(r.map((x) => err(x.ready)))
   } within 15%. Noise floor (previous row's measurement, same prompt, as the prediction): TTFT ${
     within(prev((x) => x.ttft))
   }, tail ${within(prev((x) => x.tail))}, link part ${within(prev((x) => x.link))}.`;
@@ -207,6 +222,8 @@ function pointsNote(r: Replayed[], points: PointSummary[]): string {
     within(points.map((p) => err(p.ttft)))
   }, tail ${within(points.map((p) => err(p.tail)))}, link part ${
     within(points.map((p) => err(p.link)))
+  }, TTFT + tail ${
+    within(points.map((p) => err(p.ready)))
   } within 15%. The measurement's own noise: every repeat's tail within 15% of its point's median at ${
     steady(points.map((p) => p.tailSpread))
   } points (TTFT ${
