@@ -137,7 +137,7 @@ export async function runLinkMatrix(o: {
     } catch (error) {
       await cluster.stop();
       await quota?.release();
-      throw error;
+      throw new Error(`${(error as Error).message} (or run with --pin-workers off)`);
     }
   }
   try {
