@@ -128,36 +128,39 @@ export function pointSection(points: PointSummary[]): ReportSection {
       "TTFT+tail: the request's start to the decoder owning the state (the tail alone is what remains of the transfer after a prefill whose length varies; the sum is what the link fixes).",
     ],
     charts: {
-      "ready-points.svg": scatterChart(
-        [...new Set(points.map((p) => p.model))].map((model) => ({
-          name: model,
-          points: points.filter((p) => p.model === model && p.ready).map((p) => ({
-            x: p.ready![0],
-            y: p.ready![1],
-          })),
-        })),
-        {
-          title: "TTFT + tail per grid point: median predicted vs median measured (ms)",
-          xLabel: "predicted ms",
-          yLabel: "measured ms",
-        },
+      "ready-points.svg": _pointsChart(
+        points,
+        (p) => p.ready && { x: p.ready[0], y: p.ready[1] },
+        "TTFT + tail per grid point: median predicted vs median measured (ms)",
       ),
-      "tail-points.svg": scatterChart(
-        [...new Set(points.map((p) => p.model))].map((model) => ({
-          name: model,
-          points: points.filter((p) => p.model === model && p.tail).map((p) => ({
-            x: p.tail![0],
-            y: p.tail![1],
+      "tail-points.svg": _pointsChart(
+        points,
+        (p) =>
+          p.tail && {
+            x: p.tail[0],
+            y: p.tail[1],
             yLow: Math.min(...p.tailsMs),
             yHigh: Math.max(...p.tailsMs),
-          })),
-        })),
-        {
-          title: "Tail per grid point: median predicted vs median measured (ms), bar: range",
-          xLabel: "predicted ms",
-          yLabel: "measured ms",
-        },
+          },
+        "Tail per grid point: median predicted vs median measured (ms), bar: range",
       ),
     },
   };
+}
+
+type ChartPoint = { x: number; y: number; yLow?: number; yHigh?: number };
+
+/** Predicted against measured per grid point, one series per model. */
+function _pointsChart(
+  points: PointSummary[],
+  pick: (p: PointSummary) => ChartPoint | null,
+  title: string,
+): string {
+  return scatterChart(
+    [...new Set(points.map((p) => p.model))].map((model) => ({
+      name: model,
+      points: points.filter((p) => p.model === model).map(pick).filter((c) => c !== null),
+    })),
+    { title, xLabel: "predicted ms", yLabel: "measured ms" },
+  );
 }
