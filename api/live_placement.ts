@@ -88,8 +88,6 @@ export class LivePlacement {
   readonly #recorders = new Map<string, RateRecorder>();
   /** Per prefill -> decode pair: the tail's measured costs. */
   readonly #pairCosts = new Map<string, HandoffCostRecorder>();
-  /** The last loss probe recorded per pair (its id), so a repeated report counts once. */
-  readonly #lossProbes = new Map<string, number>();
   readonly #watching = new Map<string, { conn: unknown; stop: () => void }>();
 
   constructor(readonly options: LivePlacementOptions) {
@@ -232,7 +230,6 @@ export class LivePlacement {
         this.pairs.recordTransfer(pair, sample.bytes, sample.ms, now, "handoff");
         this.pairs.recordRtt(pair, rtt.rttMs, now);
       }
-      this.#recordLoss(pair, result.linkLoss, now);
       this.#learnCosts(pair, result, now, predictedLinkMs);
     } else if (clean && result.completedBy.nodeId === decodeNodeId && result.promptTokens > 0) {
       // Colocated on the decoder: its TTFT (queue included) bounds its prefill rate.
@@ -243,13 +240,14 @@ export class LivePlacement {
     }
   }
 
-  /** A loss probe the prefill worker reported, once per probe (a report repeats until the next). */
-  #recordLoss(pair: PeerPair, loss: HandoffResult["linkLoss"], now: number): void {
-    if (!loss) return;
-    const key = _pairKey(pair.from, pair.to);
-    if (this.#lossProbes.get(key) === loss.probe) return;
-    this.#lossProbes.set(key, loss.probe);
-    this.pairs.recordLossProbe(pair, loss.sent, loss.lossEvents, Math.max(0, now - loss.ageMs));
+  /**
+   * A loss probe the prefill worker measured on its link to the decode worker, as the pair's
+   * loss. Each probe once: outcomes repeat the newest probe until the next, and the caller (the
+   * API service) passes only a probe it has not passed before.
+   */
+  recordLinkLoss(pair: PeerPair, loss: NonNullable<HandoffResult["linkLoss"]>): void {
+    const at = Math.max(0, performance.now() - loss.ageMs);
+    this.pairs.recordLossProbe(pair, loss.sent, loss.lossEvents, at);
   }
 
   /** Stops every ping loop. */

@@ -157,6 +157,9 @@ Deno.test("a link's loss: the prefill worker's datagram probe reaches the handof
       cluster.prefill.log.join("\n"),
       /link to decode worker \S+: [\d.]+ MB\/s, RTT [\d.]+ ms, \d+ of 10000 datagrams lost/,
     );
+    // The next outcome repeats the same probe (the next runs 20 s later at the earliest).
+    const again = await complete();
+    assert.equal(again.linkLoss?.probe, loss.probe);
     // The coordinator recorded it once, as the pair's loss (what `auto` placement reads).
     const e = live.pairs.estimate(
       { from: cluster.prefill.peer.nodeId, to: cluster.decode.peer.nodeId },

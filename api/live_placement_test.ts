@@ -189,20 +189,17 @@ Deno.test("LivePlacement: the link residual is learned against the link time pre
   assert.ok(zero - none > 300, `${zero} vs ${none}`);
 });
 
-Deno.test("LivePlacement: the prefill worker's loss probe decides the pair's loss, each probe once", () => {
+Deno.test("LivePlacement: the prefill worker's loss probe decides the pair's loss", () => {
   const p = live();
   p.record(result("colocated", { tpotMs: 20 }), null, "d");
   p.monitor.estimator.recordRtt({ from: "coord", to: "d" }, 0.3, performance.now());
-  const served = (linkLoss: HandoffResult["linkLoss"]) =>
-    ({ ...result("disaggregated", handoff), linkLoss }) as HandoffResult;
-  p.record(served(null), "p", "d");
+  p.record(result("disaggregated", handoff), "p", "d");
   let d = p.decide(input());
   assert.equal(d.placement, "disaggregated");
   assert.match(d.reason, /loss not probed yet/);
   // 0.11% of 10,000 datagrams lost (what the relay's 0.1% loss gave): over lossFractionMax.
   const lossy = { probe: 7, sent: 10_000, received: 9_989, lossEvents: 11, ageMs: 5 };
-  p.record(served(lossy), "p", "d");
-  p.record(served(lossy), "p", "d"); // the same probe reported again: counted once
+  p.recordLinkLoss({ from: "p", to: "d" }, lossy);
   assert.equal(p.pairs.estimate({ from: "p", to: "d" }, performance.now())!.lossSamples, 10_000);
   d = p.decide(input());
   assert.equal(d.placement, "colocated");

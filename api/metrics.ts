@@ -60,7 +60,6 @@ export class ApiMetrics {
   readonly linkLoss: Gauge;
   /** Per pair: datagrams sent by the loss probes reported so far. */
   readonly linkLossDatagrams: Counter;
-  readonly #lossProbes = new Map<string, number>();
 
   constructor(sources: MetricsSources) {
     const registers = [this.registry];
@@ -199,17 +198,14 @@ export class ApiMetrics {
   }
 
   /**
-   * A loss probe an outcome carried (node ids label it: a bounded set, the configured workers);
-   * each probe counted once, however many outcomes repeat it.
+   * A loss probe an outcome carried (node ids label it: a bounded set, the configured workers).
+   * The caller passes each probe once, however many outcomes repeat it.
    */
   observeLinkLoss(
     prefill: string,
     decode: string,
-    loss: { probe: number; sent: number; lossEvents: number },
+    loss: { sent: number; lossEvents: number },
   ): void {
-    const key = `${prefill}>${decode}`;
-    if (this.#lossProbes.get(key) === loss.probe) return;
-    this.#lossProbes.set(key, loss.probe);
     this.linkLoss.set({ prefill, decode }, loss.lossEvents / loss.sent);
     this.linkLossDatagrams.inc({ prefill, decode }, loss.sent);
   }

@@ -92,6 +92,11 @@ export class ApiService {
   readonly metrics: ApiMetrics;
   /** Aborted by `abortAll`, when the server stops. */
   #closing = new AbortController();
+  /**
+   * The last loss probe counted per prefill -> decode pair (its id): one entry per configured
+   * pair, feeding both /metrics and live placement.
+   */
+  readonly #lossProbes = new Map<string, number>();
 
   constructor(readonly options: ServiceOptions) {
     this.metrics = new ApiMetrics({
@@ -251,12 +256,16 @@ export class ApiService {
       : null;
     this.#finish(record, result, placement, fallbackReason, generated, finishReason, t0);
     this.#recordPrediction(record, planned, picked);
-    if (result?.linkLoss && picked.prefill) {
-      this.metrics.observeLinkLoss(
-        picked.prefill.peer.nodeId,
-        picked.decode.peer.nodeId,
-        result.linkLoss,
-      );
+    const loss = result?.linkLoss;
+    if (loss && picked.prefill) {
+      const pair = { from: picked.prefill.peer.nodeId, to: picked.decode.peer.nodeId };
+      // Outcomes repeat the prefill worker's newest probe until its next: each counts once.
+      const key = `${pair.from}>${pair.to}`;
+      if (this.#lossProbes.get(key) !== loss.probe) {
+        this.#lossProbes.set(key, loss.probe);
+        this.metrics.observeLinkLoss(pair.from, pair.to, loss);
+        o.live?.recordLinkLoss(pair, loss);
+      }
     }
     if (result && o.live) {
       o.live.record(

@@ -98,6 +98,14 @@ export class FrameWriter {
     await this.#writer.close().catch(() => {});
   }
 
+  /**
+   * Answers a stream this end will not serve: one final `StreamRefused` frame naming why. A
+   * peer already gone is not an error here (there is no one left to tell).
+   */
+  async refuse(reason: string): Promise<void> {
+    await this.write({ type: "StreamRefused", reason }, undefined, { final: true }).catch(() => {});
+  }
+
   /** Ends the byte stream without waiting for queued frames. */
   abort(): void {
     if (this.#closed) return;

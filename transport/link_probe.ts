@@ -224,11 +224,7 @@ export async function answerProbe(
   writer: FrameWriter,
   o: LinkProbeOptions,
 ): Promise<void> {
-  const refuse = async (reason: string): Promise<void> => {
-    await writer.write({ type: "StreamRefused", reason }, undefined, { final: true }).catch(
-      () => {},
-    );
-  };
+  const refuse = (reason: string) => writer.refuse(reason);
   try {
     const want = open.bytes;
     if (typeof want !== "number" || !(want > 0 && want <= o.probeBytesMax)) {

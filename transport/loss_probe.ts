@@ -233,11 +233,7 @@ export async function answerLossProbe(
   counter: LossProbeCounter | null,
   o: LossProbeOptions,
 ): Promise<void> {
-  const refuse = async (reason: string): Promise<void> => {
-    await writer.write({ type: "StreamRefused", reason }, undefined, { final: true }).catch(
-      () => {},
-    );
-  };
+  const refuse = (reason: string) => writer.refuse(reason);
   try {
     const { probeId, datagrams } = open;
     if (counter === null) return await refuse("no datagrams on this connection");

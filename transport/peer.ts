@@ -487,8 +487,7 @@ export class PeerConnection {
       // Unknown stream types are refused, not fatal: a newer peer may offer more of them.
       if (first) why = "unknown stream type";
       reader.cancel();
-      await writer.write({ type: "StreamRefused", reason: why }, undefined, { final: true })
-        .catch(() => {});
+      await writer.refuse(why);
       await writer.close();
       return;
     }
