@@ -3,6 +3,7 @@ import { UsageError } from "./errors.ts";
 import { handoffTransferSample, LinkEstimator } from "./link_estimates.ts";
 import {
   averagePrefillTokensPerS,
+  msPerTokenAt,
   parseCalibration,
   prefillMsFor,
   RateRecorder,
@@ -72,8 +73,25 @@ Deno.test("LinkEstimator rejects bad samples and options", () => {
 Deno.test("prefillMsFor() integrates time per token between depth points", () => {
   const pts = [{ contextTokens: 0, tokensPerS: 1000 }, { contextTokens: 1000, tokensPerS: 500 }];
   assert.equal(prefillMsFor(pts, 0, 1000), 1500); // 1 ms/token rising to 2 ms/token
-  assert.equal(prefillMsFor(pts, 1000, 2000), 2000); // held at the last point
+  // Beyond the last point it keeps growing along the last two points' slope: 2 to 3 ms/token.
+  assert.equal(prefillMsFor(pts, 1000, 2000), 2500);
   assert.ok(Math.abs(averagePrefillTokensPerS(pts, 1000) - 666.67) < 0.01);
+});
+
+Deno.test("msPerTokenAt() holds below the first point, and beyond the last where it does not grow", () => {
+  const rising = [{ contextTokens: 256, tokensPerS: 1000 }, {
+    contextTokens: 1024,
+    tokensPerS: 500,
+  }];
+  assert.equal(msPerTokenAt(rising, 0), 1);
+  assert.equal(msPerTokenAt(rising, 640), 1.5);
+  assert.equal(msPerTokenAt(rising, 1792), 3);
+  const falling = [{ contextTokens: 256, tokensPerS: 500 }, {
+    contextTokens: 1024,
+    tokensPerS: 1000,
+  }];
+  assert.equal(msPerTokenAt(falling, 4096), 1);
+  assert.equal(msPerTokenAt([{ contextTokens: 512, tokensPerS: 250 }], 8192), 4);
 });
 
 Deno.test("RateRecorder buckets measurements by depth and reports medians", () => {

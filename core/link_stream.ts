@@ -3,7 +3,8 @@
  * pages released as chunks finish (the cached prefix at once), and with layer capture the
  * recurrent state released while the last chunk computes, one recurrent layer at a time, all
  * in one FIFO at the measured bandwidth, starting once the reservation round trip is done.
- * Pure.
+ * The last chunk takes its own rate where the node's rates give one (deeper tokens cost more,
+ * so it is longer than an average chunk, and the layers spread over more time). Pure.
  *
  * @module
  */
@@ -14,6 +15,8 @@ export interface StreamInput {
   prefillerCachedTokens?: number;
   chunkTokens: number;
   prefillerPrefillTokensPerS: number;
+  /** The rate over the last chunk alone (absent: the average); earlier chunks share the rest. */
+  prefillerLastChunkTokensPerS?: number;
   state: { kvBytesPerToken: number };
 }
 
@@ -68,7 +71,15 @@ export function streamFinish(
   const n = Math.ceil(computed / i.chunkTokens);
   const lastTokens = n === 0 ? 0 : computed - (n - 1) * i.chunkTokens;
   const prefillMs = computed / tps;
-  const firstChunkMs = Math.min(i.chunkTokens, computed) / tps;
+  // The last chunk at its own rate where known (never longer than the whole prefill), and the
+  // chunks before it evenly over the rest.
+  let lastChunkMs = n === 0 ? 0 : lastTokens / tps;
+  const lastTps = i.prefillerLastChunkTokensPerS;
+  if (n > 1 && lastTps !== undefined && lastTps > 0 && lastTokens / (lastTps / 1000) < prefillMs) {
+    lastChunkMs = lastTokens / (lastTps / 1000);
+  }
+  const earlyTps = n > 1 ? (computed - lastTokens) / (prefillMs - lastChunkMs) : tps;
+  const firstChunkMs = Math.min(i.chunkTokens, computed) / earlyTps;
   const cachedBytes = cached * kv;
   const chunkBytes = i.chunkTokens * kv;
   const lastPageBytes = n === 0 ? Math.min(cachedBytes, chunkBytes) : lastTokens * kv;
@@ -77,14 +88,14 @@ export function streamFinish(
   const pageInCapture = n > 0 && lastPageCaptured ? lastPageBytes : 0;
   const captured = n === 0 ? 0 : capturedBytes + pageInCapture;
   let finishMs = rttMs + (totalBytes - pageInCapture + captured) / bwPerMs;
-  // Chunk j (1..n) ends at its tokens / tps; at that point its page and every later one, and
-  // the captured bytes not yet released (all of them before the last chunk), are to leave.
+  // Chunk j (1..n) ends at its tokens at the early chunks' rate; at that point its page and
+  // every later one, and the captured bytes not yet released (all of them before the last
+  // chunk), are to leave.
   const piece = capturedPieces > 0 ? captured / capturedPieces : 0;
-  const lastChunkMs = n === 0 ? 0 : lastTokens / tps;
   // The pieces are released over the last chunk less the lead (never before the chunk starts).
   const lead = piece > 0 ? Math.min(Math.max(0, lastPieceLeadMs), lastChunkMs) : 0;
   for (let j = 1; j <= n; j++) {
-    const atMs = j === n ? prefillMs : (j * i.chunkTokens) / tps;
+    const atMs = j === n ? prefillMs : (j * i.chunkTokens) / earlyTps;
     const pagesFrom = (computed - (j - 1) * i.chunkTokens) * kv - pageInCapture;
     // Before the last chunk's end every captured byte is still to leave; at it, the last piece
     // if it leaves then (no lead).
@@ -107,7 +118,7 @@ export function streamFinish(
       nonLastBytes,
       bwPerMs * Math.max(0, prefillMs - rttMs),
       n >= 2 ? cachedBytes + bwPerMs * (prefillMs - firstChunkMs) : Infinity,
-      n >= 2 ? nonLastBytes - chunkBytes + bwPerMs * (lastTokens / tps) : Infinity,
+      n >= 2 ? nonLastBytes - chunkBytes + bwPerMs * lastChunkMs : Infinity,
     );
     overlapFraction = Math.max(0, sent) / nonLastBytes;
   }

@@ -162,6 +162,12 @@ export function planInputFor(
     prefillerPrefillTokensPerS: cached < r.promptTokens
       ? averagePrefillTokensPerS(pr.prefill, r.promptTokens, cached)
       : averagePrefillTokensPerS(pr.prefill, r.promptTokens),
+    prefillerLastChunkTokensPerS: _lastChunkTokensPerS(
+      pr.prefill,
+      r.promptTokens,
+      cached,
+      r.chunkTokens,
+    ),
     decoderPrefillTokensPerS: averagePrefillTokensPerS(dr.prefill, r.promptTokens),
     prefillerQueueMs: r.prefiller.queueMs ?? 0,
     decoderFreeBytes: r.decoder.freeBytes,
@@ -179,6 +185,19 @@ export function planInputFor(
       familyCertified: isCertified(certification, r.family, r.llamaBuild),
     },
   };
+}
+
+/** The rate over the last chunk of `tokens` from `cached` (undefined: nothing computes). */
+function _lastChunkTokensPerS(
+  points: NodeRates["prefill"],
+  tokens: number,
+  cached: number,
+  chunkTokens: number,
+): number | undefined {
+  const computed = tokens - cached;
+  if (!(computed > 0 && chunkTokens > 0)) return undefined;
+  const last = computed - (Math.ceil(computed / chunkTokens) - 1) * chunkTokens;
+  return averagePrefillTokensPerS(points, tokens, tokens - last);
 }
 
 function _source(n: NodeRates): string {

@@ -2,7 +2,7 @@ import assert from "node:assert/strict";
 import { emptyCertification, withCertification } from "./certification.ts";
 import { LinkEstimator } from "./link_estimates.ts";
 import type { NodeRates } from "./node_rates.ts";
-import { type PlacementRequest, placeRequest } from "./placement.ts";
+import { type PlacementRequest, placeRequest, planInputFor } from "./placement.ts";
 
 const MIB = 1024 * 1024;
 const BUILD = "b1234+abc";
@@ -239,4 +239,17 @@ Deno.test("placeRequest() passes every measured cost term to the plan: capture l
   );
   assert.equal(withCosts.probeWaitMs, 7);
   assert.equal(without.probeWaitMs, 0);
+});
+
+Deno.test("planInputFor() gives the last chunk its own rate where deeper tokens are slower", () => {
+  const input = planInputFor(request({ promptTokens: 8192 }), null, CERT);
+  // 4000 tokens/s at depth 0 falling to 3200 at 32768: the last 2048 tokens run below the average.
+  assert.ok(input.prefillerLastChunkTokensPerS! < input.prefillerPrefillTokensPerS);
+  assert.ok(input.prefillerLastChunkTokensPerS! > 3200);
+  const cachedAll = planInputFor(
+    request({ promptTokens: 8192, prefillerCachedTokens: 8192 }),
+    null,
+    CERT,
+  );
+  assert.equal(cachedAll.prefillerLastChunkTokensPerS, undefined);
 });

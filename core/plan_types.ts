@@ -68,6 +68,12 @@ export interface PlanInput {
   state: StateSize;
   link: LinkMeasurement | null;
   prefillerPrefillTokensPerS: number;
+  /**
+   * The prefiller's rate over the last chunk alone (absent: the average). Deeper tokens cost
+   * more, so the last chunk, during which the recurrent state leaves, takes longer than an
+   * average one, and the chunks before it less.
+   */
+  prefillerLastChunkTokensPerS?: number;
   decoderPrefillTokensPerS: number;
   /** Time the request would wait for the prefiller (contention), in ms. */
   prefillerQueueMs?: number;

@@ -201,41 +201,54 @@ function simulateCapture(i: PlanInput, slices: number, leadMs = 0, pageCaptured 
   const bw = link.bandwidthBytesPerS / 1000;
   const tps = i.prefillerPrefillTokensPerS / 1000;
   const cached = i.prefillerCachedTokens ?? 0;
+  // The last chunk at its own rate where given (and shorter than the whole prefill), the
+  // chunks before it evenly over the rest.
+  const computed = i.promptTokens - cached;
+  const n = Math.ceil(computed / i.chunkTokens);
+  const lastTokens = computed - (n - 1) * i.chunkTokens;
+  const prefillMs = computed / tps;
+  const ownMs = lastTokens / ((i.prefillerLastChunkTokensPerS ?? 0) / 1000);
+  const lastMs = n > 1 && ownMs < prefillMs ? ownMs : lastTokens / tps;
+  const earlyTps = n > 1 ? (computed - lastTokens) / (prefillMs - lastMs) : tps;
+  const endAt = (tokensDone: number) => tokensDone >= computed ? prefillMs : tokensDone / earlyTps;
   const releases: { at: number; bytes: number }[] = [];
   if (cached > 0) releases.push({ at: 0, bytes: cached * i.state.kvBytesPerToken });
   let done = 0;
   for (let t = cached; t < i.promptTokens; t += i.chunkTokens) {
     const tokens = Math.min(i.chunkTokens, i.promptTokens - t);
-    const start = done / tps;
+    const start = endAt(done);
     done += tokens;
     const page = tokens * i.state.kvBytesPerToken;
     if (done + cached >= i.promptTokens) {
       // The last slice leaves `leadMs` before the chunk's end (at the earliest, its start).
-      const span = Math.max(0, done / tps - start - leadMs);
+      const span = Math.max(0, endAt(done) - start - leadMs);
       const sliced = i.state.recurrentBytes + (pageCaptured ? page : 0);
       for (let k = 1; k <= slices; k++) {
         releases.push({ at: start + (span * k) / slices, bytes: sliced / slices });
       }
-      if (!pageCaptured) releases.push({ at: done / tps, bytes: page });
-    } else releases.push({ at: done / tps, bytes: page });
+      if (!pageCaptured) releases.push({ at: endAt(done), bytes: page });
+    } else releases.push({ at: endAt(done), bytes: page });
   }
   let clock = link.rttMs;
   for (const r of releases) clock = Math.max(clock, r.at) + r.bytes / bw;
-  return Math.max(0, clock - done / tps);
+  return Math.max(0, clock - prefillMs);
 }
 
 // A random plan with layer capture: up to 40K prompt tokens, a cached prefix 3 times in 10,
 // chunks up to 4096, 10 MB/s to 10 GB/s, up to 200 MiB recurrent.
 function randomCapturePlan(
   random: () => number,
-  o: { recurrentLayers?: number; lastPage?: boolean; leadMs?: number } = {},
+  o: { recurrentLayers?: number; lastPage?: boolean; leadMs?: number; slowerLast?: boolean } = {},
 ): PlanInput {
   const promptTokens = 1 + Math.floor(random() * 40_000);
+  const tps = 500 + random() * 50_000;
   return input({
     promptTokens,
     prefillerCachedTokens: random() < 0.3 ? Math.floor(random() * (promptTokens - 1)) : 0,
     chunkTokens: 1 + Math.floor(random() * 4096),
-    prefillerPrefillTokensPerS: 500 + random() * 50_000,
+    prefillerPrefillTokensPerS: tps,
+    // Deeper tokens cost more: the last chunk at 20-100% of the average rate.
+    ...(o.slowerLast ? { prefillerLastChunkTokensPerS: tps * (0.2 + 0.8 * random()) } : {}),
     link: { bandwidthBytesPerS: 1e7 + random() * 1e10, rttMs: random() * 5, ageMs: 0 },
     snapshotDuringLastChunk: true,
     lastPageDuringLastChunk: o.lastPage ?? true,
@@ -273,13 +286,13 @@ Deno.test("estimate() with layer capture agrees with a FIFO simulation of pages 
 
 // Random plans with one piece per recurrent layer against simulateCapture, exact; `lead`: a
 // random capture lead and the last page captured or not.
-function checkWholeLayers(seed: number, lead: boolean): void {
+function checkWholeLayers(seed: number, lead: boolean, slowerLast = false): void {
   const random = () => ((seed = (seed * 1103515245 + 12345) % 2 ** 31) / 2 ** 31);
   for (let k = 0; k < 300; k++) {
     const recurrentLayers = 1 + Math.floor(random() * 100);
     const lastPage = lead ? random() < 0.7 : true;
     const leadMs = lead ? random() * 300 : undefined;
-    const i = randomCapturePlan(random, { recurrentLayers, lastPage, leadMs });
+    const i = randomCapturePlan(random, { recurrentLayers, lastPage, leadMs, slowerLast });
     const promptTokens = i.promptTokens;
     const e = estimate(i, i.link!);
     const sim = simulateCapture(i, recurrentLayers, leadMs, lastPage);
@@ -295,6 +308,25 @@ function checkWholeLayers(seed: number, lead: boolean): void {
 Deno.test("estimate() with layer capture in whole layers equals a FIFO simulation of those layers", () => {
   // One piece per recurrent layer, the last at compute end: its send time stays on the tail.
   checkWholeLayers(23, false);
+});
+
+Deno.test("estimate() with a slower last chunk equals a FIFO simulation of chunks at those rates", () => {
+  // The same prefill, its last chunk longer and the ones before shorter: the layers spread
+  // over a longer last chunk, and less of their send time is left after it.
+  checkWholeLayers(31, true, true);
+  const i = input({
+    promptTokens: 2026,
+    chunkTokens: 512,
+    prefillerPrefillTokensPerS: 54,
+    link: { bandwidthBytesPerS: 12.2e6, rttMs: 0.2, ageMs: 0 },
+    snapshotDuringLastChunk: true,
+    lastPageDuringLastChunk: true,
+    state: { kvBytesPerToken: 8192, recurrentBytes: 172_687_360, recurrentLayers: 40 },
+  });
+  const even = estimate(i, i.link!);
+  const slower = estimate({ ...i, prefillerLastChunkTokensPerS: 46 }, i.link!);
+  assert.equal(slower.prefillerPrefillMs, even.prefillerPrefillMs);
+  assert.ok(slower.snapshotTransferMs < even.snapshotTransferMs - 1000);
 });
 
 Deno.test("estimate() with a capture lead equals a FIFO simulation of layers released that early", () => {
