@@ -14,6 +14,7 @@ import { placeRequest } from "../core/placement.ts";
 import { DEFAULT_LINK_MONITOR_OPTIONS, LinkMonitor } from "../transport/link_monitor.ts";
 import { countUdpReceiveDrops, type UdpDropCount } from "../transport/mod.ts";
 import { type EmulatedLink, NativeLinkRelay, openGridLink } from "./native_relay.ts";
+import { pinToCpu } from "./cpu_pin.ts";
 import type { CertificationFile } from "../core/certification.ts";
 import { HandoffCostRecorder, type MeasuredHandoffCosts } from "../core/link_costs.ts";
 import type { PlanOptions, StateSize } from "../core/planner.ts";
@@ -85,6 +86,8 @@ export interface MatrixRow extends MatrixPoint {
     stagedEarly: number | null;
   };
   relay: null | { drops: number; lateUsMean: number; lateUsMax: number };
+  /** The CPU the relay was pinned to (absent or null: it floated). */
+  relayCpu?: number | null;
   /**
    * The host's UDP receive-buffer drops during the handoff (Linux `RcvbufErrors`, host-wide)
    * and the default receive buffer; absent in runs before 2026-12-04, null where unreadable.
@@ -118,6 +121,12 @@ export interface MatrixContext {
   planOptions: Partial<PlanOptions>;
   /** This llama.cpp build, as the certification file names it. */
   llamaBuild: string;
+  /**
+   * `--pin-workers split`: each point's relay is pinned to `cpu` where its rate is within
+   * `bitsPerSMax` (what the relay sustained there sharing the CPU with both ends, less the
+   * relay's margin), and floats above it. Null: it always floats.
+   */
+  relayCpu: { cpu: number; bitsPerSMax: number } | null;
 }
 
 /** What a served handoff teaches the nodes: rates, state sizes and the tail's fixed costs. */
@@ -210,6 +219,14 @@ export async function runPoint(
         ceilingBitsPerS: x.ceilingBitsPerS,
         seed: 7 + rep,
       });
+      const r = x.relayCpu;
+      if (r !== null && link instanceof NativeLinkRelay && p.rateBitsPerS <= r.bitsPerSMax) {
+        await pinToCpu(link.pid, r.cpu).catch((error) => {
+          link?.close();
+          throw error;
+        });
+        row.relayCpu = r.cpu;
+      }
     }
   } catch (error) {
     row.refused = (error as Error).message.split(":")[0];

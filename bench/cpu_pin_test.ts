@@ -1,9 +1,58 @@
 import assert from "node:assert/strict";
-import { pinToCpu } from "./cpu_pin.ts";
+import { computeApart, pinToCpu, ThreadPinner, threadsOf } from "./cpu_pin.ts";
 
 Deno.test("pinToCpu refuses a CPU this machine does not have before running taskset", async () => {
   const cpus = navigator.hardwareConcurrency;
   for (const cpu of [-1, cpus, 1.5, Number.NaN]) {
     await assert.rejects(() => pinToCpu(Deno.pid, cpu), /does not exist here: use 0 to/);
   }
+});
+
+Deno.test("computeApart puts blocking-pool threads on one CPU and the rest on the other", () => {
+  const rule = computeApart(0, 1);
+  assert.equal(rule("tokio-runtime-w"), 0);
+  assert.equal(rule("deno"), 1);
+  assert.equal(rule("V8 DefaultWorke"), 1);
+});
+
+Deno.test("threadsOf names a live process's threads and none of one that has exited", async () => {
+  const child = new Deno.Command("sleep", { args: ["30"] }).spawn();
+  try {
+    const threads = threadsOf(child.pid);
+    assert.deepEqual(threads, [{ tid: child.pid, name: "sleep" }]);
+  } finally {
+    child.kill();
+    await child.status;
+  }
+  assert.deepEqual(threadsOf(child.pid), []);
+});
+
+const hasTaskset = (() => {
+  try {
+    return new Deno.Command("taskset", { args: ["-V"] }).outputSync().success;
+  } catch {
+    return false;
+  }
+})();
+
+Deno.test({
+  name: "ThreadPinner pins each thread by its name and counts what it pinned",
+  ignore: !hasTaskset,
+  fn: async () => {
+    const child = new Deno.Command("sleep", { args: ["30"] }).spawn();
+    try {
+      const pinner = await ThreadPinner.start(child.pid, (name) => name === "sleep" ? 0 : 1);
+      try {
+        const status = Deno.readTextFileSync(`/proc/${child.pid}/status`);
+        assert.match(status, /^Cpus_allowed_list:\s+0$/m);
+        assert.deepEqual(pinner.counts(), { 0: 1 });
+        assert.equal(pinner.lastError, null);
+      } finally {
+        pinner.stop();
+      }
+    } finally {
+      child.kill();
+      await child.status;
+    }
+  },
 });

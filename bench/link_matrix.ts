@@ -6,15 +6,19 @@
  *   deno run -A --unstable-net bench/link_matrix.ts --model super-mini|lab-state
  *     [--prompts 512,2048,8192,32768] [--rates 100,400,1000] [--rtts 0.2,2,10]
  *     [--losses 0,0.001] [--repeats 1] [--worker-threads 1] [--decode-cpu-quota 0.33]
- *     [--pin-workers on|off] [--certification FILE] [--bandwidth-min-mbps N] [--out FILE.json]
+ *     [--pin-workers split|on|off] [--certification FILE] [--bandwidth-min-mbps N]
+ *     [--out FILE.json]
  *
  * Rate 0 is the loopback itself (no relay). `--decode-cpu-quota` limits the decode worker to a
  * fraction of one core (bench/cpu_quota.ts: a slower decoder with the same numerics, where a
- * handoff can win); `--pin-workers` (on by default where there are two CPUs) gives each worker a
- * core of its own, as two machines would have (bench/cpu_pin.ts; off: both float, as runs before
- * 2026-12-04 evening did); `--certification` is the file the planner reads, as `coordinate` does
- * (without it no family is certified and every decision is colocated); `--bandwidth-min-mbps`
- * replaces the planner's link floor.
+ * handoff can win); `--pin-workers` places the parts where two CPUs stand in for two machines
+ * (bench/cpu_pin.ts): `split` (the default where there are two CPUs) gives the prefill
+ * worker's compute CPU 0 alone and puts its other threads, the relay (at rates it sustains
+ * there) and the decode worker on CPU 1; `on` gives each worker process a CPU of its own (the
+ * runs of 2026-12-04 evening); `off` lets everything float (runs before those);
+ * `--certification` is the file the planner reads, as `coordinate` does (without it no family
+ * is certified and every decision is colocated); `--bandwidth-min-mbps` replaces the planner's
+ * link floor.
  *
  * Per link point the link is measured as a live node measures it (pings and one bounded probe
  * through the relay); node rates and the decoder's commit costs come from the handoffs already
@@ -35,7 +39,7 @@ import { RateRecorder } from "../core/node_rates.ts";
 import { cacheDir } from "../cli/paths.ts";
 import { buildNativeRelay, measureNativeCeiling, type NativeCeiling } from "./native_relay.ts";
 import { limitCpu } from "./cpu_quota.ts";
-import { pinToCpu } from "./cpu_pin.ts";
+import { computeApart, pinToCpu, ThreadPinner } from "./cpu_pin.ts";
 import { type CertificationFile, parseCertification } from "../core/certification.ts";
 import { HandoffCostRecorder } from "../core/link_costs.ts";
 import type { PlanOptions } from "../core/planner.ts";
@@ -86,10 +90,12 @@ export async function runLinkMatrix(o: {
    */
   decodeCpuQuota?: number;
   /**
-   * Pins the prefill worker to CPU 0 and the decode worker to CPU 1 (bench/cpu_pin.ts), so each
-   * stands in for a machine of its own; the relay and this process float.
+   * Which CPU each part runs on (bench/cpu_pin.ts), so two worker processes stand in for two
+   * machines: `split` puts the prefill worker's compute alone on CPU 0, and its other threads
+   * (QUIC), the relay and the decode worker on CPU 1; `whole` puts each worker on a CPU of its
+   * own and lets the relay float. Absent: everything floats. This process always floats.
    */
-  pinWorkers?: boolean;
+  pinWorkers?: "split" | "whole";
   /**
    * The certification file the planner reads (`correctness state-handoff --certify`), as
    * `coordinate` does; absent: no family is certified, and every decision is colocated.
@@ -106,6 +112,17 @@ export async function runLinkMatrix(o: {
   const model = await ensureModelFile(`${cacheDir()}/models`, MODELS[o.model]);
   const binary = await buildNativeRelay();
   const ceiling = binary ? await measureNativeCeiling(binary) : null;
+  // `split`: the relay shares CPU 1 with the prefiller's sending and the decoder where, measured
+  // with its own sender and sink on that one CPU, it keeps the rate with the relay's margin.
+  const relayShared = binary && o.pinWorkers === "split"
+    ? await measureNativeCeiling(binary, 100_000, 3, 1)
+    : null;
+  if (relayShared) {
+    console.error(
+      `relay on CPU 1 up to ${(relayShared.bitsPerS * 0.8 / 1e6).toFixed(0)} Mbit/s ` +
+        `(ceiling there ${(relayShared.bitsPerS / 1e6).toFixed(0)}); above it, it floats`,
+    );
+  }
   const perSentence = await _tokensPerSentence(model);
   const maxPrompt = Math.max(...o.prompts);
   const cluster = await startLocalCluster({
@@ -129,10 +146,20 @@ export async function runLinkMatrix(o: {
     })
     : null;
   if (quota) console.error(`decode worker limited: ${quota.describe}`);
+  let pinner: ThreadPinner | null = null;
   if (o.pinWorkers) {
     try {
-      for (const [w, cpu] of [[cluster.prefill, 0], [cluster.decode, 1]] as const) {
-        console.error(`pinned: ${await pinToCpu(w.process.pid, cpu)}`);
+      if (o.pinWorkers === "split") {
+        console.error(`pinned: ${await pinToCpu(cluster.decode.process.pid, 1)}`);
+        pinner = await ThreadPinner.start(cluster.prefill.process.pid, computeApart(0, 1));
+        console.error(
+          `pinned: process ${cluster.prefill.process.pid}'s compute threads on CPU 0, ` +
+            `its other threads on CPU 1 (threads by CPU now: ${JSON.stringify(pinner.counts())})`,
+        );
+      } else {
+        for (const [w, cpu] of [[cluster.prefill, 0], [cluster.decode, 1]] as const) {
+          console.error(`pinned: ${await pinToCpu(w.process.pid, cpu)}`);
+        }
       }
     } catch (error) {
       await cluster.stop();
@@ -166,6 +193,7 @@ export async function runLinkMatrix(o: {
       certification: o.certification ?? null,
       planOptions: o.planOptions ?? {},
       llamaBuild: llamaBuild(loadLlama()),
+      relayCpu: relayShared ? { cpu: 1, bitsPerSMax: relayShared.bitsPerS * 0.8 } : null,
     };
     for (const n of o.prompts) {
       // Calibration in this run: an unshaped handoff and a colocated run at this prompt, twice
@@ -204,6 +232,9 @@ export async function runLinkMatrix(o: {
                 workerThreads: o.workerThreads ?? null,
                 decodeCpuQuota: o.decodeCpuQuota ?? null,
                 pinWorkers: o.pinWorkers ?? false,
+                relaySharedCeiling: relayShared,
+                // The newest failure to keep a new prefill thread where `split` puts it.
+                pinError: pinner?.lastError ?? null,
                 planOptions: o.planOptions ?? {},
                 // The prefill worker's default: its capture sends the last page during the
                 // last chunk (runs before this field existed sent it after).
@@ -217,6 +248,7 @@ export async function runLinkMatrix(o: {
       }
     }
   } finally {
+    pinner?.stop();
     await cluster.stop();
     await quota?.release();
   }
@@ -240,7 +272,7 @@ if (import.meta.main) {
       repeats: { type: "string", default: "1" },
       "worker-threads": { type: "string", default: "1" },
       "decode-cpu-quota": { type: "string" },
-      "pin-workers": { type: "string", default: "on" },
+      "pin-workers": { type: "string", default: "split" },
       certification: { type: "string" },
       "bandwidth-min-mbps": { type: "string" },
       out: { type: "string", default: "" },
@@ -251,7 +283,8 @@ if (import.meta.main) {
     console.log(
       "deno run -A --unstable-net bench/link_matrix.ts --model super-mini|lab-state " +
         "[--prompts 512,2048,8192,32768] [--rates 100,400,1000] [--rtts 0.2,2,10] " +
-        "[--losses 0,0.001] [--repeats 1] [--worker-threads 1] [--decode-cpu-quota 0.33] [--pin-workers on|off] " +
+        "[--losses 0,0.001] [--repeats 1] [--worker-threads 1] [--decode-cpu-quota 0.33] " +
+        "[--pin-workers split|on|off] " +
         "[--certification FILE] [--bandwidth-min-mbps N] [--out FILE.json]  " +
         "(--rates 0: no relay, the loopback itself; N: the planner's link floor in MB/s)",
     );
@@ -269,12 +302,14 @@ if (import.meta.main) {
     console.error(`error: --decode-cpu-quota ${quota}: use a fraction of one core in (0, 1]`);
     Deno.exit(2);
   }
-  if (v["pin-workers"] !== "on" && v["pin-workers"] !== "off") {
-    console.error(`error: --pin-workers ${v["pin-workers"]}: use on or off`);
+  const pin = v["pin-workers"]!;
+  if (pin !== "split" && pin !== "on" && pin !== "off") {
+    console.error(`error: --pin-workers ${pin}: use split, on or off`);
     Deno.exit(2);
   }
-  const pinWorkers = v["pin-workers"] === "on" && navigator.hardwareConcurrency >= 2;
-  if (v["pin-workers"] === "on" && !pinWorkers) {
+  const twoCpus = navigator.hardwareConcurrency >= 2;
+  const pinWorkers = !twoCpus || pin === "off" ? undefined : pin === "on" ? "whole" : "split";
+  if (pin !== "off" && !twoCpus) {
     console.error("workers not pinned: this machine has one CPU (--pin-workers needs two)");
   }
   const points: MatrixPoint[] = [];

@@ -36,7 +36,8 @@ interface RunFile {
   /** llama.cpp threads per worker (absent or null: the runtime default). */
   workerThreads?: number | null;
   /** Each worker pinned to a CPU of its own (absent: a run from before the option, unpinned). */
-  pinWorkers?: boolean;
+  /** true or "whole": each worker on a CPU of its own; "split": bench/cpu_pin.ts. */
+  pinWorkers?: boolean | "split" | "whole";
   /**
    * The prefill worker sent the last page during the last chunk (absent: a run from before
    * that capture, which sent it after).
@@ -181,7 +182,12 @@ function runNote(file: string, run: RunFile, r: Replayed[]): string {
   return `${run.rows[0]?.model} (${file.split("/").pop()}: prompts ${prompts}, ${
     threads === 1 ? "1 llama.cpp thread" : `${threads} llama.cpp threads`
   } per worker, ${
-    run.pinWorkers ? "each pinned to a CPU of its own" : "unpinned"
+    run.pinWorkers === "split"
+      ? "the prefill compute alone on CPU 0; its other threads, the relay and the decode " +
+        "worker on CPU 1"
+      : run.pinWorkers
+      ? "each pinned to a CPU of its own"
+      : "unpinned"
   }): relay ${run.relay}, ceiling ${
     c ? (c.bitsPerS / 1e6).toFixed(0) : "?"
   } Mbit/s (best of trials ${

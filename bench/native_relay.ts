@@ -99,12 +99,15 @@ export async function measureNativeCeiling(
   binary: string,
   packets = 100_000,
   trials = 3,
+  /** All three on this one CPU (`taskset -c`): what a relay sharing it with both ends sustains. */
+  cpu?: number,
 ): Promise<NativeCeiling> {
   let best: NativeCeiling | null = null;
   const trialsBitsPerS: number[] = [];
+  const args = ["--ceiling", String(packets), "--nice", "-10"];
   for (let k = 0; k < trials; k++) {
-    const r = await new Deno.Command(binary, {
-      args: ["--ceiling", String(packets), "--nice", "-10"],
+    const r = await new Deno.Command(cpu === undefined ? binary : "taskset", {
+      args: cpu === undefined ? args : ["-c", String(cpu), binary, ...args],
       stdout: "piped",
       stderr: "piped",
     }).output();
@@ -206,6 +209,11 @@ export class NativeLinkRelay implements EmulatedLink {
       queueBytesMax: o.queueBytesMax,
     };
     return new NativeLinkRelay(child, lines, Number(m[1]), shape, ceiling);
+  }
+
+  /** The relay's process id (to pin it to a CPU: bench/cpu_pin.ts). */
+  get pid(): number {
+    return this.#child.pid;
   }
 
   /** Changes the link mid-run; queued packets keep their times. The ceiling applies again. */
