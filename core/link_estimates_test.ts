@@ -78,7 +78,7 @@ Deno.test("prefillMsFor() integrates time per token between depth points", () =>
   assert.ok(Math.abs(averagePrefillTokensPerS(pts, 1000) - 666.67) < 0.01);
 });
 
-Deno.test("msPerTokenAt() holds below the first point, and beyond the last where it does not grow", () => {
+Deno.test("msPerTokenAt() holds below the first point, past twice the last, and where it falls", () => {
   const rising = [{ contextTokens: 256, tokensPerS: 1000 }, {
     contextTokens: 1024,
     tokensPerS: 500,
@@ -86,6 +86,9 @@ Deno.test("msPerTokenAt() holds below the first point, and beyond the last where
   assert.equal(msPerTokenAt(rising, 0), 1);
   assert.equal(msPerTokenAt(rising, 640), 1.5);
   assert.equal(msPerTokenAt(rising, 1792), 3);
+  const atTwice = msPerTokenAt(rising, 2048); // twice the last point's depth
+  assert.ok(Math.abs(atTwice - (2 + 1024 / 768)) < 1e-12);
+  assert.equal(msPerTokenAt(rising, 65536), atTwice); // held beyond it
   const falling = [{ contextTokens: 256, tokensPerS: 500 }, {
     contextTokens: 1024,
     tokensPerS: 1000,

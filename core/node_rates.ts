@@ -5,7 +5,8 @@
  *
  * Rates are kept as points (context depth, tokens/s). Between points the time per token is
  * interpolated linearly (it grows with depth as attention reads more KV); below the first it is
- * held, beyond the last it keeps growing along the last two points' slope (`msPerTokenAt`).
+ * held, beyond the last it keeps growing along the last two points' slope to twice that depth
+ * (`msPerTokenAt`).
  * Prefilling tokens a..b costs the integral of time per token.
  *
  * @module
@@ -72,8 +73,8 @@ export function prefillMsFor(
 
 /**
  * Milliseconds per token at depth `contextTokens`: interpolated between points, held below the
- * first, and beyond the last continued along the last two points' slope where it grows (held
- * where it does not, or with one point). A point recorded from a whole prefill sits at its
+ * first, and beyond the last continued along the last two points' slope where it grows, out to
+ * twice the last point's depth (held beyond that, where the slope falls, or with one point). A point recorded from a whole prefill sits at its
  * prompt's middle depth, so holding it to the prompt's end under-counted every deeper token:
  * lab-state's 2K prefills were predicted 5% short with the 512 and 2K points alone.
  */
@@ -87,7 +88,9 @@ export function msPerTokenAt(points: readonly RatePoint[], contextTokens: number
     if (ps.length < 2) return t(last);
     const prev = ps[ps.length - 2];
     const slope = (t(last) - t(prev)) / (last.contextTokens - prev.contextTokens);
-    return t(last) + Math.max(0, slope) * (contextTokens - last.contextTokens);
+    // Out to twice the last point's depth: the end of the prompt that point is the middle of.
+    const beyond = Math.min(contextTokens, 2 * last.contextTokens) - last.contextTokens;
+    return t(last) + Math.max(0, slope) * beyond;
   }
   let k = 1;
   while (ps[k].contextTokens < contextTokens) k++;
