@@ -29,6 +29,9 @@ export interface LinkShape {
   queueBytesMax: number;
 }
 
+/** The share of a relay's measured ceiling it is trusted to sustain (`ceilingShare`'s default). */
+export const DEFAULT_CEILING_SHARE = 0.8;
+
 export interface LinkEmulatorOptions extends LinkShape {
   /** Where the relay listens (port 0: any free port). */
   listen?: Endpoint;
@@ -146,7 +149,7 @@ export class LinkEmulator implements Disposable {
 
   constructor(o: LinkEmulatorOptions) {
     checkLinkShape(o);
-    const share = o.ceilingShare ?? 0.8;
+    const share = o.ceilingShare ?? DEFAULT_CEILING_SHARE;
     if (o.ceilingBitsPerS !== undefined && o.rateBitsPerS > o.ceilingBitsPerS * share) {
       throw new RangeError(
         `Link rate ${_mbit(o.rateBitsPerS)} is over what this relay sustains (${share} of its ` +

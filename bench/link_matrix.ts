@@ -40,6 +40,7 @@ import { cacheDir } from "../cli/paths.ts";
 import { buildNativeRelay, measureNativeCeiling, type NativeCeiling } from "./native_relay.ts";
 import { limitCpu } from "./cpu_quota.ts";
 import { computeApart, pinToCpu, ThreadPinner } from "./cpu_pin.ts";
+import { DEFAULT_CEILING_SHARE } from "./link_emulator.ts";
 import { type CertificationFile, parseCertification } from "../core/certification.ts";
 import { HandoffCostRecorder } from "../core/link_costs.ts";
 import type { PlanOptions } from "../core/planner.ts";
@@ -119,7 +120,9 @@ export async function runLinkMatrix(o: {
     : null;
   if (relayShared) {
     console.error(
-      `relay on CPU 1 up to ${(relayShared.bitsPerS * 0.8 / 1e6).toFixed(0)} Mbit/s ` +
+      `relay on CPU 1 up to ${
+        (relayShared.bitsPerS * DEFAULT_CEILING_SHARE / 1e6).toFixed(0)
+      } Mbit/s ` +
         `(ceiling there ${(relayShared.bitsPerS / 1e6).toFixed(0)}); above it, it floats`,
     );
   }
@@ -193,7 +196,9 @@ export async function runLinkMatrix(o: {
       certification: o.certification ?? null,
       planOptions: o.planOptions ?? {},
       llamaBuild: llamaBuild(loadLlama()),
-      relayCpu: relayShared ? { cpu: 1, bitsPerSMax: relayShared.bitsPerS * 0.8 } : null,
+      relayCpu: relayShared
+        ? { cpu: 1, bitsPerSMax: relayShared.bitsPerS * DEFAULT_CEILING_SHARE }
+        : null,
     };
     for (const n of o.prompts) {
       // Calibration in this run: an unshaped handoff and a colocated run at this prompt, twice

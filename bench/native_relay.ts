@@ -11,6 +11,7 @@
  */
 import {
   checkLinkShape,
+  DEFAULT_CEILING_SHARE,
   LinkEmulator,
   type LinkEmulatorOptions,
   type LinkShape,
@@ -172,7 +173,7 @@ export class NativeLinkRelay implements EmulatedLink {
 
   /** Starts the relay between a free loopback port and `o.target` (loopback only). */
   static async start(binary: string, o: LinkEmulatorOptions): Promise<NativeLinkRelay> {
-    const share = o.ceilingShare ?? 0.8;
+    const share = o.ceilingShare ?? DEFAULT_CEILING_SHARE;
     const ceiling = o.ceilingBitsPerS === undefined ? undefined : o.ceilingBitsPerS * share;
     _checkRate(o.rateBitsPerS, ceiling);
     checkLinkShape(o);

@@ -73,11 +73,8 @@ export function streamFinish(
   const prefillMs = computed / tps;
   // The last chunk at its own rate where known (never longer than the whole prefill), and the
   // chunks before it evenly over the rest.
-  let lastChunkMs = n === 0 ? 0 : lastTokens / tps;
-  const lastTps = i.prefillerLastChunkTokensPerS;
-  if (n > 1 && lastTps !== undefined && lastTps > 0 && lastTokens / (lastTps / 1000) < prefillMs) {
-    lastChunkMs = lastTokens / (lastTps / 1000);
-  }
+  const ownMs = lastTokens / ((i.prefillerLastChunkTokensPerS ?? 0) / 1000);
+  const lastChunkMs = n === 0 ? 0 : n > 1 && ownMs < prefillMs ? ownMs : lastTokens / tps;
   const earlyTps = n > 1 ? (computed - lastTokens) / (prefillMs - lastChunkMs) : tps;
   const firstChunkMs = Math.min(i.chunkTokens, computed) / earlyTps;
   const cachedBytes = cached * kv;

@@ -113,6 +113,9 @@ function _checkInput(i: PlanInput): void {
     ["recurrentBytes", i.state.recurrentBytes],
     ["costs.captureLeadMs", i.costs?.captureLeadMs ?? 0],
   ];
+  if (i.prefillerLastChunkTokensPerS !== undefined) {
+    positive.push(["prefillerLastChunkTokensPerS", i.prefillerLastChunkTokensPerS]);
+  }
   for (const [name, v] of positive) {
     if (!(Number.isFinite(v) && v > 0)) {
       throw new UsageError(`Invalid plan input ${name} ${v}: must be positive`);
