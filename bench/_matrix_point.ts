@@ -8,7 +8,7 @@ import { runHandoff } from "../serve/coordinator.ts";
 import type { HandoffRequest } from "../serve/coordinator.ts";
 import type { LocalCluster } from "../serve/local_cluster.ts";
 import { RUNTIME_DEFAULTS } from "../serve/engine.ts";
-import { LinkEstimator } from "../core/link_estimates.ts";
+import { LinkEstimator, type PeerPair } from "../core/link_estimates.ts";
 import type { RateRecorder } from "../core/node_rates.ts";
 import { placeRequest } from "../core/placement.ts";
 import { DEFAULT_LINK_MONITOR_OPTIONS, LinkMonitor } from "../transport/link_monitor.ts";
@@ -114,6 +114,8 @@ export interface MatrixContext {
    * handoffs over its one link, and the grid's points are different links.
    */
   linkCosts: Map<string, HandoffCostRecorder>;
+  /** Each point's earlier loss probes (`earlierLossProbes`). */
+  lossByPoint: Map<string, number[]>;
   /** State sizes as the runtime exported them (largest seen). */
   state: StateSize;
   model: string;
@@ -177,6 +179,35 @@ export function linkCostsAt(
   let c = byPoint.get(key);
   if (!c) byPoint.set(key, c = new HandoffCostRecorder());
   return c;
+}
+
+/** Loss probes a point's link keeps, as a live pair's window keeps its last minute's. */
+export const LOSS_PROBES_PER_POINT = 3;
+
+/**
+ * The loss probes `p`'s link took before this row (up to `LOSS_PROBES_PER_POINT - 1`, oldest
+ * first), then records this row's (`lossFraction`; null: none). Each row measures its link
+ * afresh, but a live pair pools the probes of its window, so the planner reads them together.
+ */
+export function earlierLossProbes(
+  byPoint: Map<string, number[]>,
+  p: MatrixPoint,
+  lossFraction: number | null,
+): number[] {
+  const key = `${p.rateBitsPerS}/${p.rttMs}/${p.lossFraction}`;
+  const earlier = byPoint.get(key) ?? [];
+  const kept = lossFraction === null ? earlier : [...earlier, lossFraction];
+  byPoint.set(key, kept.slice(-(LOSS_PROBES_PER_POINT - 1)));
+  return earlier;
+}
+
+/** Records loss fractions as loss probes of `pair` (a million datagrams each: 1e-6 steps). */
+export function recordLossFractions(
+  links: LinkEstimator,
+  pair: PeerPair,
+  fractions: readonly number[],
+): void {
+  for (const f of fractions) links.recordLossProbe(pair, 1e6, Math.round(f * 1e6), 0);
 }
 
 export async function loadAvg(): Promise<number> {
@@ -248,13 +279,17 @@ export async function runPoint(
     const probeBytes = p.rateBitsPerS > 0 ? DEFAULT_LINK_MONITOR_OPTIONS.probeBytes : 16 << 20;
     await monitor.measure(conn, probeBytes);
     await conn.close();
-    const e = links.estimate(
-      { from: x.cluster.prefill.peer.nodeId, to: decode.nodeId },
-      performance.now(),
-    );
+    const pair = { from: x.cluster.prefill.peer.nodeId, to: decode.nodeId };
+    // The row records its own probe; the planner reads it with the point's earlier ones.
+    const e = links.estimate(pair, performance.now());
     row.estimate = e
       ? { rttMs: e.rttMs, bandwidthBytesPerS: e.bandwidthBytesPerS, lossFraction: e.lossFraction }
       : null;
+    recordLossFractions(
+      links,
+      pair,
+      earlierLossProbes(x.lossByPoint, p, e?.lossFraction ?? null),
+    );
     row.link = {
       rttMs: e?.rttMs ?? null,
       bytesPerS: e?.bandwidthBytesPerS ?? null,

@@ -191,6 +191,7 @@ export async function runLinkMatrix(o: {
       decodeRates: new RateRecorder(cluster.decode.peer.nodeId, 3),
       costs: new HandoffCostRecorder(),
       linkCosts: new Map(),
+      lossByPoint: new Map(),
       state: { kvBytesPerToken: 0, recurrentBytes: 0, recurrentLayers: recurrentLayersOf(o.model) },
       model: o.model,
       certification: o.certification ?? null,

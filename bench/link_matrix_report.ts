@@ -17,7 +17,13 @@ import type { StateSize } from "../core/planner.ts";
 import type { HandoffTelemetry } from "../core/telemetry.ts";
 import { RUNTIME_DEFAULTS } from "../serve/engine.ts";
 import type { CalibrationRun, MatrixRow } from "./link_matrix.ts";
-import { linkCostsAt, pointCosts, recurrentLayersOf } from "./_matrix_point.ts";
+import {
+  earlierLossProbes,
+  linkCostsAt,
+  pointCosts,
+  recordLossFractions,
+  recurrentLayersOf,
+} from "./_matrix_point.ts";
 import { type ReportSection, writeReport } from "./report.ts";
 import {
   byPoint,
@@ -68,6 +74,7 @@ export function replay(run: RunFile, without: readonly string[] = []): Replayed[
   // The link residual is the link's: each link point keeps its own, as a live pair learns it
   // only from the handoffs over its one link (the grid's points are different links).
   const linkCosts = new Map<string, HandoffCostRecorder>();
+  const lossByPoint = new Map<string, number[]>();
   const state: StateSize = {
     kvBytesPerToken: 0,
     recurrentBytes: 0,
@@ -113,6 +120,12 @@ export function replay(run: RunFile, without: readonly string[] = []): Replayed[
     const pair = { from: "p", to: "d" };
     links.recordRtt(pair, e.rttMs, 0);
     links.recordTransfer(pair, 1e12, 1e15 / e.bandwidthBytesPerS, 0, "probe");
+    // The row's loss probe with the point's earlier ones, as the run's planner read them.
+    const earlier = earlierLossProbes(lossByPoint, row, e.lossFraction ?? null);
+    recordLossFractions(links, pair, [
+      ...earlier,
+      ...(e.lossFraction === null ? [] : [e.lossFraction]),
+    ]);
     const d = placeRequest({
       promptTokens: t.promptTokens, // the prompt's real token count (the row names the nominal)
       prefiller: { nodeId: "p", rates: prefill.rates(), hasRole: true },
@@ -307,8 +320,17 @@ function rowSection(all: Replayed[], notes: string[]): ReportSection {
   };
 }
 
+const USAGE =
+  "deno run -A bench/link_matrix_report.ts [--out DIR] [--without TERM,...] RUN.json...";
+
 if (import.meta.main) {
   const args = [...Deno.args];
+  if (args.length === 0 || args.includes("--help") || args.includes("-h")) {
+    console.log(
+      `${USAGE}\n(RUN.json: files bench/link_matrix.ts --out wrote; the report replays them)`,
+    );
+    Deno.exit(args.length === 0 ? 2 : 0);
+  }
   const k = args.indexOf("--out");
   const outDir = k >= 0 ? args.splice(k, 2)[1] : "reports/link-matrix";
   const w = args.indexOf("--without");
@@ -317,7 +339,7 @@ if (import.meta.main) {
   const allPoints: PointSummary[] = [];
   const notes: string[] = [];
   for (const f of args) {
-    const run = JSON.parse(await Deno.readTextFile(f)) as RunFile;
+    const run = await readRun(f);
     const r = replay(run, without);
     all.push(...r);
     notes.push(runNote(f, run, r));
@@ -338,4 +360,16 @@ if (import.meta.main) {
   ]);
   console.log(notes.join("\n"));
   console.log(`report: ${outDir}/README.md`);
+}
+
+async function readRun(f: string): Promise<RunFile> {
+  try {
+    return JSON.parse(await Deno.readTextFile(f)) as RunFile;
+  } catch (error) {
+    console.error(
+      `Cannot read run file ${f}: ${(error as Error).message}\n` +
+        `give files bench/link_matrix.ts --out wrote; usage: ${USAGE}`,
+    );
+    Deno.exit(2);
+  }
 }

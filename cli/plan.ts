@@ -111,12 +111,10 @@ async function runPlan(f: PlanFlags): Promise<void> {
   const { prefiller, decoder } = await _rates(f);
   const links = new LinkEstimator();
   const pair = { from: prefiller.nodeId, to: decoder.nodeId };
-  // The stated link becomes one RTT sample, one bulk sample and a ping loss rate.
+  // The stated link becomes one RTT sample, one bulk sample and the stated loss.
   links.recordRtt(pair, f.rtt!, 0);
   links.recordTransfer(pair, 1e9, (1e9 / (f.link! / 8)) * 1000, 0, "manual");
-  const pings = 1000;
-  for (let k = 1; k < pings * (1 - f.loss); k++) links.recordRtt(pair, f.rtt!, 0);
-  for (let k = 0; k < Math.round(pings * f.loss); k++) links.recordPingLost(pair, 0);
+  links.recordStatedLoss(pair, f.loss, 0);
   const s = info.state;
   const request: PlacementRequest = {
     promptTokens: f.promptTokens!,

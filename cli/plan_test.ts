@@ -69,6 +69,9 @@ Deno.test("plan explains a refusal term by term: uncertified family, slow link, 
     for (const c of ["not-certified", "link-too-slow", "link-lossy"]) {
       assert.ok(codes.includes(c), codes.join());
     }
+    // The stated loss is read as stated (not as one lost ping among the window's last 64).
+    const link = j.terms.find((t: { label: string }) => t.label === "link");
+    assert.match(link.note, /loss 0\.10% \(stated\)/);
     const labels = j.terms.map((t: { label: string }) => t.label);
     for (
       const l of [

@@ -25,9 +25,9 @@ export type BandwidthSource = "handoff" | "probe" | "manual";
 /**
  * Where the loss fraction came from: datagram loss probes (packets lost, never retransmitted),
  * or, without a probe in the window, unanswered pings (which a stream retransmits: they show
- * a dead or congested link, not a few lost packets).
+ * a dead or congested link, not a few lost packets); "stated": a figure given (`plan --loss`).
  */
-export type LossSource = "datagrams" | "pings";
+export type LossSource = "datagrams" | "pings" | "stated";
 
 /** Bounds and thresholds of the estimator, each with its unit last. */
 export interface LinkEstimatorOptions {
@@ -104,7 +104,7 @@ interface PairState {
   /** One entry per ping: 1 lost, 0 answered. */
   pings: Sample[];
   /** One entry per loss probe: its loss events (value) over `sent` datagrams. */
-  lossProbes: (Sample & { sent: number })[];
+  lossProbes: (Sample & { sent: number; stated?: true })[];
   touchedMs: number;
 }
 
@@ -169,6 +169,19 @@ export class LinkEstimator {
     if (s.lossProbes.length > this.options.samplesMax) s.lossProbes.shift();
   }
 
+  /**
+   * A loss fraction given rather than measured (`plan --loss`): kept as a loss probe of a
+   * million datagrams, so the estimate reads it to 1e-6, and named "stated".
+   */
+  recordStatedLoss(pair: PeerPair, lossFraction: number, atMs: number): void {
+    if (!(lossFraction >= 0 && lossFraction <= 1)) {
+      throw new UsageError(`Invalid stated loss ${lossFraction}: a fraction from 0 to 1`);
+    }
+    const s = this.#state(pair, atMs);
+    s.lossProbes.push({ atMs, value: Math.round(lossFraction * 1e6), sent: 1e6, stated: true });
+    if (s.lossProbes.length > this.options.samplesMax) s.lossProbes.shift();
+  }
+
   /** Age of the newest loss probe of `pair` (null: none in the window). */
   lossProbeAgeMs(pair: PeerPair, atMs: number): number | null {
     const s = this.#pairs.get(_key(pair));
@@ -217,7 +230,10 @@ export class LinkEstimator {
     }
     const sent = probes.reduce((n, p) => n + p.sent, 0);
     const loss = probes.length
-      ? { fraction: probes.reduce((n, p) => n + p.value, 0) / sent, source: "datagrams" as const }
+      ? {
+        fraction: probes.reduce((n, p) => n + p.value, 0) / sent,
+        source: probes.some((p) => p.stated) ? "stated" as const : "datagrams" as const,
+      }
       : pings.length
       ? {
         fraction: pings.reduce((n, p) => n + p.value, 0) / pings.length,

@@ -189,3 +189,14 @@ Deno.test("LinkEstimator: datagram loss probes, where any are fresh, decide the 
   assert.throws(() => links.recordLossProbe(pair, 10, 11, 0), /11 loss events in 10 sent/);
   assert.throws(() => links.recordLossProbe(pair, 0, 0, 0), /sent positive/);
 });
+
+Deno.test("LinkEstimator: a stated loss is read as given and named stated", () => {
+  const links = new LinkEstimator();
+  const pair = { from: "p", to: "d" };
+  for (let k = 0; k < 100; k++) links.recordRtt(pair, 2, 0);
+  links.recordStatedLoss(pair, 0.001, 0);
+  const e = links.estimate(pair, 0)!;
+  assert.deepEqual([e.lossFraction, e.lossSource], [0.001, "stated"]);
+  assert.throws(() => links.recordStatedLoss(pair, 1.5, 0), /a fraction from 0 to 1/);
+  assert.throws(() => links.recordStatedLoss(pair, Number.NaN, 0), /a fraction from 0 to 1/);
+});

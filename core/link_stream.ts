@@ -23,6 +23,8 @@ export interface StreamInput {
 /** Prefill time, the stream's finish beyond it, the last page, and the share of pages hidden. */
 export interface StreamFinish {
   prefillMs: number;
+  /** The last chunk's compute, during which captured bytes are released. */
+  lastChunkMs: number;
   uncoveredMs: number;
   lastPageBytes: number;
   overlapFraction: number | null;
@@ -121,6 +123,7 @@ export function streamFinish(
   }
   return {
     prefillMs,
+    lastChunkMs,
     uncoveredMs: Math.max(0, finishMs - prefillMs),
     lastPageBytes,
     overlapFraction,

@@ -34,10 +34,28 @@ export function explainPlan(input: PlanInput, p: Plan): PlanTerm[] {
     null,
     l
       ? `${_gbit(l.bandwidthBytesPerS)}, RTT ${l.rttMs} ms, loss ${_pct(l.lossFraction ?? 0)}` +
-        `${l.lossSource === "datagrams" ? " (loss probe)" : l.lossSource ? " (pings)" : ""}, ` +
+        `${
+          l.lossSource === "datagrams"
+            ? " (loss probe)"
+            : l.lossSource === "pings"
+            ? " (pings)"
+            : l.lossSource === "stated"
+            ? " (stated)"
+            : ""
+        }, ` +
         `measured ${_ms(l.ageMs)} ago`
       : "no measurement",
   );
+  if (p.estimates?.lossLimited) {
+    add(
+      "input",
+      "loss-limited rate",
+      null,
+      `${_gbit(p.estimates.linkBytesPerS)}: a sender losing ${_pct(l!.lossFraction ?? 0)} over ${
+        l!.rttMs
+      } ms averages no more (K / (RTT x sqrt(loss)))`,
+    );
+  }
   add("input", "prompt", null, `${input.promptTokens} tokens, chunks of ${input.chunkTokens}`);
   const e = p.estimates;
   if (e) {
@@ -90,7 +108,7 @@ function _tail(e: PlanEstimates, add: Add): void {
 }
 
 function _benefit(i: PlanInput, e: PlanEstimates, add: Add): void {
-  const bwPerMs = i.link!.bandwidthBytesPerS / 1000;
+  const bwPerMs = e.linkBytesPerS / 1000;
   const serialKvMs = e.kvBytes / bwPerMs;
   add(
     "benefit",

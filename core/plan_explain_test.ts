@@ -28,3 +28,21 @@ Deno.test("explainPlan: the tail's terms add up to the handoff tail, then probe 
   assert.ok(terms.some((t) => t.label === "prefiller work" && t.ms! > 0), "the slow sender shows");
   assert.equal(terms.find((t) => t.label === "link residual")?.ms, 30);
 });
+
+Deno.test("explainPlan: a loss-limited link names its rate and the serial KV term uses it", () => {
+  const lossy = planInput({
+    promptTokens: 8192,
+    link: { bandwidthBytesPerS: 1.25e9, rttMs: 2, ageMs: 1000, lossFraction: 0.001 },
+  });
+  const p = plan(lossy);
+  assert.equal(p.estimates!.lossLimited, true);
+  const terms = explainPlan(lossy, p);
+  const note = terms.find((t) => t.label === "loss-limited rate");
+  assert.ok(note, "the loss-limited rate is named");
+  assert.match(note.note, /0\.10%/);
+  const serial = terms.find((t) => t.label === "- KV transfer (serial)")!;
+  assert.ok(
+    Math.abs(-serial.ms! - p.estimates!.kvBytes / (p.estimates!.linkBytesPerS / 1000)) < 1e-6,
+  );
+  assert.equal(explainPlan(INPUT, plan(INPUT)).some((t) => t.label === "loss-limited rate"), false);
+});

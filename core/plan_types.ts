@@ -42,8 +42,8 @@ export interface LinkMeasurement {
    * measured).
    */
   lossFraction?: number | null;
-  /** What `lossFraction` counts: "datagrams" or "pings" (absent: a figure given, as to `plan`). */
-  lossSource?: "datagrams" | "pings" | null;
+  /** What `lossFraction` counts: "datagrams", "pings" or "stated" (a figure given, as to `plan`). */
+  lossSource?: "datagrams" | "pings" | "stated" | null;
   /** Why the estimator considers the link degraded (a drop, a rise); absent: it does not. */
   degraded?: string | null;
 }
@@ -151,6 +151,13 @@ export interface PlanOptions {
   rttMsMax: number;
   /** Ping loss above this refuses the link (loss collapses QUIC throughput). */
   lossFractionMax: number;
+  /**
+   * K in a loss-limited sender's rate, K / (RTT x sqrt(p)) bytes/s at loss-event rate p
+   * (Mathis et al., 1997; QUIC's Cubic keeps to it in its Reno-friendly region): the bytes per
+   * round trip it averages at unit loss, of the order of one full datagram. Bounds the rate of
+   * a lossy link, which a short probe reads before its first loss.
+   */
+  lossResponseBytes: number;
   /** Disaggregation must win by at least this much. */
   benefitMsMin: number;
   /**
@@ -173,6 +180,7 @@ export const DEFAULT_PLAN_OPTIONS: Readonly<PlanOptions> = {
   bandwidthBytesPerSMin: 125_000_000, // 1 Gb/s
   rttMsMax: 10,
   lossFractionMax: 0.0005,
+  lossResponseBytes: 2_000, // bench/cc_bench.ts: docs/bench-report/link-matrix/FINDINGS.md
   benefitMsMin: 20,
   benefitFractionMin: 0.1,
   memoryHeadroomBytes: 256 * 1024 * 1024,
@@ -205,6 +213,13 @@ export interface PlanReason {
 
 /** The numbers behind a plan, in bytes and milliseconds. */
 export interface PlanEstimates {
+  /**
+   * The link rate the transfer terms use: the measured one, or where the link loses and the
+   * loss-limited rate is lower, that (bytes/s).
+   */
+  linkBytesPerS: number;
+  /** Whether `linkBytesPerS` is the loss-limited rate. */
+  lossLimited: boolean;
   kvBytes: number;
   snapshotBytes: number;
   stateBytes: number;

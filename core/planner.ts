@@ -239,7 +239,6 @@ export function estimate(
   options: Partial<PlanOptions> = {},
 ): PlanEstimates {
   const o: PlanOptions = { ...DEFAULT_PLAN_OPTIONS, ...options };
-  const bwPerMs = link.bandwidthBytesPerS / 1000;
   // With layer capture the recurrent bytes, and in a hybrid model the last page, share the
   // stream during the last chunk, one recurrent layer's piece at a time.
   const captured = i.snapshotDuringLastChunk ? i.state.recurrentBytes : 0;
@@ -247,6 +246,19 @@ export function estimate(
   const lead = i.costs?.captureLeadMs ?? 0;
   const pageCaptured = captured > 0 && i.state.kvBytesPerToken > 0 &&
     i.lastPageDuringLastChunk === true;
+  // Over a lossy link the state moves at no more than the loss-limited rate (a short probe
+  // reads the rate before its first loss), where the sender keeps the link busy: captured
+  // layers released more slowly than that leave one by one after idle gaps, in which the
+  // congestion window grows back, at about the measured rate.
+  const lossLimit = lossLimitedBytesPerS(link.rttMs, link.lossFraction ?? 0, o.lossResponseBytes);
+  const lastChunkMs = streamFinish(i, link.bandwidthBytesPerS / 1000, link.rttMs).lastChunkMs;
+  const releasedBytesPerS = captured > 0 && lastChunkMs > 0
+    ? (captured / lastChunkMs) * 1000
+    : Infinity;
+  const linkBytesPerS = releasedBytesPerS > lossLimit
+    ? Math.min(link.bandwidthBytesPerS, lossLimit)
+    : link.bandwidthBytesPerS;
+  const bwPerMs = linkBytesPerS / 1000;
   const stream = streamFinish(i, bwPerMs, link.rttMs, 0, pageCaptured);
   const mtpBytes = _mtpBytes(i.state, i.promptTokens);
   const mtpSendMs = mtpBytes / bwPerMs + (mtpBytes / o.importBytesPerS) * 1000;
@@ -280,6 +292,8 @@ export function estimate(
   const colocatedMs = _colocatedMs(i);
   const ls = i.layerSplit;
   return {
+    linkBytesPerS,
+    lossLimited: linkBytesPerS < link.bandwidthBytesPerS,
     kvBytes,
     snapshotBytes,
     stateBytes: kvBytes + snapshotBytes,
@@ -305,6 +319,25 @@ export function estimate(
     commitTailMs: handoffTailMs + probeMs + probeWaitMs,
     prefillerQueueMs: i.prefillerQueueMs ?? 0,
   };
+}
+
+/**
+ * The rate a loss-limited sender averages over a link with this RTT and loss-event rate:
+ * `lossResponseBytes / (RTT x sqrt(p))` bytes/s (Infinity without loss or RTT). With the default
+ * K, over 10 ms and 0.1% loss about 6.3 MB/s whatever the line rate; over 0.2 ms, 316 MB/s.
+ *
+ * @example
+ * ```ts
+ * lossLimitedBytesPerS(10, 0.001, 2000); // ~6.3e6
+ * ```
+ */
+export function lossLimitedBytesPerS(
+  rttMs: number,
+  lossFraction: number,
+  lossResponseBytes: number,
+): number {
+  if (!(lossFraction > 0) || !(rttMs > 0)) return Infinity;
+  return lossResponseBytes / ((rttMs / 1000) * Math.sqrt(lossFraction));
 }
 
 function _ms(ms: number): string {

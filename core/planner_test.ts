@@ -1,6 +1,13 @@
 import assert from "node:assert/strict";
 import { UsageError } from "./errors.ts";
-import { DEFAULT_PLAN_OPTIONS, estimate, plan, type PlanInput, stateBytesFor } from "./planner.ts";
+import {
+  DEFAULT_PLAN_OPTIONS,
+  estimate,
+  lossLimitedBytesPerS,
+  plan,
+  type PlanInput,
+  stateBytesFor,
+} from "./planner.ts";
 import { planInput } from "./_test_fixtures.ts";
 
 const MIB = 1024 * 1024;
@@ -126,6 +133,52 @@ Deno.test("estimate(): with a link slower than prefill the backlog stays uncover
   // Everything after the first chunk's compute is on the tail.
   assert.ok(Math.abs(e.uncoveredKvMs - (transferMs + 2048 / 100 - e.prefillerPrefillMs)) < 1e-6);
   assert.ok(e.overlapFraction! < 0.2);
+});
+
+Deno.test("lossLimitedBytesPerS() falls with the RTT and the square root of the loss", () => {
+  assert.equal(lossLimitedBytesPerS(10, 0, 2000), Infinity);
+  assert.equal(lossLimitedBytesPerS(0, 0.001, 2000), Infinity);
+  const r = lossLimitedBytesPerS(10, 0.001, 2000);
+  assert.ok(Math.abs(r - 2000 / (0.01 * Math.sqrt(0.001))) < 1e-6, `${r}`);
+  assert.ok(Math.abs(lossLimitedBytesPerS(20, 0.001, 2000) - r / 2) < 1e-6);
+  assert.ok(Math.abs(lossLimitedBytesPerS(10, 0.004, 2000) - r / 2) < 1e-6);
+});
+
+Deno.test("estimate(): a lossy link's transfer runs at the loss-limited rate, not the probe's", () => {
+  // A probe over 10 ms and 0.1% loss reads the line rate (its bytes fit before the first
+  // loss); the state then moves at what the congestion controller holds under that loss.
+  const link = { bandwidthBytesPerS: 50e6, rttMs: 10, ageMs: 1 };
+  const i = input({ link, prefillerPrefillTokensPerS: 100_000 });
+  const clean = estimate(i, link);
+  const lossy = estimate(i, { ...link, lossFraction: 0.001 });
+  const limit = lossLimitedBytesPerS(10, 0.001, DEFAULT_PLAN_OPTIONS.lossResponseBytes);
+  assert.equal(clean.lossLimited, false);
+  assert.equal(clean.linkBytesPerS, 50e6);
+  assert.equal(lossy.lossLimited, true);
+  assert.equal(lossy.linkBytesPerS, limit);
+  const kvMs = (i.promptTokens * 8192) / (limit / 1000);
+  assert.ok(Math.abs(lossy.uncoveredKvMs - (kvMs + 2048 / 100 - lossy.prefillerPrefillMs)) < 1e-6);
+  assert.ok(lossy.handoffTailMs > 5 * clean.handoffTailMs, `${lossy.handoffTailMs}`);
+  // Over 0.2 ms the same loss limits nothing below the probe's rate.
+  const near = estimate(i, { ...link, rttMs: 0.2, lossFraction: 0.001 });
+  assert.equal(near.lossLimited, false);
+  assert.equal(near.linkBytesPerS, 50e6);
+});
+
+Deno.test("estimate(): captured layers released more slowly than the loss-limited rate keep the measured rate", () => {
+  // 160 MiB of recurrent state released over the last chunk: over 2048 tokens at 4000 tokens/s
+  // (0.5 s) that is 335 MB/s, over the loss-limited 6.3 MB/s, so the link backs up; at 20
+  // tokens/s (102 s) it is 1.6 MB/s, and each layer leaves after an idle gap at the measured rate.
+  const link = { bandwidthBytesPerS: 50e6, rttMs: 10, ageMs: 1, lossFraction: 0.001 };
+  const busy = estimate(input({ link, snapshotDuringLastChunk: true }), link);
+  assert.equal(busy.lossLimited, true);
+  assert.ok(busy.linkBytesPerS < 7e6, `${busy.linkBytesPerS}`);
+  const slow = input({ link, snapshotDuringLastChunk: true, prefillerPrefillTokensPerS: 20 });
+  const idle = estimate(slow, link);
+  assert.equal(idle.lossLimited, false);
+  assert.equal(idle.linkBytesPerS, 50e6);
+  // Without capture the snapshot leaves at once, after prefill: the link is busy.
+  assert.equal(estimate(input({ link, prefillerPrefillTokensPerS: 20 }), link).lossLimited, true);
 });
 
 Deno.test("estimate(): a prefix-cache hit shortens prefill and streams the cached pages at once", () => {
