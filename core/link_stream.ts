@@ -23,11 +23,44 @@ export interface StreamInput {
 /** Prefill time, the stream's finish beyond it, the last page, and the share of pages hidden. */
 export interface StreamFinish {
   prefillMs: number;
-  /** The last chunk's compute, during which captured bytes are released. */
-  lastChunkMs: number;
   uncoveredMs: number;
   lastPageBytes: number;
   overlapFraction: number | null;
+}
+
+/** The prefill's chunks in time: how many, the last one's tokens and length, the others' rate. */
+export interface ChunkTimes {
+  /** Tokens computed (the prompt less the cached prefix). */
+  computed: number;
+  /** Chunks computed. */
+  n: number;
+  lastTokens: number;
+  prefillMs: number;
+  /** The last chunk's compute, during which captured layers are released. */
+  lastChunkMs: number;
+  /** Tokens per ms of the chunks before the last. */
+  earlyTps: number;
+}
+
+/**
+ * When the chunks compute: the last at its own rate where known (never longer than the whole
+ * prefill), the chunks before it evenly over the rest.
+ *
+ * @example
+ * ```ts
+ * chunkTimes(input).lastChunkMs;
+ * ```
+ */
+export function chunkTimes(i: StreamInput): ChunkTimes {
+  const tps = i.prefillerPrefillTokensPerS / 1000;
+  const computed = i.promptTokens - (i.prefillerCachedTokens ?? 0);
+  const n = Math.ceil(computed / i.chunkTokens);
+  const lastTokens = n === 0 ? 0 : computed - (n - 1) * i.chunkTokens;
+  const prefillMs = computed / tps;
+  const ownMs = lastTokens / ((i.prefillerLastChunkTokensPerS ?? 0) / 1000);
+  const lastChunkMs = n === 0 ? 0 : n > 1 && ownMs < prefillMs ? ownMs : lastTokens / tps;
+  const earlyTps = n > 1 ? (computed - lastTokens) / (prefillMs - lastChunkMs) : tps;
+  return { computed, n, lastTokens, prefillMs, lastChunkMs, earlyTps };
 }
 
 /**
@@ -67,17 +100,8 @@ export function streamFinish(
   lastPieceLeadMs = 0,
 ): StreamFinish {
   const kv = i.state.kvBytesPerToken;
-  const tps = i.prefillerPrefillTokensPerS / 1000;
   const cached = i.prefillerCachedTokens ?? 0;
-  const computed = i.promptTokens - cached;
-  const n = Math.ceil(computed / i.chunkTokens);
-  const lastTokens = n === 0 ? 0 : computed - (n - 1) * i.chunkTokens;
-  const prefillMs = computed / tps;
-  // The last chunk at its own rate where known (never longer than the whole prefill), and the
-  // chunks before it evenly over the rest.
-  const ownMs = lastTokens / ((i.prefillerLastChunkTokensPerS ?? 0) / 1000);
-  const lastChunkMs = n === 0 ? 0 : n > 1 && ownMs < prefillMs ? ownMs : lastTokens / tps;
-  const earlyTps = n > 1 ? (computed - lastTokens) / (prefillMs - lastChunkMs) : tps;
+  const { computed, n, lastTokens, prefillMs, lastChunkMs, earlyTps } = chunkTimes(i);
   const firstChunkMs = Math.min(i.chunkTokens, computed) / earlyTps;
   const cachedBytes = cached * kv;
   const chunkBytes = i.chunkTokens * kv;
@@ -123,7 +147,6 @@ export function streamFinish(
   }
   return {
     prefillMs,
-    lastChunkMs,
     uncoveredMs: Math.max(0, finishMs - prefillMs),
     lastPageBytes,
     overlapFraction,

@@ -22,7 +22,7 @@
  */
 import { UsageError } from "./errors.ts";
 import { TOKEN_BYTES } from "./schema.ts";
-import { streamFinish } from "./link_stream.ts";
+import { chunkTimes, streamFinish } from "./link_stream.ts";
 import { linkResidualAt } from "./link_costs.ts";
 import {
   DEFAULT_PLAN_OPTIONS,
@@ -251,7 +251,7 @@ export function estimate(
   // layers released more slowly than that leave one by one after idle gaps, in which the
   // congestion window grows back, at about the measured rate.
   const lossLimit = lossLimitedBytesPerS(link.rttMs, link.lossFraction ?? 0, o.lossResponseBytes);
-  const lastChunkMs = streamFinish(i, link.bandwidthBytesPerS / 1000, link.rttMs).lastChunkMs;
+  const { lastChunkMs } = chunkTimes(i);
   const releasedBytesPerS = captured > 0 && lastChunkMs > 0
     ? (captured / lastChunkMs) * 1000
     : Infinity;
