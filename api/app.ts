@@ -36,8 +36,15 @@ type Env = { Variables: { tenant: string } };
 
 export function createApp(service: ApiService, keys: ApiKeys | null): Hono<Env> {
   const app = new Hono<Env>();
-  const model = service.options.model;
+  // Hono runs middleware and routes in the order they are added: the middleware first.
+  addErrorsAndAuth(app, service, keys);
+  addInfoRoutes(app, service);
+  addCompletionRoutes(app, service);
+  return app;
+}
 
+/** OpenAI-shaped errors and 404s, the responses counter, and each `/v1/*` request's tenant. */
+function addErrorsAndAuth(app: Hono<Env>, service: ApiService, keys: ApiKeys | null): void {
   app.onError((error) => (error instanceof ApiError ? error : serverError(error)).response());
   app.notFound((c) =>
     new ApiError(404, "not_found_error", `No route ${c.req.method} ${c.req.path}`, {
@@ -52,7 +59,11 @@ export function createApp(service: ApiService, keys: ApiKeys | null): Hono<Env> 
     c.set("tenant", keys ? keys.tenantOf(c.req.header("authorization")) : UNAUTHENTICATED_TENANT);
     await next();
   });
+}
 
+/** The routes that only report: health, metrics, the model, the tenant's recent records. */
+function addInfoRoutes(app: Hono<Env>, service: ApiService): void {
+  const model = service.options.model;
   app.get("/health", (c) =>
     c.json({
       status: "ok",
@@ -86,7 +97,11 @@ export function createApp(service: ApiService, keys: ApiKeys | null): Hono<Env> 
       .filter((r) => r.tenantId === tenant).slice(0, limit);
     return c.json({ object: "list", data: records });
   });
+}
 
+/** The generating routes: completions and chat completions, streamed or not. */
+function addCompletionRoutes(app: Hono<Env>, service: ApiService): void {
+  const model = service.options.model;
   app.post("/v1/completions", async (c) => {
     const body = parseBody(CompletionBody, await readJson(c.req.raw));
     const params = checkModel(model, toGenerationParams(body));
@@ -108,8 +123,6 @@ export function createApp(service: ApiService, keys: ApiKeys | null): Hono<Env> 
       turnEnds,
     });
   });
-
-  return app;
 }
 
 /**

@@ -32,169 +32,158 @@ export interface MetricsSources {
   waiting: () => number;
 }
 
+/**
+ * Every metric is a field defined where it is declared; fields initialize in this order, which
+ * is the order of /metrics' text. The admission gauges, read at each scrape, come last.
+ */
 export class ApiMetrics {
   readonly registry = new Registry();
-  readonly ttft: Histogram;
-  readonly itl: Histogram;
-  readonly tpot: Histogram;
-  readonly e2e: Histogram;
-  readonly queue: Histogram;
-  readonly promptTokens: Counter;
+
+  // The client's latencies, from arrival (queue time included, as vLLM's).
+  readonly ttft = histogram(
+    this.registry,
+    "skippy:time_to_first_token_seconds",
+    "Arrival to the first token (queue time included)",
+  );
+  readonly itl = histogram(
+    this.registry,
+    "skippy:inter_token_latency_seconds",
+    "Gap between generated tokens",
+  );
+  readonly tpot = histogram(
+    this.registry,
+    "skippy:request_time_per_output_token_seconds",
+    "(e2e - ttft) / (generated tokens - 1), per request",
+  );
+  readonly e2e = histogram(
+    this.registry,
+    "skippy:e2e_request_latency_seconds",
+    "Arrival to the last token (queue time included)",
+  );
+  readonly queue = histogram(
+    this.registry,
+    "skippy:request_queue_time_seconds",
+    "Time waiting for admission",
+  );
+
+  // Tokens and how requests ended.
+  readonly promptTokens = counter(
+    this.registry,
+    "skippy:prompt_tokens_total",
+    "Prompt tokens of finished requests",
+  );
   /** Prompt tokens restored from the prefill worker's prefix cache (not computed). */
-  readonly promptTokensCached: Counter;
-  readonly generationTokens: Counter;
-  readonly success: Counter;
-  readonly failures: Counter;
-  readonly responses: Counter;
-  readonly placements: Counter;
-  readonly fallbacks: Counter;
-  readonly handoffBytes: Histogram;
-  readonly transfer: Histogram;
-  readonly tail: Histogram;
-  readonly specDrafted: Counter;
-  readonly specAccepted: Counter;
-  readonly decodePaths: Counter;
-  readonly fallbackKinds: Counter;
-  readonly busyRefusals: Counter;
+  readonly promptTokensCached = counter(
+    this.registry,
+    "skippy:prompt_tokens_cached_total",
+    "Prompt tokens of finished requests restored from the prefill worker's prefix cache",
+  );
+  readonly generationTokens = counter(
+    this.registry,
+    "skippy:generation_tokens_total",
+    "Generated tokens of finished requests",
+  );
+  readonly success = counter(
+    this.registry,
+    "skippy:request_success_total",
+    "Requests finished, by finish reason",
+    ["finished_reason"],
+  );
+  readonly failures = counter(
+    this.registry,
+    "skippy:request_failures_total",
+    "Requests that failed after admission (500), by reason",
+    ["reason"],
+  );
+  readonly responses = counter(
+    this.registry,
+    "skippy:http_responses_total",
+    "HTTP responses by route and status",
+    ["route", "status"],
+  );
+
+  // The handoff: where requests ran, why a planned one did not, and what it moved.
+  readonly placements = counter(
+    this.registry,
+    "skippy:handoff_placements_total",
+    "Requests by where they ran: disaggregated or colocated",
+    ["placement"],
+  );
+  readonly fallbacks = counter(
+    this.registry,
+    "skippy:handoff_fallbacks_total",
+    "Requests planned disaggregated that ran colocated, by reason",
+    ["reason"],
+  );
+  readonly handoffBytes = histogram(
+    this.registry,
+    "skippy:handoff_bytes",
+    "State bytes moved per handoff",
+    BYTES_BUCKETS,
+  );
+  readonly transfer = histogram(
+    this.registry,
+    "skippy:handoff_transfer_seconds",
+    "Wire time per handoff",
+  );
+  readonly tail = histogram(
+    this.registry,
+    "skippy:handoff_tail_seconds",
+    "End of the last prefill chunk to commit (the uncovered tail)",
+  );
+
+  // llama-server's and vLLM's names for speculative decoding, per draft source.
+  readonly specDrafted = counter(
+    this.registry,
+    "skippy:spec_decode_num_draft_tokens_total",
+    "Tokens drafted by speculative decoding, by source (mtp, suffix)",
+    ["source"],
+  );
+  readonly specAccepted = counter(
+    this.registry,
+    "skippy:spec_decode_num_accepted_tokens_total",
+    "Drafted tokens the target model accepted, by source (mtp, suffix)",
+    ["source"],
+  );
+
+  // The decode path, the fallbacks taken and busy workers.
+  readonly decodePaths = counter(
+    this.registry,
+    "skippy:decode_path_requests_total",
+    "Finished requests by the decode worker's path (batched or per-session)",
+    ["path"],
+  );
+  readonly fallbackKinds = counter(
+    this.registry,
+    "skippy:request_fallbacks_total",
+    "Fallbacks the coordinator took, by kind (colocated-on-decoder, colocated-on-prefill, " +
+      "completed-on-prefill, resumed)",
+    ["kind"],
+  );
+  readonly busyRefusals = counter(
+    this.registry,
+    "skippy:busy_refusals_total",
+    "Requests answered 503 because a worker had no room (WorkerBusyError)",
+  );
+
   /** Per prefill -> decode pair: the newest loss probe's loss events per datagram. */
-  readonly linkLoss: Gauge;
+  readonly linkLoss: Gauge = new Gauge({
+    name: "skippy:link_loss_fraction",
+    help: "The prefill worker's newest datagram loss probe of its link to the decode worker: " +
+      "loss events (runs of lost datagrams) per datagram sent",
+    labelNames: ["prefill", "decode"],
+    registers: [this.registry],
+  });
   /** Per pair: datagrams sent by the loss probes reported so far. */
-  readonly linkLossDatagrams: Counter;
+  readonly linkLossDatagrams = counter(
+    this.registry,
+    "skippy:link_loss_probe_datagrams_total",
+    "Datagrams the prefill worker's loss probes of this link sent (each probe once)",
+    ["prefill", "decode"],
+  );
 
   constructor(sources: MetricsSources) {
-    const registers = [this.registry];
-    const hist = (name: string, help: string, buckets = LATENCY_BUCKETS_S) =>
-      new Histogram({ name, help, buckets, registers });
-    this.ttft = hist(
-      "skippy:time_to_first_token_seconds",
-      "Arrival to the first token (queue time included)",
-    );
-    this.itl = hist("skippy:inter_token_latency_seconds", "Gap between generated tokens");
-    this.tpot = hist(
-      "skippy:request_time_per_output_token_seconds",
-      "(e2e - ttft) / (generated tokens - 1), per request",
-    );
-    this.e2e = hist(
-      "skippy:e2e_request_latency_seconds",
-      "Arrival to the last token (queue time included)",
-    );
-    this.queue = hist("skippy:request_queue_time_seconds", "Time waiting for admission");
-    this.promptTokens = new Counter({
-      name: "skippy:prompt_tokens_total",
-      help: "Prompt tokens of finished requests",
-      registers,
-    });
-    this.promptTokensCached = new Counter({
-      name: "skippy:prompt_tokens_cached_total",
-      help: "Prompt tokens of finished requests restored from the prefill worker's prefix cache",
-      registers,
-    });
-    this.generationTokens = new Counter({
-      name: "skippy:generation_tokens_total",
-      help: "Generated tokens of finished requests",
-      registers,
-    });
-    this.success = new Counter({
-      name: "skippy:request_success_total",
-      help: "Requests finished, by finish reason",
-      labelNames: ["finished_reason"],
-      registers,
-    });
-    this.failures = new Counter({
-      name: "skippy:request_failures_total",
-      help: "Requests that failed after admission (500), by reason",
-      labelNames: ["reason"],
-      registers,
-    });
-    this.responses = new Counter({
-      name: "skippy:http_responses_total",
-      help: "HTTP responses by route and status",
-      labelNames: ["route", "status"],
-      registers,
-    });
-    this.placements = new Counter({
-      name: "skippy:handoff_placements_total",
-      help: "Requests by where they ran: disaggregated or colocated",
-      labelNames: ["placement"],
-      registers,
-    });
-    this.fallbacks = new Counter({
-      name: "skippy:handoff_fallbacks_total",
-      help: "Requests planned disaggregated that ran colocated, by reason",
-      labelNames: ["reason"],
-      registers,
-    });
-    this.handoffBytes = hist(
-      "skippy:handoff_bytes",
-      "State bytes moved per handoff",
-      BYTES_BUCKETS,
-    );
-    this.transfer = hist("skippy:handoff_transfer_seconds", "Wire time per handoff");
-    this.tail = hist(
-      "skippy:handoff_tail_seconds",
-      "End of the last prefill chunk to commit (the uncovered tail)",
-    );
-    // llama-server's and vLLM's names for speculative decoding, per draft source.
-    this.specDrafted = new Counter({
-      name: "skippy:spec_decode_num_draft_tokens_total",
-      help: "Tokens drafted by speculative decoding, by source (mtp, suffix)",
-      labelNames: ["source"],
-      registers,
-    });
-    this.specAccepted = new Counter({
-      name: "skippy:spec_decode_num_accepted_tokens_total",
-      help: "Drafted tokens the target model accepted, by source (mtp, suffix)",
-      labelNames: ["source"],
-      registers,
-    });
-    this.decodePaths = new Counter({
-      name: "skippy:decode_path_requests_total",
-      help: "Finished requests by the decode worker's path (batched or per-session)",
-      labelNames: ["path"],
-      registers,
-    });
-    this.fallbackKinds = new Counter({
-      name: "skippy:request_fallbacks_total",
-      help:
-        "Fallbacks the coordinator took, by kind (colocated-on-decoder, colocated-on-prefill, " +
-        "completed-on-prefill, resumed)",
-      labelNames: ["kind"],
-      registers,
-    });
-    this.busyRefusals = new Counter({
-      name: "skippy:busy_refusals_total",
-      help: "Requests answered 503 because a worker had no room (WorkerBusyError)",
-      registers,
-    });
-    this.linkLoss = new Gauge({
-      name: "skippy:link_loss_fraction",
-      help: "The prefill worker's newest datagram loss probe of its link to the decode worker: " +
-        "loss events (runs of lost datagrams) per datagram sent",
-      labelNames: ["prefill", "decode"],
-      registers,
-    });
-    this.linkLossDatagrams = new Counter({
-      name: "skippy:link_loss_probe_datagrams_total",
-      help: "Datagrams the prefill worker's loss probes of this link sent (each probe once)",
-      labelNames: ["prefill", "decode"],
-      registers,
-    });
-    new Gauge({
-      name: "skippy:num_requests_running",
-      help: "Requests admitted and running",
-      registers,
-      collect() {
-        this.set(sources.running());
-      },
-    });
-    new Gauge({
-      name: "skippy:num_requests_waiting",
-      help: "Requests waiting for admission",
-      registers,
-      collect() {
-        this.set(sources.waiting());
-      },
-    });
+    registerAdmissionGauges(this.registry, sources);
   }
 
   /**
@@ -237,4 +226,45 @@ export class ApiMetrics {
   get contentType(): string {
     return this.registry.contentType;
   }
+}
+
+/** A histogram in `registry` (latency buckets unless given). */
+function histogram(
+  registry: Registry,
+  name: string,
+  help: string,
+  buckets = LATENCY_BUCKETS_S,
+): Histogram {
+  return new Histogram({ name, help, buckets, registers: [registry] });
+}
+
+/** A counter in `registry`, with the given labels (none by default). */
+function counter(
+  registry: Registry,
+  name: string,
+  help: string,
+  labelNames: string[] = [],
+): Counter {
+  return new Counter({ name, help, labelNames, registers: [registry] });
+}
+
+/** Requests running and waiting, read from admission at each scrape. */
+function registerAdmissionGauges(registry: Registry, sources: MetricsSources): void {
+  const registers = [registry];
+  new Gauge({
+    name: "skippy:num_requests_running",
+    help: "Requests admitted and running",
+    registers,
+    collect() {
+      this.set(sources.running());
+    },
+  });
+  new Gauge({
+    name: "skippy:num_requests_waiting",
+    help: "Requests waiting for admission",
+    registers,
+    collect() {
+      this.set(sources.waiting());
+    },
+  });
 }

@@ -22,6 +22,7 @@ import type { GenerationParams } from "./schemas.ts";
 import { RequestOutput } from "./request_output.ts";
 import { registerWorkerMetrics, type WorkerMetricsOptions } from "./worker_metrics.ts";
 import { type RequestLog, type RequestRecord } from "./telemetry.ts";
+import { failureReason, finishRecord } from "./_outcome.ts";
 
 /** The workers a request was given (`PeerSet.pick`). */
 type Picked = NonNullable<ReturnType<PeerSet["pick"]>>;
@@ -220,32 +221,9 @@ export class ApiService {
     record.placementReason = planned.reason;
     const handoffId = crypto.randomUUID();
     record.handoffId = handoffId;
-    const out = new RequestOutput(input, (ttftMs, gapMs, tokens) => {
-      if (ttftMs !== null) {
-        record.ttftMs = ttftMs;
-        this.metrics.ttft.observe(ttftMs / 1000);
-      } else {
-        for (let i = 0; i < tokens; i++) this.metrics.itl.observe(gapMs / 1000 / tokens);
-      }
-    }, t0);
-    const release = o.peers.hold([
-      picked.decode,
-      planned.placement === "colocated" ? null : picked.prefill,
-    ]);
-    let result: HandoffResult | null = null;
-    try {
-      result = await runHandoff(
-        o.node,
-        this.#request(input, picked, planned, maxTokens, handoffId, out),
-      );
-    } catch (error) {
-      // A stop sequence cancelled the request on the workers: that is a normal end.
-      if (!(out.stopped && !input.signal.aborted && error instanceof HandoffAbortedError)) {
-        throw error;
-      }
-    } finally {
-      release();
-    }
+    const out = new RequestOutput(input, this.#timingObserver(record), t0);
+    const request = this.#request(input, picked, planned, maxTokens, handoffId, out);
+    const result = await this.#runOnWorkers(input, picked, planned, request, out);
     out.flush();
     const generated = out.generated;
     const finishReason = out.stopped || generated < maxTokens ? "stop" : "length";
@@ -254,8 +232,82 @@ export class ApiService {
     const fallbackReason = planned.placement === "disaggregated"
       ? result?.fallbackReason ?? null
       : null;
-    this.#finish(record, result, placement, fallbackReason, generated, finishReason, t0);
+    finishRecord(this.metrics, record, {
+      result,
+      placement,
+      fallbackReason,
+      generated,
+      finishReason,
+      t0,
+    });
     this.#recordPrediction(record, planned, picked);
+    this.#learnFromOutcome(result, picked, planned);
+    return {
+      requestId: record.requestId,
+      created: Math.floor(Date.now() / 1000),
+      text: out.collected,
+      finishReason,
+      promptTokens: record.promptTokens,
+      cachedTokens: result?.placement === "disaggregated" ? result.telemetry.cachedTokens : 0,
+      completionTokens: generated,
+      placement,
+      plannedPlacement: planned,
+      fallbackReason,
+      chatFormat: input.chatFormat ?? null,
+      logprobs: out.logprobs,
+    };
+  }
+
+  /** Each token arrival's timing: the first is the request's TTFT, later ones its gaps. */
+  #timingObserver(record: RequestRecord): RequestOutput["onTiming"] {
+    return (ttftMs, gapMs, tokens) => {
+      if (ttftMs !== null) {
+        record.ttftMs = ttftMs;
+        this.metrics.ttft.observe(ttftMs / 1000);
+      } else {
+        for (let i = 0; i < tokens; i++) this.metrics.itl.observe(gapMs / 1000 / tokens);
+      }
+    };
+  }
+
+  /**
+   * `runHandoff` with the picked workers held for its duration; null when a stop sequence
+   * cancelled the request on the workers, which is a normal end.
+   */
+  async #runOnWorkers(
+    input: RunInput,
+    picked: Picked,
+    planned: PlacementDecision,
+    request: HandoffRequest,
+    out: RequestOutput,
+  ): Promise<HandoffResult | null> {
+    const release = this.options.peers.hold([
+      picked.decode,
+      planned.placement === "colocated" ? null : picked.prefill,
+    ]);
+    try {
+      return await runHandoff(this.options.node, request);
+    } catch (error) {
+      // A stop sequence cancelled the request on the workers: that is a normal end.
+      if (!(out.stopped && !input.signal.aborted && error instanceof HandoffAbortedError)) {
+        throw error;
+      }
+      return null;
+    } finally {
+      release();
+    }
+  }
+
+  /**
+   * What an outcome teaches /metrics and live placement: the prefill worker's newest loss
+   * probe of the pair's link (once per probe) and, for live placement, the handoff itself.
+   */
+  #learnFromOutcome(
+    result: HandoffResult | null,
+    picked: Picked,
+    planned: PlacementDecision,
+  ): void {
+    const o = this.options;
     const loss = result?.linkLoss;
     if (loss && picked.prefill) {
       const pair = { from: picked.prefill.peer.nodeId, to: picked.decode.peer.nodeId };
@@ -275,20 +327,6 @@ export class ApiService {
         planned.prediction?.linkMs ?? null,
       );
     }
-    return {
-      requestId: record.requestId,
-      created: Math.floor(Date.now() / 1000),
-      text: out.collected,
-      finishReason,
-      promptTokens: record.promptTokens,
-      cachedTokens: result?.placement === "disaggregated" ? result.telemetry.cachedTokens : 0,
-      completionTokens: generated,
-      placement,
-      plannedPlacement: planned,
-      fallbackReason,
-      chatFormat: input.chatFormat ?? null,
-      logprobs: out.logprobs,
-    };
   }
 
   /** What the workers are asked to run for one admitted request. */
@@ -369,59 +407,4 @@ export class ApiService {
       prediction: p ? { placement: planned.placement, ...p } : null,
     };
   }
-
-  #finish(
-    record: RequestRecord,
-    result: HandoffResult | null,
-    placement: "disaggregated" | "colocated",
-    fallbackReason: string | null,
-    generated: number,
-    finishReason: "stop" | "length",
-    t0: number,
-  ): void {
-    const m = this.metrics;
-    const e2eMs = performance.now() - t0;
-    record.placement = placement;
-    record.fallbackReason = fallbackReason;
-    record.generatedTokens = generated;
-    record.finishReason = finishReason;
-    record.handoff = result?.telemetry ?? null;
-    record.linkLoss = result?.linkLoss ?? null;
-    if (record.ttftMs !== null && generated > 1) {
-      record.tpotMs = (e2eMs - record.ttftMs) / (generated - 1);
-      m.tpot.observe(record.tpotMs / 1000);
-    }
-    m.e2e.observe(e2eMs / 1000);
-    m.promptTokens.inc(record.promptTokens);
-    if (result && placement === "disaggregated") {
-      m.promptTokensCached.inc(result.telemetry.cachedTokens ?? 0);
-    }
-    m.generationTokens.inc(generated);
-    m.success.inc({ finished_reason: finishReason });
-    m.placements.inc({ placement });
-    if (record.plannedPlacement === "disaggregated" && placement === "colocated") {
-      m.fallbacks.inc({ reason: fallbackCode(result) });
-    }
-    if (result && placement === "disaggregated") m.observeHandoff(result.telemetry);
-    if (result) m.observeRequest(result.telemetry, result.fallbacks);
-  }
-}
-
-/** A bounded label for a fallback: core's abort reason, else a coarse class. */
-function fallbackCode(result: HandoffResult | null): string {
-  if (!result) return "unknown";
-  if (result.telemetry.fallbackReason) return result.telemetry.fallbackReason;
-  const why = result.fallbackReason ?? "";
-  if (why.startsWith("prefill-busy")) return "prefill-busy";
-  if (why.startsWith("the prefill worker is unreachable")) return "prefill-unreachable";
-  if (why.startsWith("the prefill worker was lost")) return "connection-lost";
-  if (why.startsWith("decode worker not eligible")) return "not-eligible";
-  return "other";
-}
-
-/** A bounded label for a failure. */
-function failureReason(error: unknown): string {
-  if (error instanceof HandoffAbortedError) return String(error.reason ?? "aborted");
-  if (error instanceof ApiError) return error.options.code ?? error.type;
-  return error instanceof Error ? error.name : "unknown";
 }

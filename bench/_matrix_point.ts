@@ -7,6 +7,7 @@
 import { runHandoff } from "../serve/coordinator.ts";
 import type { HandoffRequest } from "../serve/coordinator.ts";
 import type { LocalCluster } from "../serve/local_cluster.ts";
+import type { PeerAddress } from "../serve/messages.ts";
 import { RUNTIME_DEFAULTS } from "../serve/engine.ts";
 import { LinkEstimator, type PeerPair } from "../core/link_estimates.ts";
 import type { RateRecorder } from "../core/node_rates.ts";
@@ -131,11 +132,17 @@ export interface MatrixContext {
   relayCpu: { cpu: number; bitsPerSMax: number } | null;
 }
 
+/** What a pair learns from its handoffs, live (`MatrixContext`) and in the replay alike. */
+export type MatrixLearning = Pick<
+  MatrixContext,
+  "prefillRates" | "decodeRates" | "costs" | "linkCosts" | "state"
+>;
+
 /** What a served handoff teaches the nodes: rates, state sizes and the tail's fixed costs. */
 export function learnFrom(
-  x: MatrixContext,
+  x: MatrixLearning,
   t: HandoffTelemetry,
-  clientTtftMs: number,
+  clientTtftMs: number | null,
   predictedLinkMs: number | null,
   /** The RTT the prediction used (the row's pings); absent: the handoff's own figure. */
   rttMs?: number | null,
@@ -242,23 +249,9 @@ export async function runPoint(
     estimate: null,
   };
   const decode = x.cluster.decode.peer;
-  // Rate 0: no relay, the loopback itself (unshaped).
-  let link: EmulatedLink | null = null;
+  let link: EmulatedLink | null;
   try {
-    if (p.rateBitsPerS > 0) {
-      link = await openGridLink(x.binary, decode, p, {
-        ceilingBitsPerS: x.ceilingBitsPerS,
-        seed: 7 + rep,
-      });
-      const r = x.relayCpu;
-      if (r !== null && link instanceof NativeLinkRelay && p.rateBitsPerS <= r.bitsPerSMax) {
-        await pinToCpu(link.pid, r.cpu).catch((error) => {
-          link?.close();
-          throw error;
-        });
-        row.relayCpu = r.cpu;
-      }
-    }
+    link = await _openPointLink(x, p, rep, row);
   } catch (error) {
     row.refused = (error as Error).message.split(":")[0];
     return row;
@@ -267,80 +260,8 @@ export async function runPoint(
     const via = link
       ? { ...decode, host: link.endpoint.hostname, port: link.endpoint.port }
       : decode;
-    const links = new LinkEstimator();
-    const monitor = new LinkMonitor(x.cluster.prefill.peer.nodeId, links, {
-      pingsPerMeasure: 10,
-    });
-    const conn = await x.cluster.client.connect(via);
-    // The probe a live node sends (8 MiB), whatever the emulated rate. A probe sized from the
-    // rate (a quarter second, at least 3 MiB) read a lossless 100 Mbit/s, 2 ms link at 52-63
-    // MB/s in four tries of five, and 1 Gbit/s at up to 459; 8 MiB read 12.1-12.2 and at most
-    // 125 (bench/link_probe_check.ts, FINDINGS section 000). Unshaped loopback: 16 MiB.
-    const probeBytes = p.rateBitsPerS > 0 ? DEFAULT_LINK_MONITOR_OPTIONS.probeBytes : 16 << 20;
-    await monitor.measure(conn, probeBytes);
-    await conn.close();
-    const pair = { from: x.cluster.prefill.peer.nodeId, to: decode.nodeId };
-    // The row records its own probe; the planner reads it with the point's earlier ones.
-    const e = links.estimate(pair, performance.now());
-    row.estimate = e
-      ? { rttMs: e.rttMs, bandwidthBytesPerS: e.bandwidthBytesPerS, lossFraction: e.lossFraction }
-      : null;
-    recordLossFractions(
-      links,
-      pair,
-      earlierLossProbes(x.lossByPoint, p, e?.lossFraction ?? null),
-    );
-    row.link = {
-      rttMs: e?.rttMs ?? null,
-      bytesPerS: e?.bandwidthBytesPerS ?? null,
-      source: e?.bandwidthSource ?? null,
-    };
-    const d = placeRequest({
-      promptTokens: actualTokens,
-      prefiller: {
-        nodeId: x.cluster.prefill.peer.nodeId,
-        rates: x.prefillRates.rates(),
-        hasRole: true,
-      },
-      decoder: {
-        nodeId: decode.nodeId,
-        rates: x.decodeRates.rates(),
-        hasRole: true,
-        freeBytes: 64 * 2 ** 30,
-      },
-      schemaShared: true,
-      identityMatch: true,
-      family: "hybrid",
-      llamaBuild: x.llamaBuild,
-      state: { ...x.state },
-      chunkTokens: RUNTIME_DEFAULTS.chunkTokens,
-      // The prefill worker's layer capture (on wherever the shim is built) sends the
-      // recurrent state, and the last chunk's page, while the last chunk computes.
-      snapshotDuringLastChunk: true,
-      lastPageDuringLastChunk: true,
-      costs: pointCosts(x.costs, x.linkCosts, p),
-    }, {
-      links,
-      nowMs: performance.now(),
-      certification: x.certification,
-      options: x.planOptions,
-    });
-    row.decision = `${d.placement}: ${
-      d.reasons.filter((r) => r.code !== "chosen").map((r) => r.code).join(",")
-    }`;
-    const est = d.estimates;
-    if (d.prediction && est) {
-      row.predicted = {
-        ttftMs: d.prediction.ttftDisaggregatedMs,
-        colocatedTtftMs: d.prediction.ttftColocatedMs,
-        tailMs: d.prediction.commitTailMs,
-        transferMs: est.uncoveredKvMs + est.snapshotTransferMs,
-        commitMs: est.importMs + (est.probeMs ?? 0),
-        rttMs: est.commitRoundTripMs,
-        probeMs: est.probeMs ?? 0,
-        firstTokenOverheadMs: x.costs.costs().firstTokenOverheadMs ?? 0,
-      };
-    }
+    const links = await _measurePointLink(x, p, via, row);
+    _predictPoint(x, p, actualTokens, links, row);
     const udpDrops = await countUdpReceiveDrops();
     const r = await runHandoff(x.cluster.client, { ...request, decode: via });
     row.udp = await udpDrops();
@@ -351,21 +272,7 @@ export async function runPoint(
     }
     const t = r.telemetry;
     row.telemetry = t;
-    row.measured = {
-      ttftMs: r.ttftMs,
-      tailMs: t.uncoveredTailMs,
-      prefillMs: t.prefillMs,
-      transferMs: t.uncoveredTailMs !== null && t.commitRoundTripMs !== null
-        ? t.uncoveredTailMs - t.commitRoundTripMs
-        : null,
-      commitMs: t.commitMs,
-      commitRoundTripMs: t.commitRoundTripMs,
-      probeMs: t.probeMs,
-      lastImportMs: t.lastImportMs,
-      totalBytes: t.totalBytes,
-      wireMs: t.wireMs,
-      stagedEarly: t.stagedBeforePrefillEndFraction,
-    };
+    row.measured = _measured(r.ttftMs, t);
     learnFrom(
       x,
       t,
@@ -375,16 +282,162 @@ export async function runPoint(
       row.estimate?.bandwidthBytesPerS,
       p,
     );
-    if (link instanceof NativeLinkRelay) {
-      const s = await link.stats();
-      row.relay = {
-        drops: await link.drops(),
-        lateUsMean: (s.forward.lateUsMean + s.backward.lateUsMean) / 2,
-        lateUsMax: Math.max(s.forward.lateUsMax, s.backward.lateUsMax),
-      };
-    }
+    if (link instanceof NativeLinkRelay) row.relay = await _relayFigures(link);
     return row;
   } finally {
     link?.close();
   }
+}
+
+/**
+ * The point's emulated link, its relay pinned where `x.relayCpu` says (recorded in
+ * `row.relayCpu`); null at rate 0: no relay, the loopback itself (unshaped). Throws when the
+ * relay refuses the point.
+ */
+async function _openPointLink(
+  x: MatrixContext,
+  p: MatrixPoint,
+  rep: number,
+  row: MatrixRow,
+): Promise<EmulatedLink | null> {
+  if (p.rateBitsPerS <= 0) return null;
+  const link = await openGridLink(x.binary, x.cluster.decode.peer, p, {
+    ceilingBitsPerS: x.ceilingBitsPerS,
+    seed: 7 + rep,
+  });
+  const r = x.relayCpu;
+  if (r !== null && link instanceof NativeLinkRelay && p.rateBitsPerS <= r.bitsPerSMax) {
+    await pinToCpu(link.pid, r.cpu).catch((error) => {
+      link?.close();
+      throw error;
+    });
+    row.relayCpu = r.cpu;
+  }
+  return link;
+}
+
+/**
+ * Measures the link to `via` as a live node does (pings and one probe) into `row.estimate` and
+ * `row.link`; the estimator the planner reads, with the point's earlier loss probes.
+ */
+async function _measurePointLink(
+  x: MatrixContext,
+  p: MatrixPoint,
+  via: PeerAddress,
+  row: MatrixRow,
+): Promise<LinkEstimator> {
+  const links = new LinkEstimator();
+  const monitor = new LinkMonitor(x.cluster.prefill.peer.nodeId, links, {
+    pingsPerMeasure: 10,
+  });
+  const conn = await x.cluster.client.connect(via);
+  // The probe a live node sends (8 MiB), whatever the emulated rate. A probe sized from the
+  // rate (a quarter second, at least 3 MiB) read a lossless 100 Mbit/s, 2 ms link at 52-63
+  // MB/s in four tries of five, and 1 Gbit/s at up to 459; 8 MiB read 12.1-12.2 and at most
+  // 125 (bench/link_probe_check.ts, FINDINGS section 000). Unshaped loopback: 16 MiB.
+  const probeBytes = p.rateBitsPerS > 0 ? DEFAULT_LINK_MONITOR_OPTIONS.probeBytes : 16 << 20;
+  await monitor.measure(conn, probeBytes);
+  await conn.close();
+  const pair = { from: x.cluster.prefill.peer.nodeId, to: x.cluster.decode.peer.nodeId };
+  // The row records its own probe; the planner reads it with the point's earlier ones.
+  const e = links.estimate(pair, performance.now());
+  row.estimate = e
+    ? { rttMs: e.rttMs, bandwidthBytesPerS: e.bandwidthBytesPerS, lossFraction: e.lossFraction }
+    : null;
+  recordLossFractions(
+    links,
+    pair,
+    earlierLossProbes(x.lossByPoint, p, e?.lossFraction ?? null),
+  );
+  row.link = {
+    rttMs: e?.rttMs ?? null,
+    bytesPerS: e?.bandwidthBytesPerS ?? null,
+    source: e?.bandwidthSource ?? null,
+  };
+  return links;
+}
+
+/** The planner's decision and prediction from what the run has learned, into `row`. */
+function _predictPoint(
+  x: MatrixContext,
+  p: MatrixPoint,
+  actualTokens: number,
+  links: LinkEstimator,
+  row: MatrixRow,
+): void {
+  const d = placeRequest({
+    promptTokens: actualTokens,
+    prefiller: {
+      nodeId: x.cluster.prefill.peer.nodeId,
+      rates: x.prefillRates.rates(),
+      hasRole: true,
+    },
+    decoder: {
+      nodeId: x.cluster.decode.peer.nodeId,
+      rates: x.decodeRates.rates(),
+      hasRole: true,
+      freeBytes: 64 * 2 ** 30,
+    },
+    schemaShared: true,
+    identityMatch: true,
+    family: "hybrid",
+    llamaBuild: x.llamaBuild,
+    state: { ...x.state },
+    chunkTokens: RUNTIME_DEFAULTS.chunkTokens,
+    // The prefill worker's layer capture (on wherever the shim is built) sends the
+    // recurrent state, and the last chunk's page, while the last chunk computes.
+    snapshotDuringLastChunk: true,
+    lastPageDuringLastChunk: true,
+    costs: pointCosts(x.costs, x.linkCosts, p),
+  }, {
+    links,
+    nowMs: performance.now(),
+    certification: x.certification,
+    options: x.planOptions,
+  });
+  row.decision = `${d.placement}: ${
+    d.reasons.filter((r) => r.code !== "chosen").map((r) => r.code).join(",")
+  }`;
+  const est = d.estimates;
+  if (d.prediction && est) {
+    row.predicted = {
+      ttftMs: d.prediction.ttftDisaggregatedMs,
+      colocatedTtftMs: d.prediction.ttftColocatedMs,
+      tailMs: d.prediction.commitTailMs,
+      transferMs: est.uncoveredKvMs + est.snapshotTransferMs,
+      commitMs: est.importMs + (est.probeMs ?? 0),
+      rttMs: est.commitRoundTripMs,
+      probeMs: est.probeMs ?? 0,
+      firstTokenOverheadMs: x.costs.costs().firstTokenOverheadMs ?? 0,
+    };
+  }
+}
+
+/** The row's measured figures, from the client's TTFT and the handoff's record. */
+function _measured(ttftMs: number, t: HandoffTelemetry): MatrixRow["measured"] {
+  return {
+    ttftMs,
+    tailMs: t.uncoveredTailMs,
+    prefillMs: t.prefillMs,
+    transferMs: t.uncoveredTailMs !== null && t.commitRoundTripMs !== null
+      ? t.uncoveredTailMs - t.commitRoundTripMs
+      : null,
+    commitMs: t.commitMs,
+    commitRoundTripMs: t.commitRoundTripMs,
+    probeMs: t.probeMs,
+    lastImportMs: t.lastImportMs,
+    totalBytes: t.totalBytes,
+    wireMs: t.wireMs,
+    stagedEarly: t.stagedBeforePrefillEndFraction,
+  };
+}
+
+/** What the native relay dropped, and how late its deliveries were (both directions). */
+async function _relayFigures(link: NativeLinkRelay): Promise<MatrixRow["relay"]> {
+  const s = await link.stats();
+  return {
+    drops: await link.drops(),
+    lateUsMean: (s.forward.lateUsMean + s.backward.lateUsMean) / 2,
+    lateUsMax: Math.max(s.forward.lateUsMax, s.backward.lateUsMax),
+  };
 }

@@ -114,7 +114,7 @@ function sameBits(a: Float32Array, b: Float32Array): boolean {
   return x.length === y.length && x.every((v, i) => v === y[i]);
 }
 
-export async function runBatchBench(o: {
+interface _BatchBenchOptions {
   modelDir: string;
   families: string[];
   concurrency: number[];
@@ -124,7 +124,11 @@ export async function runBatchBench(o: {
   threads: number;
   /** Also run node-llama-cpp side by side (installed into a scratch folder at bench time). */
   nodeLlamaCpp?: boolean;
-}): Promise<{ rows: BatchBenchRow[]; nodeSkipped: string | null }> {
+}
+
+export async function runBatchBench(
+  o: _BatchBenchOptions,
+): Promise<{ rows: BatchBenchRow[]; nodeSkipped: string | null }> {
   const rows: BatchBenchRow[] = [];
   let nodeSkipped: string | null = o.nodeLlamaCpp ? null : "not asked for";
   const lib = loadLlama();
@@ -147,16 +151,6 @@ export async function runBatchBench(o: {
     // One at a time, each on a context of its own: the baseline and the exactness reference.
     // Measured right before each batched run (same load on a shared machine), medians of both.
     using own = await Engine.open(config, model);
-    const oneAtATime = async (): Promise<{ rate: number; cpuRate: number; runs: Run[] }> => {
-      const runs: Run[] = [];
-      for (const p of prompts) {
-        await own.wipe();
-        runs.push((await decodeAll([own], [p], o.decodeTokens))[0]);
-      }
-      const ms = runs.reduce((a, x) => a + x.decodeMs, 0);
-      const tokens = runs.reduce((a, x) => a + x.tokens.length, 0);
-      return { rate: tokens / (ms / 1000), cpuRate: perCpu(tokens, runs), runs };
-    };
     // Same model, requests, threads and per-sequence context in node-llama-cpp.
     const node: NodeLlamaCppResult = o.nodeLlamaCpp && nodeSkipped === null
       ? await runNodeLlamaCpp({
@@ -171,67 +165,131 @@ export async function runBatchBench(o: {
       : { ok: false, skipped: nodeSkipped ?? "skipped" };
     if (!node.ok) nodeSkipped = node.skipped;
     for (const c of o.concurrency) {
-      const batchedTokens: number[][] = [];
-      using pool = await SequencePool.open(model, config, { sequencesMax: c, stepTokensMax: 512 });
-      const rates: number[] = [];
-      const seqRates: number[] = [];
-      const cpuRates: number[] = [];
-      const seqCpuRates: number[] = [];
-      let agree = 0;
-      let bitwise = 0;
-      let total = 0;
-      const decodeTokens0 = pool.loop.totals.decodeTokens;
-      const steps0 = pool.loop.totals.steps;
-      for (let r = 0; r < o.repeats; r++) {
-        const reference = await oneAtATime();
-        seqRates.push(reference.rate);
-        seqCpuRates.push(reference.cpuRate);
-        let tokens = 0;
-        let ms = 0;
-        const waves: Run[] = [];
-        for (let w = 0; w < prompts.length; w += c) {
-          const wave = prompts.slice(w, w + c);
-          const sessions = await Promise.all(wave.map(() => pool.tryAcquire()));
-          const runs = await decodeAll(sessions.map((s) => s!.engine), wave, o.decodeTokens);
-          ms += Math.max(...runs.map((x) => x.decodeMs));
-          waves.push(runs[0]);
-          for (const [i, run] of runs.entries()) {
-            const ref = reference.runs[w + i];
-            batchedTokens[w + i] = run.tokens;
-            tokens += run.tokens.length;
-            const diverged = run.tokens.findIndex((t, k) => t !== ref.tokens[k]);
-            agree += diverged < 0 ? run.tokens.length : diverged;
-            bitwise += run.logits.filter((l, k) => sameBits(l, ref.logits[k])).length;
-            total += run.tokens.length;
-          }
-          for (const s of sessions) pool.release(s!);
-          await pool.drained();
-        }
-        rates.push(tokens / (ms / 1000));
-        cpuRates.push(perCpu(tokens, waves));
-      }
-      const steps = pool.loop.totals.steps - steps0;
-      const decoded = pool.loop.totals.decodeTokens - decodeTokens0;
-      rows.push({
-        family,
-        concurrency: c,
-        requests: prompts.length,
-        decodeTokensPerStream: o.decodeTokens,
-        threads: config.threads,
-        batchedTokensPerSec: median(rates),
-        sequentialTokensPerSec: median(seqRates),
-        ratio: median(rates) / median(seqRates),
-        batchedTokensPerCpuSec: median(cpuRates),
-        sequentialTokensPerCpuSec: median(seqCpuRates),
-        cpuRatio: median(cpuRates) / median(seqCpuRates),
-        tokenAgreement: agree / total,
-        logitsBitwiseEqual: bitwise / total,
-        stepsPerDecodeToken: steps / Math.max(1, decoded),
-        ...nodeColumns(node, c, median(rates), median(cpuRates), batchedTokens),
-      });
+      rows.push(await _concurrencyRow(o, family, c, { model, config, prompts, own, node }));
     }
   }
   return { rows, nodeSkipped };
+}
+
+/** What every concurrency of one family shares. */
+interface _FamilyRun {
+  model: LlamaModel;
+  config: RuntimeConfig;
+  prompts: Int32Array[];
+  /** The engine that decodes one request at a time (the reference). */
+  own: Engine;
+  node: NodeLlamaCppResult;
+}
+
+/** Agreement with the one-at-a-time reference, summed over every batched run. */
+interface _Agreement {
+  agree: number;
+  bitwise: number;
+  total: number;
+}
+
+/** Every prompt one at a time on `own`: tokens/s, tokens per CPU-second, and the runs. */
+async function _oneAtATime(
+  own: Engine,
+  prompts: Int32Array[],
+  decodeTokens: number,
+): Promise<{ rate: number; cpuRate: number; runs: Run[] }> {
+  const runs: Run[] = [];
+  for (const p of prompts) {
+    await own.wipe();
+    runs.push((await decodeAll([own], [p], decodeTokens))[0]);
+  }
+  const ms = runs.reduce((a, x) => a + x.decodeMs, 0);
+  const tokens = runs.reduce((a, x) => a + x.tokens.length, 0);
+  return { rate: tokens / (ms / 1000), cpuRate: perCpu(tokens, runs), runs };
+}
+
+/** One concurrency: repeats of the reference then the batched waves, as a table row. */
+async function _concurrencyRow(
+  o: _BatchBenchOptions,
+  family: string,
+  c: number,
+  f: _FamilyRun,
+): Promise<BatchBenchRow> {
+  const batchedTokens: number[][] = [];
+  using pool = await SequencePool.open(f.model, f.config, {
+    sequencesMax: c,
+    stepTokensMax: 512,
+  });
+  const rates: number[] = [];
+  const seqRates: number[] = [];
+  const cpuRates: number[] = [];
+  const seqCpuRates: number[] = [];
+  const a: _Agreement = { agree: 0, bitwise: 0, total: 0 };
+  const decodeTokens0 = pool.loop.totals.decodeTokens;
+  const steps0 = pool.loop.totals.steps;
+  for (let r = 0; r < o.repeats; r++) {
+    const reference = await _oneAtATime(f.own, f.prompts, o.decodeTokens);
+    seqRates.push(reference.rate);
+    seqCpuRates.push(reference.cpuRate);
+    const batched = await _batchedRepeat(pool, c, f.prompts, o.decodeTokens, reference.runs, {
+      batchedTokens,
+      agreement: a,
+    });
+    rates.push(batched.rate);
+    cpuRates.push(batched.cpuRate);
+  }
+  const steps = pool.loop.totals.steps - steps0;
+  const decoded = pool.loop.totals.decodeTokens - decodeTokens0;
+  return {
+    family,
+    concurrency: c,
+    requests: f.prompts.length,
+    decodeTokensPerStream: o.decodeTokens,
+    threads: f.config.threads,
+    batchedTokensPerSec: median(rates),
+    sequentialTokensPerSec: median(seqRates),
+    ratio: median(rates) / median(seqRates),
+    batchedTokensPerCpuSec: median(cpuRates),
+    sequentialTokensPerCpuSec: median(seqCpuRates),
+    cpuRatio: median(cpuRates) / median(seqCpuRates),
+    tokenAgreement: a.agree / a.total,
+    logitsBitwiseEqual: a.bitwise / a.total,
+    stepsPerDecodeToken: steps / Math.max(1, decoded),
+    ...nodeColumns(f.node, c, median(rates), median(cpuRates), batchedTokens),
+  };
+}
+
+/**
+ * Every prompt once through the pool in waves of `c` sessions; each run's tokens land in
+ * `into.batchedTokens` and its agreement with the reference in `into.agreement`.
+ */
+async function _batchedRepeat(
+  pool: SequencePool,
+  c: number,
+  prompts: Int32Array[],
+  decodeTokens: number,
+  reference: Run[],
+  into: { batchedTokens: number[][]; agreement: _Agreement },
+): Promise<{ rate: number; cpuRate: number }> {
+  const a = into.agreement;
+  let tokens = 0;
+  let ms = 0;
+  const waves: Run[] = [];
+  for (let w = 0; w < prompts.length; w += c) {
+    const wave = prompts.slice(w, w + c);
+    const sessions = await Promise.all(wave.map(() => pool.tryAcquire()));
+    const runs = await decodeAll(sessions.map((s) => s!.engine), wave, decodeTokens);
+    ms += Math.max(...runs.map((x) => x.decodeMs));
+    waves.push(runs[0]);
+    for (const [i, run] of runs.entries()) {
+      const ref = reference[w + i];
+      into.batchedTokens[w + i] = run.tokens;
+      tokens += run.tokens.length;
+      const diverged = run.tokens.findIndex((t, k) => t !== ref.tokens[k]);
+      a.agree += diverged < 0 ? run.tokens.length : diverged;
+      a.bitwise += run.logits.filter((l, k) => sameBits(l, ref.logits[k])).length;
+      a.total += run.tokens.length;
+    }
+    for (const s of sessions) pool.release(s!);
+    await pool.drained();
+  }
+  return { rate: tokens / (ms / 1000), cpuRate: perCpu(tokens, waves) };
 }
 
 function nodeColumns(

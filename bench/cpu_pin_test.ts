@@ -15,14 +15,34 @@ Deno.test("computeApart puts blocking-pool threads on one CPU and the rest on th
   assert.equal(rule("V8 DefaultWorke"), 1);
 });
 
+/**
+ * A `cat` that has echoed a line back: it is past its exec, so its thread carries its own name
+ * (a just-spawned child may still carry the spawning runtime's thread name for a moment).
+ */
+async function runningCat(): Promise<Deno.ChildProcess> {
+  const child = new Deno.Command("cat", { stdin: "piped", stdout: "piped" }).spawn();
+  const writer = child.stdin.getWriter();
+  await writer.write(new TextEncoder().encode("ready\n"));
+  writer.releaseLock();
+  const reader = child.stdout.getReader();
+  await reader.read();
+  reader.releaseLock();
+  return child;
+}
+
+async function stop(child: Deno.ChildProcess): Promise<void> {
+  await child.stdin.close();
+  await child.stdout.cancel();
+  await child.status;
+}
+
 Deno.test("threadsOf names a live process's threads and none of one that has exited", async () => {
-  const child = new Deno.Command("sleep", { args: ["30"] }).spawn();
+  const child = await runningCat();
   try {
     const threads = threadsOf(child.pid);
-    assert.deepEqual(threads, [{ tid: child.pid, name: "sleep" }]);
+    assert.deepEqual(threads, [{ tid: child.pid, name: "cat" }]);
   } finally {
-    child.kill();
-    await child.status;
+    await stop(child);
   }
   assert.deepEqual(threadsOf(child.pid), []);
 });
@@ -39,9 +59,9 @@ Deno.test({
   name: "ThreadPinner pins each thread by its name and counts what it pinned",
   ignore: !hasTaskset,
   fn: async () => {
-    const child = new Deno.Command("sleep", { args: ["30"] }).spawn();
+    const child = await runningCat();
     try {
-      const pinner = await ThreadPinner.start(child.pid, (name) => name === "sleep" ? 0 : 1);
+      const pinner = await ThreadPinner.start(child.pid, (name) => name === "cat" ? 0 : 1);
       try {
         const status = Deno.readTextFileSync(`/proc/${child.pid}/status`);
         assert.match(status, /^Cpus_allowed_list:\s+0$/m);
@@ -51,8 +71,7 @@ Deno.test({
         pinner.stop();
       }
     } finally {
-      child.kill();
-      await child.status;
+      await stop(child);
     }
   },
 });

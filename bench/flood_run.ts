@@ -11,7 +11,7 @@
 import { parseArgs } from "node:util";
 import { runHandoff } from "../serve/coordinator.ts";
 import { clusterRequest } from "./cluster_request.ts";
-import { type LocalWorker, startLocalCluster } from "../serve/local_cluster.ts";
+import { type LocalCluster, type LocalWorker, startLocalCluster } from "../serve/local_cluster.ts";
 import { queryStats } from "../serve/stats.ts";
 import { ALPN_PROTOCOL } from "../transport/quic.ts";
 import { ensureModelFile } from "../models/mod.ts";
@@ -92,50 +92,14 @@ async function main(): Promise<void> {
   });
   const cluster = await startLocalCluster({ args: ["--model", model] });
   try {
-    const sha = (nodeId: string) => {
-      const pin = cluster.client.trust.lookup(nodeId)?.certificateSha256;
-      if (!pin) throw new Error(`no certificate pin for ${nodeId}`);
-      return typeof pin === "string"
-        ? pin
-        : Array.from(pin, (b: number) => b.toString(16).padStart(2, "0")).join("");
-    };
-    const targets = [cluster.prefill.peer, cluster.decode.peer].map((p) =>
-      `127.0.0.1:${p.port}:${sha(p.nodeId)}`
-    );
-    const prompt = "The quick brown fox jumps over the lazy dog. ".repeat(40);
-    const handoff = async () => {
-      const t0 = performance.now();
-      const r = await runHandoff(
-        cluster.client,
-        clusterRequest(cluster, prompt, {
-          generateTokens: 32,
-          tenantId: "flood",
-          timeoutMs: 60_000,
-        }),
-      );
-      return { ms: performance.now() - t0, tokens: r.tokens.join(","), placement: r.placement };
-    };
-    type Run = Awaited<ReturnType<typeof handoff>>;
-    const warm = await handoff(); // connects and authenticates the coordinator's links
-    const baseline: Run[] = [];
-    for (let i = 0; i < handoffs; i++) baseline.push(await handoff());
-    const flooder = new Deno.Command(Deno.execPath(), {
-      args: [
-        "run",
-        "-A",
-        "--unstable-net",
-        new URL(import.meta.url).pathname,
-        "--flood",
-        targets.join(","),
-        "--connections",
-        String(connections),
-      ],
-      stdout: "piped",
-      stderr: "piped",
-    }).spawn();
+    const targets = _floodTargets(cluster);
+    const warm = await _handoff(cluster); // connects and authenticates the coordinator's links
+    const baseline: _Run[] = [];
+    for (let i = 0; i < handoffs; i++) baseline.push(await _handoff(cluster));
+    const flooder = _startFlooder(targets, connections);
     await new Promise((resolve) => setTimeout(resolve, 300)); // the flood is under way
-    const flooded: Run[] = [];
-    for (let i = 0; i < handoffs; i++) flooded.push(await handoff());
+    const flooded: _Run[] = [];
+    for (let i = 0; i < handoffs; i++) flooded.push(await _handoff(cluster));
     const out = await flooder.output();
     const floodLine = new TextDecoder().decode(out.stdout).trim().split("\n").at(-1);
     const floodPanicked = /panicked/.test(new TextDecoder().decode(out.stderr));
@@ -143,17 +107,7 @@ async function main(): Promise<void> {
       r.tokens === warm.tokens && r.placement === "disaggregated"
     );
     const workersAlive = [await alive(cluster.prefill), await alive(cluster.decode)];
-    const held = [];
-    for (const w of [cluster.prefill, cluster.decode]) {
-      const link = await cluster.client.connect(w.peer);
-      const s = await queryStats(link, 5_000);
-      held.push({
-        retainedBytes: s.retainedBytes,
-        stagedBytes: s.stagedBytes,
-        busy: s.contextsBusy,
-      });
-      await link.close();
-    }
+    const held = await _heldByWorkers(cluster);
     console.log(JSON.stringify(
       {
         connections,
@@ -173,6 +127,72 @@ async function main(): Promise<void> {
   } finally {
     await cluster.stop();
   }
+}
+
+/** Both workers as flood targets: `host:port:sha256hex` of their pinned certificates. */
+function _floodTargets(cluster: LocalCluster): string[] {
+  const sha = (nodeId: string) => {
+    const pin = cluster.client.trust.lookup(nodeId)?.certificateSha256;
+    if (!pin) throw new Error(`no certificate pin for ${nodeId}`);
+    return typeof pin === "string"
+      ? pin
+      : Array.from(pin, (b: number) => b.toString(16).padStart(2, "0")).join("");
+  };
+  return [cluster.prefill.peer, cluster.decode.peer].map((p) =>
+    `127.0.0.1:${p.port}:${sha(p.nodeId)}`
+  );
+}
+
+const _PROMPT = "The quick brown fox jumps over the lazy dog. ".repeat(40);
+
+type _Run = Awaited<ReturnType<typeof _handoff>>;
+
+/** One handoff of the fixed prompt: end-to-end time, tokens and placement. */
+async function _handoff(cluster: LocalCluster) {
+  const t0 = performance.now();
+  const r = await runHandoff(
+    cluster.client,
+    clusterRequest(cluster, _PROMPT, {
+      generateTokens: 32,
+      tenantId: "flood",
+      timeoutMs: 60_000,
+    }),
+  );
+  return { ms: performance.now() - t0, tokens: r.tokens.join(","), placement: r.placement };
+}
+
+/** This script again as the flooder, in a process of its own. */
+function _startFlooder(targets: string[], connections: number): Deno.ChildProcess {
+  return new Deno.Command(Deno.execPath(), {
+    args: [
+      "run",
+      "-A",
+      "--unstable-net",
+      new URL(import.meta.url).pathname,
+      "--flood",
+      targets.join(","),
+      "--connections",
+      String(connections),
+    ],
+    stdout: "piped",
+    stderr: "piped",
+  }).spawn();
+}
+
+/** What each worker still holds after the flood (retained, staged, busy contexts). */
+async function _heldByWorkers(cluster: LocalCluster) {
+  const held = [];
+  for (const w of [cluster.prefill, cluster.decode]) {
+    const link = await cluster.client.connect(w.peer);
+    const s = await queryStats(link, 5_000);
+    held.push({
+      retainedBytes: s.retainedBytes,
+      stagedBytes: s.stagedBytes,
+      busy: s.contextsBusy,
+    });
+    await link.close();
+  }
+  return held;
 }
 
 if (import.meta.main) await main();

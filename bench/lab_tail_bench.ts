@@ -25,7 +25,6 @@ import { LlamaModel, loadLlama } from "../ffi/mod.ts";
 import { runTransportBench } from "./transport_bench.ts";
 import { type PayloadPathResult, runPayloadPathBench } from "./handoff_payload.ts";
 import { median, table } from "./stats.ts";
-import { lineChart } from "./svg.ts";
 
 /**
  * The prefill worker's capture: `on` sends the recurrent layers and the last page while the
@@ -142,7 +141,11 @@ export async function runLabTailBench(o: {
   const perSentence = await tokensPerSentence(model);
   const ctx = Math.ceil((Math.max(...o.promptTokens) + 256) / 256) * 256;
   const rows: LabTailRow[] = [];
-  let rttMs = NaN;
+  const rates = {
+    raw: transport.rawMBpsMedian,
+    fastest: Math.max(transport.rawMBpsMedian, payload.rawMBps),
+  };
+  const m: _LabRun = { model, ctx, perSentence, rates, rttMs: NaN };
   const modes: [CaptureMode, number[], boolean][] = [
     ["on", o.promptTokens, true],
     ["on", o.smallPagesTokens, false],
@@ -151,48 +154,66 @@ export async function runLabTailBench(o: {
   ];
   for (const [mode, sizes, hugePages] of modes) {
     if (sizes.length === 0) continue;
-    const cluster = await startLocalCluster({
-      args: [
-        ...["--model", model, "--ctx", String(ctx)],
-        ...["--layer-capture", mode === "off" ? "off" : "on"],
-        ...["--last-page-capture", mode === "on" ? "on" : "off"],
-        ...["--huge-pages", hugePages ? "on" : "off"],
-        ...LAB_TIMEOUT_ARGS,
-        ...(o.workerThreads ? ["--threads", String(o.workerThreads)] : []),
-      ],
-    });
-    const rates = {
-      raw: transport.rawMBpsMedian,
-      fastest: Math.max(transport.rawMBpsMedian, payload.rawMBps),
-    };
-    // At most `size` tokens, so the last chunk is (nearly) full: the layer capture hides the
-    // snapshot behind that chunk's compute, and a 1-token last chunk has none.
-    const promptOf = (size: number) =>
-      LAB_SENTENCE.repeat(Math.max(1, Math.floor((size - 16) / perSentence)));
-    try {
-      if (mode === "on" && hugePages) rttMs = await controlRoundTripMs(cluster);
-      // The pair's first handoff, on cold workers (fresh buffers and first decodes): its own
-      // row, so the measured rows are on warm workers, as in serving.
-      const cold = await labHandoff(cluster, promptOf(Math.min(...sizes)));
-      rows.push({ ...row([cold], mode, hugePages, rates, rttMs), workers: "cold" });
-      for (const size of sizes) {
-        const runs = [];
-        const repeats = size >= o.onceFromTokens ? 1 : o.repeats;
-        for (let i = 0; i < repeats; i++) runs.push(await labHandoff(cluster, promptOf(size)));
-        rows.push(row(runs, mode, hugePages, rates, rttMs));
-      }
-    } finally {
-      await cluster.stop();
-    }
+    rows.push(...await _runCaptureMode(o, m, mode, sizes, hugePages));
   }
   return {
     workerThreads: o.workerThreads ?? null,
     rawMBps: transport.rawMBpsMedian,
-    rttMs,
+    rttMs: m.rttMs,
     payload,
     rows,
     udp: await udpDrops(),
   };
+}
+
+/** What every capture mode's run shares; `rttMs` is measured by the first (capture on, huge pages). */
+interface _LabRun {
+  model: string;
+  ctx: number;
+  perSentence: number;
+  rates: { raw: number; fastest: number };
+  rttMs: number;
+}
+
+/** One capture mode on its own process pair: its cold row, then a warm row per prompt size. */
+async function _runCaptureMode(
+  o: { repeats: number; onceFromTokens: number; workerThreads?: number },
+  m: _LabRun,
+  mode: CaptureMode,
+  sizes: number[],
+  hugePages: boolean,
+): Promise<LabTailRow[]> {
+  const rows: LabTailRow[] = [];
+  const cluster = await startLocalCluster({
+    args: [
+      ...["--model", m.model, "--ctx", String(m.ctx)],
+      ...["--layer-capture", mode === "off" ? "off" : "on"],
+      ...["--last-page-capture", mode === "on" ? "on" : "off"],
+      ...["--huge-pages", hugePages ? "on" : "off"],
+      ...LAB_TIMEOUT_ARGS,
+      ...(o.workerThreads ? ["--threads", String(o.workerThreads)] : []),
+    ],
+  });
+  // At most `size` tokens, so the last chunk is (nearly) full: the layer capture hides the
+  // snapshot behind that chunk's compute, and a 1-token last chunk has none.
+  const promptOf = (size: number) =>
+    LAB_SENTENCE.repeat(Math.max(1, Math.floor((size - 16) / m.perSentence)));
+  try {
+    if (mode === "on" && hugePages) m.rttMs = await controlRoundTripMs(cluster);
+    // The pair's first handoff, on cold workers (fresh buffers and first decodes): its own
+    // row, so the measured rows are on warm workers, as in serving.
+    const cold = await labHandoff(cluster, promptOf(Math.min(...sizes)));
+    rows.push({ ...row([cold], mode, hugePages, m.rates, m.rttMs), workers: "cold" });
+    for (const size of sizes) {
+      const runs = [];
+      const repeats = size >= o.onceFromTokens ? 1 : o.repeats;
+      for (let i = 0; i < repeats; i++) runs.push(await labHandoff(cluster, promptOf(size)));
+      rows.push(row(runs, mode, hugePages, m.rates, m.rttMs));
+    }
+  } finally {
+    await cluster.stop();
+  }
+  return rows;
 }
 
 function row(
@@ -260,131 +281,6 @@ async function controlRoundTripMs(
 async function tokensPerSentence(model: string): Promise<number> {
   using m = await LlamaModel.load(loadLlama(), model);
   return m.vocab.tokenize(LAB_SENTENCE.repeat(100), false).length / 100;
-}
-
-/** The `lab` section of `deno task bench`: table, notes and the tail-vs-floor chart. */
-export async function labTailSection(o: { quick: boolean; modelDir: string }) {
-  // SKIPPY_LAB_PROMPTS / SKIPPY_LAB_SMALL_PAGES / SKIPPY_LAB_PAGE_AFTER / SKIPPY_LAB_CAPTURE_OFF
-  // (comma-separated token counts, "" for none: capture on; on with 4 KiB pages; layers only
-  // with the last page after prefill; off) and
-  // SKIPPY_LAB_ONCE_FROM (prompts this long run once) narrow a run on a loaded machine;
-  // SKIPPY_LAB_REPEATS sets the warm handoffs per row (default 2);
-  // SKIPPY_LAB_THREADS sets llama.cpp threads per worker (default: the runtime's).
-  const sizes = (name: string, fallback: number[]) => {
-    const v = Deno.env.get(name);
-    return v === undefined ? fallback : v.split(",").filter(Boolean).map(Number);
-  };
-  const r = await runLabTailBench({
-    modelDir: o.modelDir,
-    promptTokens: sizes("SKIPPY_LAB_PROMPTS", o.quick ? [512] : [512, 2048, 8192]),
-    captureOffTokens: sizes("SKIPPY_LAB_CAPTURE_OFF", o.quick ? [] : [512, 2048]),
-    pageAfterTokens: sizes("SKIPPY_LAB_PAGE_AFTER", o.quick ? [] : [512, 2048]),
-    smallPagesTokens: sizes("SKIPPY_LAB_SMALL_PAGES", o.quick ? [] : [512, 2048]),
-    payloadTokens: 2048,
-    repeats: sizes("SKIPPY_LAB_REPEATS", [o.quick ? 1 : 2])[0],
-    payloadRepeats: o.quick ? 3 : 7,
-    onceFromTokens: sizes("SKIPPY_LAB_ONCE_FROM", [8192])[0] ?? 8192,
-    workerThreads: sizes("SKIPPY_LAB_THREADS", [])[0],
-  });
-  const p = r.payload;
-  return {
-    name: "lab",
-    rows: r,
-    table: table(
-      [
-        "prompt",
-        "runs",
-        "capture",
-        "pages",
-        "workers",
-        "prefill ms",
-        "TTFT ms",
-        "1st tok after prefill ms",
-        "tail ms",
-        "probe ms",
-        "tail-probe ms",
-        "probe wait ms",
-        "floor ms",
-        "x floor",
-        "layer floor ms",
-        "x layer floor",
-        "x at fastest raw",
-      ],
-      r.rows.map((x) => [
-        x.promptTokens,
-        x.repeats,
-        x.capture,
-        x.hugePages === false ? "4K" : "huge",
-        x.workers ?? "warm",
-        x.prefillMs,
-        x.ttftMs,
-        x.firstTokenAfterPrefillMs ?? NaN,
-        x.tailMs,
-        x.probeMs,
-        x.tailToReadyMs,
-        x.probeWaitMs,
-        x.floorMs,
-        x.tailToReadyMs / x.floorMs,
-        x.layerFloorMs,
-        x.tailToReadyMs / x.layerFloorMs,
-        x.tailToReadyMs / x.layerFloorFastestMs,
-      ]),
-    ),
-    notes: [
-      `lab-state hybrid (88 layers: 40 Mamba2 with d_inner 8192 / d_state 128, 8 attention with 2 KV heads x 128; hidden 64): 8,192 B/token of KV, 172,687,360 B recurrent. Raw QUIC ${
-        r.rawMBps.toFixed(0)
-      } MB/s and control round trip ${
-        r.rttMs.toFixed(
-          2,
-        )
-      } ms, measured in this run; the floors use that rate. \`x at fastest raw\`: tail - probe over the layer floor at the faster of that rate and the payload section's raw baseline (${
-        Math.max(r.rawMBps, p.rawMBps).toFixed(0)
-      } MB/s), the stricter reading. UDP receive buffer ${
-        r.udp?.receiveDefaultBytes ?? "unknown"
-      } B by default; datagrams the kernel dropped for a full one during the run (host-wide): ${
-        r.udp?.receiveDrops ?? "unknown"
-      } (docs/bench-report/lab/README.md, runs 23-26).`,
-      "tail: prefill end -> CommitAck; probe: the decoder's continuation probe (one decode step, which also yields token 2's logits); the floors are compared with tail - probe. The manifest leaves when the last chunk is out; the prefiller's own probe decode runs after it and its digest follows (probe wait: how long the decoder's probe result waited for it). Medians of `runs` handoffs (one at 8K: its prefill takes minutes here). Each capture mode runs on its own process pair; that pair's first handoff (at the smallest prompt) is its own `cold` row, and the other rows are on `warm` workers, as in serving; the chart shows warm rows.",
-      `Payload path on lab-state (${p.pages} real KV pages of ${p.pageTokens} tokens, ${
-        (p.stateBytes / 1e6).toFixed(1)
-      } MB: binding tag, framing, credit, CRC-32C check, append-import): ${
-        p.payloadMBps.toFixed(0)
-      } MB/s vs raw QUIC ${p.rawMBps.toFixed(0)} MB/s (medians of ${p.ratios.length}); ratio ${
-        p.ratio.toFixed(2)
-      } (median of the paired per-repeat ratios ${p.ratios.map((x) => x.toFixed(2)).join(", ")}).`,
-      "capture: `on` sends the recurrent layers and the last page while the last chunk computes (the page once the last attention layer, 78 of 88, has written it); `layers` sends only the layers then (`--last-page-capture off`: the page leaves after the chunk); `off` sends the snapshot after prefill. pages: `huge` where the workers ask Linux for transparent huge pages on their contexts' buffers (the default), `4K` with `--huge-pages off`. The modes run one after another, each on its own process pair.",
-      `Both workers and the client share two cores: sending while the last chunk computes competes with it (prefill ms, capture on vs off). llama.cpp threads per worker: ${
-        r.workerThreads ?? "the runtime default"
-      } (SKIPPY_LAB_THREADS).`,
-    ],
-    charts: { "lab-tail-vs-floor.svg": labTailChart(r.rows) },
-  };
-}
-
-/** Tail - probe of the warm rows against both floors, by prompt length (log x). */
-export function labTailChart(rows: LabTailRow[]): string {
-  const warm = rows.filter((x) => x.workers !== "cold");
-  const on = warm.filter((x) => x.capture === "on" && x.hugePages !== false);
-  const small = warm.filter((x) => x.capture === "on" && x.hugePages === false);
-  const layersOnly = warm.filter((x) => x.capture === "layers");
-  const off = warm.filter((x) => x.capture === "off");
-  const pts = (rows: LabTailRow[], f: (x: LabTailRow) => number) =>
-    rows.map((x) => ({ x: x.promptTokens, y: f(x) }));
-  const series = (name: string, rows: LabTailRow[]) =>
-    rows.length ? [{ name, points: pts(rows, (x) => x.tailToReadyMs) }] : [];
-  return lineChart([
-    { name: "tail - probe, capture on", points: pts(on, (x) => x.tailToReadyMs) },
-    ...series("tail - probe, capture on, 4 KiB pages (--huge-pages off)", small),
-    ...series("tail - probe, layers only (last page after)", layersOnly),
-    ...series("tail - probe, layer capture off", off),
-    { name: "floor (snapshot + last page)", points: pts(on, (x) => x.floorMs) },
-    { name: "layer floor (last layer + last page)", points: pts(on, (x) => x.layerFloorMs) },
-  ], {
-    title: "lab-state: uncovered handoff tail vs its floors",
-    xLabel: "prompt tokens",
-    yLabel: "ms",
-    logX: true,
-  });
 }
 
 /**

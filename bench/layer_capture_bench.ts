@@ -63,6 +63,18 @@ export interface LayerCaptureBenchOptions {
 
 const ms = (ns: bigint) => Number(ns) / 1e6;
 
+/** One bench's context, prompt and capture, shared by every run. */
+interface _Bench {
+  ctx: LlamaContext;
+  batch: LlamaBatch;
+  tokens: Int32Array;
+  /** First position of the last chunk. */
+  last: number;
+  chunkTokens: number;
+  /** Open while a mode needs the shim's callback (`_setCallback`). */
+  capture: LayerCapture | null;
+}
+
 export async function runLayerCaptureBench(o: LayerCaptureBenchOptions): Promise<string> {
   const lib = loadLlama();
   using model = await LlamaModel.load(lib, o.model, {});
@@ -77,87 +89,102 @@ export async function runLayerCaptureBench(o: LayerCaptureBenchOptions): Promise
   };
   using ctx = await LlamaContext.create(model, options);
   const tokens = testTokens(o.promptTokens, Math.min(model.vocab.nTokens, 950));
-  const last = Math.floor((tokens.length - 1) / o.chunkTokens) * o.chunkTokens;
-  const finalPos = tokens.length - 1;
-  const batch = new LlamaBatch(o.chunkTokens);
-  let capture: LayerCapture | null = null;
-  const setCallback = async (on: boolean) => {
-    if (!on) {
-      capture?.close();
-      capture = null;
-    } else if (!capture) {
-      const opened = await LayerCapture.open(ctx);
-      if (!opened.ok) throw new Error(`layer capture unavailable: ${opened.reason}`);
-      capture = opened.capture;
-    }
+  const b: _Bench = {
+    ctx,
+    batch: new LlamaBatch(o.chunkTokens),
+    tokens,
+    last: Math.floor((tokens.length - 1) / o.chunkTokens) * o.chunkTokens,
+    chunkTokens: o.chunkTokens,
+    capture: null,
   };
-
-  const runOnce = async (mode: Mode): Promise<Run> => {
-    await setCallback(mode !== "no callback");
-    ctx.clearMemory();
-    for (let p0 = 0; p0 < last; p0 += o.chunkTokens) {
-      batch.fill(tokens.subarray(p0, p0 + o.chunkTokens), p0);
-      await ctx.decode(batch);
-    }
-    batch.fill(tokens.subarray(last), last);
-    const c = capture as LayerCapture | null;
-    const armed = mode === "armed, no copy" || mode === "armed + copy";
-    if (c && armed) await c.arm(0, finalPos, { copyRows: mode === "armed + copy" });
-    const clock = () => c?.nowNs() ?? BigInt(Math.round(performance.now() * 1e6));
-    const cpu0 = cpuNs();
-    const t0 = clock();
-    const done = ctx.decode(batch);
-    let drained = 0n;
-    const drainedAll = mode === "armed + copy" && c
-      ? (async () => {
-        for await (const _ of c.layers(done)) drained = c.nowNs();
-      })()
-      : Promise.resolve();
-    await done;
-    const end = clock();
-    await drainedAll;
-    const cpu1 = cpuNs();
-    const readyVsEndMs = c && armed
-      ? Array.from({ length: c.nLayers }, (_, k) => ms(c.readyNs(k) - end))
-      : [];
-    const observed = c?.stats().observed ?? 0;
-    const copyMs = c?.stats().copyMs ?? 0;
-    if (c && armed) await c.disarm();
-    const e0 = performance.now();
-    const blob = await ctx.stateSeqGet(0, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
-    const exportMs = performance.now() - e0;
-    const exact = mode === "armed + copy" && c ? equal(c.snapshot(), blob) : null;
-    return {
-      decodeMs: ms(end - t0),
-      decodeCpuMs: cpu0 === null || cpu1 === null ? NaN : ms(cpu1 - cpu0),
-      readyVsEndMs,
-      drainedVsEndMs: mode === "armed + copy" ? ms(drained - end) : NaN,
-      exportMs,
-      exact,
-      observed,
-      copyMs,
-    };
-  };
-
   const runs = new Map<Mode, Run[]>(MODES.map((m) => [m, []]));
-  await runOnce("no callback"); // warm-up
+  await _runOnce(b, "no callback"); // warm-up
   for (let r = 0; r < o.repeats; r++) {
     // Rotated per repeat, so no mode always runs right after the same neighbour.
     for (let i = 0; i < MODES.length; i++) {
       const mode = MODES[(i + r) % MODES.length];
-      runs.get(mode)!.push(await runOnce(mode));
+      runs.get(mode)!.push(await _runOnce(b, mode));
     }
   }
-  await setCallback(true);
-  const info = capture!;
+  await _setCallback(b, true);
+  const info = b.capture!;
   const lines = [
     `model ${o.model}: ${info.nLayers} recurrent of ${info.nTrunkLayers} layers, conv row ` +
     `${info.convRowBytes} B, SSM row ${info.ssmRowBytes} B, snapshot ` +
     `${ctx.stateSeqSize(0, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)} B`,
-    `prompt ${o.promptTokens} tokens, last chunk ${tokens.length - last} tokens (ubatch ` +
+    `prompt ${o.promptTokens} tokens, last chunk ${tokens.length - b.last} tokens (ubatch ` +
     `${o.chunkTokens}), ${o.threads} threads, medians of ${o.repeats}`,
     "",
   ];
+  lines.push(_modeTable(runs));
+  lines.push(..._perLayerLines(runs.get("armed + copy")!, info.nLayers));
+  info.close();
+  return lines.join("\n");
+}
+
+/** Opens the capture (the shim's eval callback on the context) or closes it. */
+async function _setCallback(b: _Bench, on: boolean): Promise<void> {
+  if (!on) {
+    b.capture?.close();
+    b.capture = null;
+  } else if (!b.capture) {
+    const opened = await LayerCapture.open(b.ctx);
+    if (!opened.ok) throw new Error(`layer capture unavailable: ${opened.reason}`);
+    b.capture = opened.capture;
+  }
+}
+
+/** The prompt from an empty memory in `mode`: every chunk but the last untimed, the last timed. */
+async function _runOnce(b: _Bench, mode: Mode): Promise<Run> {
+  await _setCallback(b, mode !== "no callback");
+  const { ctx, batch, tokens, last } = b;
+  ctx.clearMemory();
+  for (let p0 = 0; p0 < last; p0 += b.chunkTokens) {
+    batch.fill(tokens.subarray(p0, p0 + b.chunkTokens), p0);
+    await ctx.decode(batch);
+  }
+  batch.fill(tokens.subarray(last), last);
+  const c = b.capture as LayerCapture | null;
+  const armed = mode === "armed, no copy" || mode === "armed + copy";
+  if (c && armed) await c.arm(0, tokens.length - 1, { copyRows: mode === "armed + copy" });
+  const clock = () => c?.nowNs() ?? BigInt(Math.round(performance.now() * 1e6));
+  const cpu0 = cpuNs();
+  const t0 = clock();
+  const done = ctx.decode(batch);
+  let drained = 0n;
+  const drainedAll = mode === "armed + copy" && c
+    ? (async () => {
+      for await (const _ of c.layers(done)) drained = c.nowNs();
+    })()
+    : Promise.resolve();
+  await done;
+  const end = clock();
+  await drainedAll;
+  const cpu1 = cpuNs();
+  const readyVsEndMs = c && armed
+    ? Array.from({ length: c.nLayers }, (_, k) => ms(c.readyNs(k) - end))
+    : [];
+  const observed = c?.stats().observed ?? 0;
+  const copyMs = c?.stats().copyMs ?? 0;
+  if (c && armed) await c.disarm();
+  const e0 = performance.now();
+  const blob = await ctx.stateSeqGet(0, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY);
+  const exportMs = performance.now() - e0;
+  const exact = mode === "armed + copy" && c ? equal(c.snapshot(), blob) : null;
+  return {
+    decodeMs: ms(end - t0),
+    decodeCpuMs: cpu0 === null || cpu1 === null ? NaN : ms(cpu1 - cpu0),
+    readyVsEndMs,
+    drainedVsEndMs: mode === "armed + copy" ? ms(drained - end) : NaN,
+    exportMs,
+    exact,
+    observed,
+    copyMs,
+  };
+}
+
+/** One line per mode: medians (and minima) of its repeats. */
+function _modeTable(runs: Map<Mode, Run[]>): string {
   const rows = MODES.map((mode) => {
     const rs = runs.get(mode)!;
     const col = (f: (r: Run) => number) => median(rs.map(f));
@@ -178,7 +205,7 @@ export async function runLayerCaptureBench(o: LayerCaptureBenchOptions): Promise
       rs[0].exact === null ? "-" : rs.every((r) => r.exact) ? "yes" : "NO",
     ];
   });
-  lines.push(table([
+  return table([
     "mode",
     "last chunk ms",
     "min",
@@ -192,20 +219,22 @@ export async function runLayerCaptureBench(o: LayerCaptureBenchOptions): Promise
     "observed nodes",
     "callback copy ms",
     "capture exact",
-  ], rows));
-  const copy = runs.get("armed + copy")!;
+  ], rows);
+}
+
+/** `armed + copy`'s per-layer ready times (median over repeats), ten layers a line. */
+function _perLayerLines(copy: Run[], nLayers: number): string[] {
   const perLayer = Array.from(
-    { length: info.nLayers },
+    { length: nLayers },
     (_, k) => median(copy.map((r) => r.readyVsEndMs[k])),
   );
-  lines.push("", "armed + copy, per recurrent layer, ready vs decode end (ms, median):");
+  const lines = ["", "armed + copy, per recurrent layer, ready vs decode end (ms, median):"];
   for (let k = 0; k < perLayer.length; k += 10) {
     lines.push(
       perLayer.slice(k, k + 10).map((v, i) => `${k + i}:${v.toFixed(1)}`).join("  "),
     );
   }
-  info.close();
-  return lines.join("\n");
+  return lines;
 }
 
 /**

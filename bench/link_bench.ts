@@ -45,12 +45,14 @@ import {
   type EmulatedLink,
   measureNativeCeiling,
   openGridLink,
-  openLink,
 } from "./native_relay.ts";
 import { runCcComparison } from "./cc_bench.ts";
 import type { HandoffTelemetry } from "../core/telemetry.ts";
 import type { PeerConnection } from "../transport/mod.ts";
 import { cacheDir } from "../cli/paths.ts";
+import { type DegradeResult, runDegrade } from "./_link_degrade.ts";
+
+export type { DegradeResult };
 
 export interface LinkPoint {
   rateBitsPerS: number;
@@ -95,12 +97,7 @@ const MODEL = { family: "dense", preset: "super-mini", seed: 1 } as const;
 export async function runLinkBench(o: { modelDir: string; quick: boolean }) {
   const model = await ensureModelFile(o.modelDir, MODEL);
   const prompts = o.quick ? [512] : [512, 1024];
-  const points: LinkPoint[] = [];
-  for (const rateBitsPerS of LINK_RATES) {
-    for (const rttMs of o.quick ? [2, 10] : LINK_RTTS_MS) {
-      for (const lossFraction of LINK_LOSSES) points.push({ rateBitsPerS, rttMs, lossFraction });
-    }
-  }
+  const points = _gridPoints(o.quick);
   const relayBinary = await buildNativeRelay();
   const ceiling = relayBinary
     ? await measureNativeCeiling(relayBinary)
@@ -112,41 +109,15 @@ export async function runLinkBench(o: { modelDir: string; quick: boolean }) {
   let calibration: unknown = null;
   const cert = await _certification();
   try {
-    const base = {
-      prefill: cluster.prefill.peer,
-      decode: cluster.decode.peer,
-      generateTokens: 4,
-      sampling: { temperature: 0, topK: 40, topP: 0.95, seed: 1 },
-      tenantId: "bench",
-      probe: false,
-      timeoutMs: 120_000,
+    const base = baseHandoffRequest(cluster, 120_000);
+    const recorders = {
+      prefiller: new RateRecorder(cluster.prefill.peer.nodeId),
+      decoder: new RateRecorder(cluster.decode.peer.nodeId),
     };
-    let bytesPerToken = 0;
-    const prefillRates = new RateRecorder(cluster.prefill.peer.nodeId);
-    const decodeRates = new RateRecorder(cluster.decode.peer.nodeId);
     const costs = new HandoffCostRecorder();
     const promptFor = (n: number) =>
       SENTENCE.repeat(Math.max(1, Math.floor((n - 8) / perSentence)));
-    // Calibration on the unshaped path: the warm-up run is discarded.
-    for (const n of prompts) {
-      for (let k = 0; k < 3; k++) {
-        const d = await runHandoff(cluster.client, { ...base, prompt: promptFor(n) });
-        const c = await runHandoff(cluster.client, {
-          ...base,
-          prompt: promptFor(n),
-          colocated: true,
-        });
-        if (k === 0) continue;
-        const t = d.telemetry;
-        prefillRates.recordPrefill(t.promptTokens, t.prefillMs ?? NaN);
-        decodeRates.recordPrefill(t.promptTokens, c.ttftMs);
-        // The continuation probe is one decode step at this depth: the tail's own term.
-        if (t.probeMs) decodeRates.recordDecode(1, t.probeMs, t.promptTokens);
-        costs.record(t, d.ttftMs, 0); // unshaped loopback: the link hides nothing
-        // State bytes per prompt token as the runtime exported them (KV, history, framing).
-        bytesPerToken = Math.max(bytesPerToken, t.totalBytes / t.promptTokens);
-      }
-    }
+    const bytesPerToken = await _calibrate(cluster, base, prompts.map(promptFor), recorders, costs);
     const family = "dense";
     const build = llamaBuildOf(loadLlama());
     for (const point of points) {
@@ -157,7 +128,7 @@ export async function runLinkBench(o: { modelDir: string; quick: boolean }) {
             relayBinary,
             cluster,
             base: { ...base, prompt: promptFor(n) },
-            recorders: { prefiller: prefillRates, decoder: decodeRates },
+            recorders,
             costs,
             certified: isCertified(cert, family, build),
             kvBytesPerToken: bytesPerToken,
@@ -165,26 +136,19 @@ export async function runLinkBench(o: { modelDir: string; quick: boolean }) {
         );
       }
     }
-    calibration = { prefiller: prefillRates.rates(), decoder: decodeRates.rates(), bytesPerToken };
-    degrade = await _degrade(cluster, ceiling.bitsPerS, relayBinary, {
+    calibration = {
+      prefiller: recorders.prefiller.rates(),
+      decoder: recorders.decoder.rates(),
+      bytesPerToken,
+    };
+    degrade = await runDegrade(cluster, ceiling.bitsPerS, relayBinary, {
       ...base,
       prompt: promptFor(prompts[0]),
     });
   } finally {
     await cluster.stop();
   }
-  // Congestion control under loss, on the fastest rate the relay sustains here.
-  const ccRate = [1e9, 400e6, 100e6, 20e6, 10e6].find((r) => r <= ceiling.bitsPerS * 0.8) ??
-    null;
-  const cc = ccRate === null ? [] : await runCcComparison({
-    rateBitsPerS: ccRate,
-    rttMs: 10,
-    losses: [0, 0.001, 0.01],
-    bytes: Math.max(4 << 20, Math.round(ccRate / 8)), // about a second at the line rate
-    ceilingBitsPerS: ceiling.bitsPerS,
-    relayBinary,
-    repeats: o.quick ? 1 : 3,
-  });
+  const cc = await _ccComparison(ceiling.bitsPerS, relayBinary, o.quick);
   return {
     model: `${MODEL.family} ${MODEL.preset}`,
     relay: relayBinary ? "native" : "typescript",
@@ -196,84 +160,80 @@ export async function runLinkBench(o: { modelDir: string; quick: boolean }) {
   };
 }
 
-/** What the mid-run degradation showed. */
-export interface DegradeResult {
-  fromRttMs: number;
-  toRttMs: number;
-  pingIntervalMs: number;
-  /** Link change to the estimate flagging it (new requests refused from then on). */
-  detectMs: number | null;
-  /** The stated bound: `recentSamples` pings, each up to an interval plus the new RTT. */
-  boundMs: number;
-  /** The request started as the link degraded: it completed (never failed). */
-  inFlightPlacement: string | null;
-  inFlightError: string | null;
-  decisionAfter: string[];
+/**
+ * Every link benchmark handoff's request but its prompt (here and in `link_matrix.ts`):
+ * greedy-like sampling, 4 tokens, no logits probe.
+ */
+export function baseHandoffRequest(
+  cluster: LocalCluster,
+  timeoutMs: number,
+): Omit<HandoffRequest, "prompt"> {
+  return {
+    prefill: cluster.prefill.peer,
+    decode: cluster.decode.peer,
+    generateTokens: 4,
+    sampling: { temperature: 0, topK: 40, topP: 0.95, seed: 1 },
+    tenantId: "bench",
+    probe: false,
+    timeoutMs,
+  };
 }
 
-async function _degrade(
+/** The grid's points: every rate with the RTTs (fewer with `quick`) and losses. */
+function _gridPoints(quick: boolean): LinkPoint[] {
+  const points: LinkPoint[] = [];
+  for (const rateBitsPerS of LINK_RATES) {
+    for (const rttMs of quick ? [2, 10] : LINK_RTTS_MS) {
+      for (const lossFraction of LINK_LOSSES) points.push({ rateBitsPerS, rttMs, lossFraction });
+    }
+  }
+  return points;
+}
+
+/**
+ * Calibration on the unshaped path, three disaggregated and colocated runs per prompt (the
+ * warm-up run is discarded): node rates and tail costs into `recorders` and `costs`. Returns
+ * the state bytes per prompt token as the runtime exported them (KV, history, framing).
+ */
+async function _calibrate(
   cluster: LocalCluster,
-  ceilingBitsPerS: number,
-  relayBinary: string | null,
-  base: HandoffRequest,
-): Promise<DegradeResult | null> {
-  const rate = 10e6, pingIntervalMs = 100, fromRttMs = 2, toRttMs = 40;
-  const decode = cluster.decode.peer;
-  let link: EmulatedLink;
-  try {
-    link = await openLink(relayBinary, {
-      target: { hostname: decode.host, port: decode.port },
-      rateBitsPerS: rate,
-      oneWayDelayMs: fromRttMs / 2,
-      lossFraction: 0,
-      queueBytesMax: 64 * 1024,
-      ceilingBitsPerS,
-    });
-  } catch {
-    return null;
-  }
-  const via = { ...decode, host: link.endpoint.hostname, port: link.endpoint.port };
-  const links = new LinkEstimator();
-  const pair = { from: cluster.prefill.peer.nodeId, to: decode.nodeId };
-  const monitor = new LinkMonitor(pair.from, links, { pingIntervalMs });
-  const conn = await cluster.client.connect(via);
-  const stop = monitor.watch(conn);
-  try {
-    for (
-      let k = 0;
-      k < 200 && (links.estimate(pair, performance.now())?.rttSamples ?? 0) < 6;
-      k++
-    ) {
-      await new Promise((r) => setTimeout(r, 25));
+  base: Omit<HandoffRequest, "prompt">,
+  prompts: string[],
+  recorders: { prefiller: RateRecorder; decoder: RateRecorder },
+  costs: HandoffCostRecorder,
+): Promise<number> {
+  let bytesPerToken = 0;
+  for (const prompt of prompts) {
+    for (let k = 0; k < 3; k++) {
+      const d = await runHandoff(cluster.client, { ...base, prompt });
+      const c = await runHandoff(cluster.client, { ...base, prompt, colocated: true });
+      if (k === 0) continue;
+      const t = d.telemetry;
+      recorders.prefiller.recordPrefill(t.promptTokens, t.prefillMs ?? NaN);
+      recorders.decoder.recordPrefill(t.promptTokens, c.ttftMs);
+      // The continuation probe is one decode step at this depth: the tail's own term.
+      if (t.probeMs) recorders.decoder.recordDecode(1, t.probeMs, t.promptTokens);
+      costs.record(t, d.ttftMs, 0); // unshaped loopback: the link hides nothing
+      // State bytes per prompt token as the runtime exported them (KV, history, framing).
+      bytesPerToken = Math.max(bytesPerToken, t.totalBytes / t.promptTokens);
     }
-    const t0 = performance.now();
-    await link.reshape({ oneWayDelayMs: toRttMs / 2 });
-    const inFlight = runHandoff(cluster.client, { ...base, decode: via }).then(
-      (r) => ({ placement: r.placement, error: null }),
-      (e) => ({ placement: null, error: (e as Error).message }),
-    );
-    let detectMs: number | null = null;
-    for (let k = 0; k < 500 && detectMs === null; k++) {
-      if (links.estimate(pair, performance.now())?.degraded) detectMs = performance.now() - t0;
-      else await new Promise((r) => setTimeout(r, 10));
-    }
-    const r = await inFlight;
-    const e = links.estimate(pair, performance.now());
-    return {
-      fromRttMs,
-      toRttMs,
-      pingIntervalMs,
-      detectMs,
-      boundMs: links.options.recentSamples * (pingIntervalMs + toRttMs) + toRttMs,
-      inFlightPlacement: r.placement,
-      inFlightError: r.error,
-      decisionAfter: e?.degraded ? [e.degraded.code] : [],
-    };
-  } finally {
-    stop();
-    await conn.close();
-    link.close();
   }
+  return bytesPerToken;
+}
+
+/** Congestion control under loss, on the fastest rate the relay sustains here. */
+async function _ccComparison(ceilingBitsPerS: number, relayBinary: string | null, quick: boolean) {
+  const ccRate = [1e9, 400e6, 100e6, 20e6, 10e6].find((r) => r <= ceilingBitsPerS * 0.8) ??
+    null;
+  return ccRate === null ? [] : await runCcComparison({
+    rateBitsPerS: ccRate,
+    rttMs: 10,
+    losses: [0, 0.001, 0.01],
+    bytes: Math.max(4 << 20, Math.round(ccRate / 8)), // about a second at the line rate
+    ceilingBitsPerS,
+    relayBinary,
+    repeats: quick ? 1 : 3,
+  });
 }
 
 async function _runPoint(
@@ -281,26 +241,7 @@ async function _runPoint(
   promptTokens: number,
   x: _Ctx,
 ): Promise<LinkBenchRow[]> {
-  const row: LinkBenchRow = {
-    ...p,
-    promptTokens,
-    refused: null,
-    measuredRttMs: null,
-    measuredBytesPerS: null,
-    decision: null,
-    predictedTtftMs: null,
-    measuredTtftMs: null,
-    predictedTailMs: null,
-    measuredTailMs: null,
-    stateBytes: null,
-    relayDrops: null,
-    bandwidthSource: null,
-    achievedBytesPerS: null,
-    measuredPrefillMs: null,
-    handoffSampleBytesPerS: null,
-    predictedProbeMs: null,
-    measuredProbeMs: null,
-  };
+  const row = _emptyRow(p, promptTokens);
   const decode = x.cluster.decode.peer;
   let link: EmulatedLink;
   try {
@@ -323,17 +264,12 @@ async function _runPoint(
     // The probe a live node sends, whatever the emulated rate (bench/link_probe_check.ts).
     const estimate = await monitor.measure(conn, DEFAULT_LINK_MONITOR_OPTIONS.probeBytes);
     // The measurement above ran from this process; it stands for the prefill worker's path.
-    const measured = links.estimate(
-      { from: x.cluster.prefill.peer.nodeId, to: decode.nodeId },
-      performance.now(),
-    );
+    const pair = { from: x.cluster.prefill.peer.nodeId, to: decode.nodeId };
+    const measured = links.estimate(pair, performance.now());
     row.measuredRttMs = measured?.rttMs ?? estimate?.rttMs ?? null;
     // Two runs: predicted from the probe, then from the first handoff's own transfer.
     for (let run = 0; run < 2; run++) {
-      const e = links.estimate(
-        { from: x.cluster.prefill.peer.nodeId, to: decode.nodeId },
-        performance.now(),
-      );
+      const e = links.estimate(pair, performance.now());
       const out: LinkBenchRow = {
         ...row,
         measuredBytesPerS: e?.bandwidthBytesPerS ?? null,
@@ -346,7 +282,7 @@ async function _runPoint(
       if (sample) {
         out.handoffSampleBytesPerS = (sample.bytes / sample.ms) * 1000;
         // The handoff's own transfer replaces the probe as the newest bulk sample.
-        links.forget({ from: x.cluster.prefill.peer.nodeId, to: decode.nodeId });
+        links.forget(pair);
         for (let k = 0; k < 3; k++) await monitor.pingOnce(await _conn(x, via, conns));
         monitor.recordTransfer(decode.nodeId, sample.bytes, sample.ms);
       }
@@ -356,6 +292,30 @@ async function _runPoint(
     link.close();
   }
   return rows;
+}
+
+/** A point's row before anything is measured. */
+function _emptyRow(p: LinkPoint, promptTokens: number): LinkBenchRow {
+  return {
+    ...p,
+    promptTokens,
+    refused: null,
+    measuredRttMs: null,
+    measuredBytesPerS: null,
+    decision: null,
+    predictedTtftMs: null,
+    measuredTtftMs: null,
+    predictedTailMs: null,
+    measuredTailMs: null,
+    stateBytes: null,
+    relayDrops: null,
+    bandwidthSource: null,
+    achievedBytesPerS: null,
+    measuredPrefillMs: null,
+    handoffSampleBytesPerS: null,
+    predictedProbeMs: null,
+    measuredProbeMs: null,
+  };
 }
 
 /** Predicts with the estimate as it stands, then runs one handoff through `via`. */

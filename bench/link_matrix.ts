@@ -30,29 +30,32 @@
  */
 import { parseArgs } from "node:util";
 import { numberList } from "./cli_args.ts";
+import { baseHandoffRequest } from "./link_bench.ts";
 import { ensureModelFile } from "../models/mod.ts";
 import { runHandoff } from "../serve/coordinator.ts";
-import { startLocalCluster } from "../serve/local_cluster.ts";
 import type { HandoffRequest } from "../serve/coordinator.ts";
-import { llamaBuild, LlamaModel, loadLlama } from "../ffi/mod.ts";
-import { RateRecorder } from "../core/node_rates.ts";
+import { LlamaModel, loadLlama } from "../ffi/mod.ts";
 import { cacheDir } from "../cli/paths.ts";
 import { buildNativeRelay, measureNativeCeiling, type NativeCeiling } from "./native_relay.ts";
-import { limitCpu } from "./cpu_quota.ts";
-import { computeApart, pinToCpu, ThreadPinner } from "./cpu_pin.ts";
-import { DEFAULT_CEILING_SHARE } from "./link_emulator.ts";
+import type { ThreadPinner } from "./cpu_pin.ts";
 import { type CertificationFile, parseCertification } from "../core/certification.ts";
-import { HandoffCostRecorder } from "../core/link_costs.ts";
 import type { PlanOptions } from "../core/planner.ts";
 import type { HandoffTelemetry } from "../core/telemetry.ts";
 
+import {
+  limitDecodeCpu,
+  matrixContext,
+  onStopSignal,
+  pinWorkers,
+  relaySharedCeiling,
+  startMatrixCluster,
+} from "./_matrix_setup.ts";
 import {
   learnFrom,
   MATRIX_MODELS,
   type MatrixContext,
   type MatrixPoint,
   type MatrixRow,
-  recurrentLayersOf,
   runPoint,
 } from "./_matrix_point.ts";
 
@@ -72,7 +75,8 @@ const SENTENCE = "the quick brown fox jumps over the lazy dog and ";
 
 const MODELS = MATRIX_MODELS;
 
-export async function runLinkMatrix(o: {
+/** What a link matrix run measures, and how the parts are placed. */
+export interface LinkMatrixOptions {
   model: keyof typeof MODELS;
   prompts: number[];
   points: MatrixPoint[];
@@ -107,121 +111,44 @@ export async function runLinkMatrix(o: {
   log?: (row: MatrixRow) => void;
   /** Written after every row, so a run cut short keeps what it measured. */
   outFile?: string;
-}): Promise<
-  { ceiling: NativeCeiling | null; relay: string; rows: MatrixRow[]; calibration: CalibrationRun[] }
-> {
+}
+
+/** What `runLinkMatrix` returns (its JSON file has more: the run's options). */
+export interface LinkMatrixResult {
+  ceiling: NativeCeiling | null;
+  relay: string;
+  rows: MatrixRow[];
+  calibration: CalibrationRun[];
+}
+
+export async function runLinkMatrix(o: LinkMatrixOptions): Promise<LinkMatrixResult> {
   const model = await ensureModelFile(`${cacheDir()}/models`, MODELS[o.model]);
   const binary = await buildNativeRelay();
   const ceiling = binary ? await measureNativeCeiling(binary) : null;
-  // `split`: the relay shares CPU 1 with the prefiller's sending and the decoder where, measured
-  // with its own sender and sink on that one CPU, it keeps the rate with the relay's margin.
-  const relayShared = binary && o.pinWorkers === "split"
-    ? await measureNativeCeiling(binary, 100_000, 3, 1)
-    : null;
-  if (relayShared) {
-    console.error(
-      `relay on CPU 1 up to ${
-        (relayShared.bitsPerS * DEFAULT_CEILING_SHARE / 1e6).toFixed(0)
-      } Mbit/s ` +
-        `(ceiling there ${(relayShared.bitsPerS / 1e6).toFixed(0)}); above it, it floats`,
-    );
-  }
+  const relayShared = await relaySharedCeiling(binary, o.pinWorkers);
   const perSentence = await _tokensPerSentence(model);
-  const maxPrompt = Math.max(...o.prompts);
-  const cluster = await startLocalCluster({
-    args: [
-      "--model",
-      model,
-      "--ctx",
-      String(maxPrompt + 512),
-      ...(o.workerThreads ? ["--threads", String(o.workerThreads)] : []),
-    ],
-    // The matrix measures each row's link itself, as a node does (pings, the 8 MiB probe, the
-    // loss probe); the prefill worker's own background measurement would overlap the next row.
-    prefillArgs: ["--link-probe-age-ms", "0"],
-  });
+  const cluster = await startMatrixCluster(model, Math.max(...o.prompts), o.workerThreads);
   const rows: MatrixRow[] = [];
   const calibration: CalibrationRun[] = [];
-  const quota = o.decodeCpuQuota
-    ? await limitCpu(cluster.decode.process.pid, o.decodeCpuQuota).catch(async (error) => {
-      await cluster.stop();
-      throw error;
-    })
-    : null;
-  if (quota) console.error(`decode worker limited: ${quota.describe}`);
-  let pinner: ThreadPinner | null = null;
-  if (o.pinWorkers) {
-    try {
-      if (o.pinWorkers === "split") {
-        console.error(`pinned: ${await pinToCpu(cluster.decode.process.pid, 1)}`);
-        pinner = await ThreadPinner.start(cluster.prefill.process.pid, computeApart(0, 1));
-        console.error(
-          `pinned: process ${cluster.prefill.process.pid}'s compute threads on CPU 0, ` +
-            `its other threads on CPU 1 (threads by CPU now: ${JSON.stringify(pinner.counts())})`,
-        );
-      } else {
-        for (const [w, cpu] of [[cluster.prefill, 0], [cluster.decode, 1]] as const) {
-          console.error(`pinned: ${await pinToCpu(w.process.pid, cpu)}`);
-        }
-      }
-    } catch (error) {
+  const quota = await limitDecodeCpu(cluster, o.decodeCpuQuota);
+  const pinner = await pinWorkers(cluster, o.pinWorkers, quota);
+  // One stop, shared by the run's end and an interrupting signal (bench/_matrix_setup.ts).
+  let stopping: Promise<void> | null = null;
+  const stop = () =>
+    stopping ??= (async () => {
+      pinner?.stop();
       await cluster.stop();
       await quota?.release();
-      throw new Error(`${(error as Error).message} (or run with --pin-workers off)`);
-    }
-  }
+    })();
+  const signals = onStopSignal(stop);
   try {
-    const base: Omit<HandoffRequest, "prompt"> = {
-      prefill: cluster.prefill.peer,
-      decode: cluster.decode.peer,
-      generateTokens: 4,
-      sampling: { temperature: 0, topK: 40, topP: 0.95, seed: 1 },
-      tenantId: "bench",
-      probe: false,
-      timeoutMs: 600_000,
-    };
+    const base = baseHandoffRequest(cluster, 600_000);
     const promptFor = (n: number) =>
       SENTENCE.repeat(Math.max(1, Math.floor((n - 8) / perSentence)));
-    const x: MatrixContext = {
-      cluster,
-      binary,
-      ceilingBitsPerS: ceiling?.bitsPerS ?? 40e6,
-      // The newest 3 samples per depth bucket: this shared machine's load moves within minutes.
-      prefillRates: new RateRecorder(cluster.prefill.peer.nodeId, 3),
-      decodeRates: new RateRecorder(cluster.decode.peer.nodeId, 3),
-      costs: new HandoffCostRecorder(),
-      linkCosts: new Map(),
-      lossByPoint: new Map(),
-      state: { kvBytesPerToken: 0, recurrentBytes: 0, recurrentLayers: recurrentLayersOf(o.model) },
-      model: o.model,
-      certification: o.certification ?? null,
-      planOptions: o.planOptions ?? {},
-      llamaBuild: llamaBuild(loadLlama()),
-      relayCpu: relayShared
-        ? { cpu: 1, bitsPerSMax: relayShared.bitsPerS * DEFAULT_CEILING_SHARE }
-        : null,
-    };
+    const x = matrixContext(o, cluster, binary, ceiling, relayShared);
     for (const n of o.prompts) {
-      // Calibration in this run: an unshaped handoff and a colocated run at this prompt, twice
-      // (the first warms both workers up and is not learned from).
       const request = { ...base, prompt: promptFor(n) } as HandoffRequest;
-      for (let k = 0; k < 2; k++) {
-        const d = await runHandoff(cluster.client, request);
-        const c = await runHandoff(cluster.client, { ...request, colocated: true });
-        if (k === 0) continue;
-        calibration.push({
-          promptTokens: d.telemetry.promptTokens,
-          telemetry: d.telemetry,
-          colocatedTtftMs: c.ttftMs,
-          colocatedTpotMs: c.telemetry.tpotMs,
-          clientTtftMs: d.ttftMs,
-        });
-        learnFrom(x, d.telemetry, d.ttftMs, 0); // unshaped loopback: the link hides nothing
-        x.decodeRates.recordPrefill(d.telemetry.promptTokens, c.ttftMs);
-        for (const t of [c.telemetry, d.telemetry]) {
-          if (t.tpotMs) x.decodeRates.recordDecode(1, t.tpotMs, d.telemetry.promptTokens);
-        }
-      }
+      await _calibrate(x, request, calibration);
       const actual = calibration[calibration.length - 1]?.promptTokens ?? n;
       for (let rep = 0; rep < o.repeats; rep++) {
         for (const p of o.points) {
@@ -230,35 +157,80 @@ export async function runLinkMatrix(o: {
           rows.push(row);
           o.log?.(row);
           if (o.outFile) {
-            await Deno.writeTextFile(
-              o.outFile,
-              JSON.stringify({
-                ceiling,
-                relay: binary ? "native" : "typescript",
-                workerThreads: o.workerThreads ?? null,
-                decodeCpuQuota: o.decodeCpuQuota ?? null,
-                pinWorkers: o.pinWorkers ?? false,
-                relaySharedCeiling: relayShared,
-                // The newest failure to keep a new prefill thread where `split` puts it.
-                pinError: pinner?.lastError ?? null,
-                planOptions: o.planOptions ?? {},
-                // The prefill worker's default: its capture sends the last page during the
-                // last chunk (runs before this field existed sent it after).
-                lastPageCapture: true,
-                rows,
-                calibration,
-              }),
-            );
+            await _writeRunFile(o.outFile, o, { ceiling, binary, relayShared, pinner }, {
+              rows,
+              calibration,
+            });
           }
         }
       }
     }
   } finally {
-    pinner?.stop();
-    await cluster.stop();
-    await quota?.release();
+    signals.remove();
+    await stop();
   }
   return { ceiling, relay: binary ? "native" : "typescript", rows, calibration };
+}
+
+/**
+ * Calibration in this run: an unshaped handoff and a colocated run at this prompt, twice
+ * (the first warms both workers up and is not learned from).
+ */
+async function _calibrate(
+  x: MatrixContext,
+  request: HandoffRequest,
+  calibration: CalibrationRun[],
+): Promise<void> {
+  for (let k = 0; k < 2; k++) {
+    const d = await runHandoff(x.cluster.client, request);
+    const c = await runHandoff(x.cluster.client, { ...request, colocated: true });
+    if (k === 0) continue;
+    calibration.push({
+      promptTokens: d.telemetry.promptTokens,
+      telemetry: d.telemetry,
+      colocatedTtftMs: c.ttftMs,
+      colocatedTpotMs: c.telemetry.tpotMs,
+      clientTtftMs: d.ttftMs,
+    });
+    learnFrom(x, d.telemetry, d.ttftMs, 0); // unshaped loopback: the link hides nothing
+    x.decodeRates.recordPrefill(d.telemetry.promptTokens, c.ttftMs);
+    for (const t of [c.telemetry, d.telemetry]) {
+      if (t.tpotMs) x.decodeRates.recordDecode(1, t.tpotMs, d.telemetry.promptTokens);
+    }
+  }
+}
+
+/** The run file, rewritten after every row so a run cut short keeps what it measured. */
+async function _writeRunFile(
+  outFile: string,
+  o: LinkMatrixOptions,
+  run: {
+    ceiling: NativeCeiling | null;
+    binary: string | null;
+    relayShared: NativeCeiling | null;
+    pinner: ThreadPinner | null;
+  },
+  measured: { rows: MatrixRow[]; calibration: CalibrationRun[] },
+): Promise<void> {
+  await Deno.writeTextFile(
+    outFile,
+    JSON.stringify({
+      ceiling: run.ceiling,
+      relay: run.binary ? "native" : "typescript",
+      workerThreads: o.workerThreads ?? null,
+      decodeCpuQuota: o.decodeCpuQuota ?? null,
+      pinWorkers: o.pinWorkers ?? false,
+      relaySharedCeiling: run.relayShared,
+      // The newest failure to keep a new prefill thread where `split` puts it.
+      pinError: run.pinner?.lastError ?? null,
+      planOptions: o.planOptions ?? {},
+      // The prefill worker's default: its capture sends the last page during the
+      // last chunk (runs before this field existed sent it after).
+      lastPageCapture: true,
+      rows: measured.rows,
+      calibration: measured.calibration,
+    }),
+  );
 }
 
 async function _tokensPerSentence(model: string): Promise<number> {

@@ -77,6 +77,20 @@ export const predictionError = (x: [number, number] | null) => (x ? x[0] / x[1] 
 
 /** The per-point table: medians over the repeats, and the spread of the measured tails. */
 export function pointSection(points: PointSummary[]): ReportSection {
+  return {
+    name: "link-matrix-points",
+    rows: points,
+    table: _pointTable(points),
+    notes: [
+      "Each grid point over its repeats: the median of the replayed predictions beside the median of the measurements (p/m, ms), and the spread: the largest distance of one repeat's measurement from the point's median.",
+      "TTFT+tail: the request's start to the decoder owning the state (the tail alone is what remains of the transfer after a prefill whose length varies; the sum is what the link fixes).",
+    ],
+    charts: _pointCharts(points),
+  };
+}
+
+/** One line per grid point: predicted/measured medians, their errors and spreads. */
+function _pointTable(points: PointSummary[]): string {
   const f = (v: number) => v.toFixed(0);
   const pm = (x: [number, number] | null) => (x ? `${f(x[0])}/${f(x[1])}` : "-");
   const pct = (x: [number, number] | null) => {
@@ -84,67 +98,63 @@ export function pointSection(points: PointSummary[]): ReportSection {
     return e === null ? "-" : `${(e * 100).toFixed(0)}%`;
   };
   const spread = (v: number | null) => (v === null ? "-" : `${(v * 100).toFixed(0)}%`);
-  return {
-    name: "link-matrix-points",
-    rows: points,
-    table: table(
-      [
-        "model",
-        "link",
-        "prompt",
-        "n",
-        "TTFT p/m",
-        "err",
-        "TTFT spread",
-        "tail p/m",
-        "err",
-        "tail spread",
-        "measured tails ms",
-        "link part p/m",
-        "err",
-        "TTFT+tail p/m",
-        "err",
-      ],
-      points.map((p) => [
-        p.model,
-        p.linkPoint,
-        p.promptTokens,
-        p.repeats,
-        pm(p.ttft),
-        pct(p.ttft),
-        spread(p.ttftSpread),
-        pm(p.tail),
-        pct(p.tail),
-        spread(p.tailSpread),
-        p.tailsMs.map(f).join(", "),
-        pm(p.link),
-        pct(p.link),
-        pm(p.ready),
-        pct(p.ready),
-      ]),
-    ),
-    notes: [
-      "Each grid point over its repeats: the median of the replayed predictions beside the median of the measurements (p/m, ms), and the spread: the largest distance of one repeat's measurement from the point's median.",
-      "TTFT+tail: the request's start to the decoder owning the state (the tail alone is what remains of the transfer after a prefill whose length varies; the sum is what the link fixes).",
+  return table(
+    [
+      "model",
+      "link",
+      "prompt",
+      "n",
+      "TTFT p/m",
+      "err",
+      "TTFT spread",
+      "tail p/m",
+      "err",
+      "tail spread",
+      "measured tails ms",
+      "link part p/m",
+      "err",
+      "TTFT+tail p/m",
+      "err",
     ],
-    charts: {
-      "ready-points.svg": _pointsChart(
-        points,
-        (p) => p.ready && { x: p.ready[0], y: p.ready[1] },
-        "TTFT + tail per grid point: median predicted vs median measured (ms)",
-      ),
-      "tail-points.svg": _pointsChart(
-        points,
-        (p) =>
-          p.tail && {
-            x: p.tail[0],
-            y: p.tail[1],
-            yLow: Math.min(...p.tailsMs),
-            yHigh: Math.max(...p.tailsMs),
-          },
-        "Tail per grid point: median predicted vs median measured (ms), bar: range",
-      ),
-    },
+    points.map((p) => [
+      p.model,
+      p.linkPoint,
+      p.promptTokens,
+      p.repeats,
+      pm(p.ttft),
+      pct(p.ttft),
+      spread(p.ttftSpread),
+      pm(p.tail),
+      pct(p.tail),
+      spread(p.tailSpread),
+      p.tailsMs.map(f).join(", "),
+      pm(p.link),
+      pct(p.link),
+      pm(p.ready),
+      pct(p.ready),
+    ]),
+  );
+}
+
+/** Median predicted against median measured per point: TTFT + tail, and the tail with its range. */
+function _pointCharts(points: PointSummary[]): Record<string, string> {
+  return {
+    "ready-points.svg": _pointsChart(
+      points,
+      (p) => p.ready && { x: p.ready[0], y: p.ready[1] },
+      "TTFT + tail per grid point: median predicted vs median measured (ms)",
+    ),
+    "tail-points.svg": _pointsChart(
+      points,
+      (p) =>
+        p.tail && {
+          x: p.tail[0],
+          y: p.tail[1],
+          yLow: Math.min(...p.tailsMs),
+          yHigh: Math.max(...p.tailsMs),
+        },
+      "Tail per grid point: median predicted vs median measured (ms), bar: range",
+    ),
   };
 }
 

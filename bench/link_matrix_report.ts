@@ -9,21 +9,8 @@
  * `--without` replays with those measured cost terms left out (HandoffCosts names, such as
  * `linkResidual` or `captureLeadMs`): what each term does to the count, side by side.
  */
-import { LinkEstimator } from "../core/link_estimates.ts";
-import { HandoffCostRecorder, type MeasuredHandoffCosts } from "../core/link_costs.ts";
-import { RateRecorder } from "../core/node_rates.ts";
-import { placeRequest } from "../core/placement.ts";
-import type { StateSize } from "../core/planner.ts";
-import type { HandoffTelemetry } from "../core/telemetry.ts";
 import { RUNTIME_DEFAULTS } from "../serve/engine.ts";
-import type { CalibrationRun, MatrixRow } from "./link_matrix.ts";
-import {
-  earlierLossProbes,
-  linkCostsAt,
-  pointCosts,
-  recordLossFractions,
-  recurrentLayersOf,
-} from "./_matrix_point.ts";
+import { replay, type Replayed, type RunFile } from "./_matrix_replay.ts";
 import { type ReportSection, writeReport } from "./report.ts";
 import {
   byPoint,
@@ -34,140 +21,8 @@ import {
 import { table } from "./stats.ts";
 import { scatterChart } from "./svg.ts";
 
-interface RunFile {
-  relay: string;
-  ceiling: { bitsPerS: number; rttFloorUsMedian: number; trialsBitsPerS?: number[] } | null;
-  rows: MatrixRow[];
-  calibration: CalibrationRun[];
-  /** llama.cpp threads per worker (absent or null: the runtime default). */
-  workerThreads?: number | null;
-  /** Each worker pinned to a CPU of its own (absent: a run from before the option, unpinned). */
-  /** true or "whole": each worker on a CPU of its own; "split": bench/cpu_pin.ts. */
-  pinWorkers?: boolean | "split" | "whole";
-  /**
-   * The prefill worker sent the last page during the last chunk (absent: a run from before
-   * that capture, which sent it after).
-   */
-  lastPageCapture?: boolean;
-}
-
-/** One row's replayed prediction beside its measurement (ms). */
-export interface Replayed {
-  row: MatrixRow;
-  ttft: [pred: number, meas: number] | null;
-  tail: [pred: number, meas: number] | null;
-  /** Prefill end to the manifest reaching the decoder: what the link and the prefiller add. */
-  link: [pred: number, meas: number] | null;
-  /**
-   * TTFT plus the tail: the request's start to the decoder owning the state. Where the state's
-   * transfer outlasts the prefill, the tail is what remains of it after a prefill whose length
-   * varies, and this sum is what the link fixes.
-   */
-  ready: [pred: number, meas: number] | null;
-  probe: [pred: number, meas: number] | null;
-}
-
-/** Replays one run's predictions in row order, optionally without some measured cost terms. */
-export function replay(run: RunFile, without: readonly string[] = []): Replayed[] {
-  const prefill = new RateRecorder("p", 3), decode = new RateRecorder("d", 3);
-  const costs = new HandoffCostRecorder();
-  // The link residual is the link's: each link point keeps its own, as a live pair learns it
-  // only from the handoffs over its one link (the grid's points are different links).
-  const linkCosts = new Map<string, HandoffCostRecorder>();
-  const lossByPoint = new Map<string, number[]>();
-  const state: StateSize = {
-    kvBytesPerToken: 0,
-    recurrentBytes: 0,
-    recurrentLayers: recurrentLayersOf(run.rows[0]?.model ?? ""),
-  };
-  const learn = (
-    t: HandoffTelemetry,
-    ttft: number | null,
-    linkMs: number | null,
-    rttMs?: number | null,
-    bandwidthBytesPerS?: number | null,
-    row: MatrixRow | null = null,
-  ) => {
-    if (t.prefillMs) prefill.recordPrefill(t.promptTokens, t.prefillMs);
-    if (t.tpotMs) decode.recordDecode(1, t.tpotMs, t.promptTokens);
-    const facts = { ...t, rttMs: rttMs ?? t.rttMs, bandwidthBytesPerS: bandwidthBytesPerS ?? null };
-    costs.record(facts, ttft, linkMs);
-    if (row) linkCostsAt(linkCosts, row).record(facts, ttft, linkMs);
-    const b = t.bytesByComponent;
-    state.kvBytesPerToken = Math.max(state.kvBytesPerToken, (b["kv-page"] ?? 0) / t.promptTokens);
-    state.recurrentBytes = Math.max(state.recurrentBytes, (b.conv ?? 0) + (b.ssm ?? 0));
-  };
-  // Calibration runs precede their prompt's rows, one per prompt, in the same order.
-  const prompts = [...new Set(run.rows.map((r) => r.promptTokens))];
-  const seen = new Set<number>();
-  const out: Replayed[] = [];
-  for (const row of run.rows) {
-    if (!seen.has(row.promptTokens)) {
-      seen.add(row.promptTokens);
-      const cal = run.calibration[prompts.indexOf(row.promptTokens)];
-      for (const c of cal ? [cal] : []) {
-        learn(c.telemetry, c.clientTtftMs ?? c.telemetry.ttftMs, 0);
-        decode.recordPrefill(c.promptTokens, c.colocatedTtftMs);
-        if (c.colocatedTpotMs) decode.recordDecode(1, c.colocatedTpotMs, c.promptTokens);
-      }
-    }
-    const t = row.telemetry, m = row.measured, e = row.estimate;
-    if (row.refused || !t || !m || !e || e.rttMs === null || e.bandwidthBytesPerS === null) {
-      out.push({ row, ttft: null, tail: null, link: null, ready: null, probe: null });
-      continue;
-    }
-    const links = new LinkEstimator();
-    const pair = { from: "p", to: "d" };
-    links.recordRtt(pair, e.rttMs, 0);
-    links.recordTransfer(pair, 1e12, 1e15 / e.bandwidthBytesPerS, 0, "probe");
-    // The row's loss probe with the point's earlier ones, as the run's planner read them.
-    const earlier = earlierLossProbes(lossByPoint, row, e.lossFraction ?? null);
-    recordLossFractions(links, pair, [
-      ...earlier,
-      ...(e.lossFraction === null ? [] : [e.lossFraction]),
-    ]);
-    const d = placeRequest({
-      promptTokens: t.promptTokens, // the prompt's real token count (the row names the nominal)
-      prefiller: { nodeId: "p", rates: prefill.rates(), hasRole: true },
-      decoder: { nodeId: "d", rates: decode.rates(), hasRole: true, freeBytes: 2 ** 40 },
-      schemaShared: true,
-      identityMatch: true,
-      family: "hybrid",
-      llamaBuild: "bench",
-      state: { ...state },
-      chunkTokens: RUNTIME_DEFAULTS.chunkTokens,
-      snapshotDuringLastChunk: true,
-      lastPageDuringLastChunk: run.lastPageCapture === true,
-      costs: Object.fromEntries(
-        Object.entries(pointCosts(costs, linkCosts, row)).filter(([k]) => !without.includes(k)),
-      ) as MeasuredHandoffCosts,
-    }, { links, nowMs: 0, certification: null });
-    const est = d.estimates!, p = d.prediction!;
-    const predLink = est.handoffTailMs - est.importMs - est.commitRoundTripMs / 2;
-    const measLink = m.tailMs !== null && m.commitMs !== null
-      ? m.tailMs - m.commitMs - e.rttMs / 2
-      : null;
-    out.push({
-      row,
-      ttft: m.ttftMs === null ? null : [p.ttftDisaggregatedMs, m.ttftMs],
-      tail: m.tailMs === null ? null : [p.commitTailMs, m.tailMs],
-      link: measLink === null ? null : [predLink, measLink],
-      ready: m.ttftMs === null || m.tailMs === null
-        ? null
-        : [p.ttftDisaggregatedMs + p.commitTailMs, m.ttftMs + m.tailMs],
-      probe: m.probeMs === null ? null : [est.probeMs ?? 0, m.probeMs],
-    });
-    learn(
-      t,
-      m.ttftMs,
-      est.uncoveredKvMs + est.snapshotTransferMs,
-      e.rttMs,
-      e.bandwidthBytesPerS,
-      row,
-    );
-  }
-  return out;
-}
+export { replay };
+export type { Replayed };
 
 const within = (xs: (number | null)[]) => {
   const v = xs.filter((x): x is number => x !== null);

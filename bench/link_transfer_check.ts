@@ -110,55 +110,7 @@ export async function runTransferCheck(o: {
           loadAvg1m: await _load(),
         };
         rows.push(row);
-        const listener = listenQuicRaw({ certificate, maxIdleTimeoutMs: 10_000 });
-        let link;
-        try {
-          link = await openLink(binary, {
-            target: { hostname: "127.0.0.1", port: listener.addr.port },
-            rateBitsPerS: rate,
-            oneWayDelayMs: rttMs / 2,
-            lossFraction,
-            queueBytesMax: Math.max(64 * 1024, (rate / 8) * 0.05),
-            ceilingBitsPerS: ceiling?.bitsPerS ?? 40e6,
-            seed: 5,
-          });
-        } catch (error) {
-          row.refused = (error as Error).message.split(":")[0];
-          listener.close();
-          o.log?.(row);
-          continue;
-        }
-        try {
-          const [client, server] = await Promise.all([
-            connectQuicRaw({
-              hostname: link.endpoint.hostname,
-              port: link.endpoint.port,
-              serverCertificateSha256: certificate.sha256,
-              maxIdleTimeoutMs: 10_000,
-            }),
-            listener.accept(),
-          ]);
-          _serve(server!);
-          const pings: number[] = [];
-          for (let k = 0; k < 10; k++) pings.push(await _timed(client, 0));
-          row.measuredRttMs = median(pings);
-          const probeBytes = Math.round(Math.min(16 << 20, Math.max(2 << 20, (rate / 8) * 0.25)));
-          // As the node's probe (transport/link_probe.ts): the first half ramps the congestion
-          // window up and is not timed, the second half is.
-          const half = Math.round(probeBytes / 2);
-          await _timed(client, half);
-          const probeMs = await _timed(client, half);
-          row.probeBytesPerS = half / Math.max(1e-3, probeMs - row.measuredRttMs) * 1000;
-          for (const mib of o.mib) {
-            const bytes = Math.round(mib * 2 ** 20);
-            const predictedMs = (bytes / row.probeBytesPerS) * 1000 + row.measuredRttMs;
-            row.transfers.push({ bytes, predictedMs, measuredMs: await _timed(client, bytes) });
-          }
-          client.close();
-        } finally {
-          link.close();
-          listener.close();
-        }
+        await _checkPoint(row, o.mib, { binary, ceiling, certificate });
         o.log?.(row);
       }
     }
@@ -168,6 +120,80 @@ export async function runTransferCheck(o: {
     relay: binary ? "native" : "typescript",
     rows,
   };
+}
+
+/**
+ * One grid point: a raw QUIC pair through the relay at `row`'s rate, RTT and loss, measured and
+ * then each of `mib` transferred, into `row` (`row.refused` where the relay refuses the point).
+ */
+async function _checkPoint(
+  row: TransferCheckRow,
+  mib: number[],
+  r: {
+    binary: string | null;
+    ceiling: { bitsPerS: number } | null;
+    certificate: Awaited<ReturnType<typeof createEphemeralTlsCertificate>>;
+  },
+): Promise<void> {
+  const rate = row.rateBitsPerS;
+  const listener = listenQuicRaw({ certificate: r.certificate, maxIdleTimeoutMs: 10_000 });
+  let link;
+  try {
+    link = await openLink(r.binary, {
+      target: { hostname: "127.0.0.1", port: listener.addr.port },
+      rateBitsPerS: rate,
+      oneWayDelayMs: row.rttMs / 2,
+      lossFraction: row.lossFraction,
+      queueBytesMax: Math.max(64 * 1024, (rate / 8) * 0.05),
+      ceilingBitsPerS: r.ceiling?.bitsPerS ?? 40e6,
+      seed: 5,
+    });
+  } catch (error) {
+    row.refused = (error as Error).message.split(":")[0];
+    listener.close();
+    return;
+  }
+  try {
+    const [client, server] = await Promise.all([
+      connectQuicRaw({
+        hostname: link.endpoint.hostname,
+        port: link.endpoint.port,
+        serverCertificateSha256: r.certificate.sha256,
+        maxIdleTimeoutMs: 10_000,
+      }),
+      listener.accept(),
+    ]);
+    _serve(server!);
+    await _measureTransfers(client, row, mib);
+    client.close();
+  } finally {
+    link.close();
+    listener.close();
+  }
+}
+
+/** Pings and a probe as a node takes them, then each transfer predicted from them and timed. */
+async function _measureTransfers(
+  client: RawConnection,
+  row: TransferCheckRow,
+  mib: number[],
+): Promise<void> {
+  const rate = row.rateBitsPerS;
+  const pings: number[] = [];
+  for (let k = 0; k < 10; k++) pings.push(await _timed(client, 0));
+  row.measuredRttMs = median(pings);
+  const probeBytes = Math.round(Math.min(16 << 20, Math.max(2 << 20, (rate / 8) * 0.25)));
+  // As the node's probe (transport/link_probe.ts): the first half ramps the congestion
+  // window up and is not timed, the second half is.
+  const half = Math.round(probeBytes / 2);
+  await _timed(client, half);
+  const probeMs = await _timed(client, half);
+  row.probeBytesPerS = half / Math.max(1e-3, probeMs - row.measuredRttMs) * 1000;
+  for (const m of mib) {
+    const bytes = Math.round(m * 2 ** 20);
+    const predictedMs = (bytes / row.probeBytesPerS) * 1000 + row.measuredRttMs;
+    row.transfers.push({ bytes, predictedMs, measuredMs: await _timed(client, bytes) });
+  }
 }
 
 if (import.meta.main) {

@@ -54,6 +54,8 @@ interface BenchModel {
 
 const SAMPLING = { temperature: 0, topK: 40, topP: 0.95, seed: 1 };
 
+type _Handoff = Awaited<ReturnType<typeof runHandoff>>;
+
 export async function runPrefixBench(o: {
   modelDir: string;
   models: BenchModel[];
@@ -69,71 +71,86 @@ export async function runPrefixBench(o: {
       seed: 1,
     });
     costs.push(await checkpointCost(m.label, modelPath));
-    const n = m.promptTokens;
-    const cluster = await startLocalCluster({
-      args: [
-        "--model",
-        modelPath,
-        "--ctx",
-        String(Math.ceil((n * 1.3 + 64) / 256) * 256),
-        // A lab-state chunk on a loaded two-core machine can outlast the default wait.
-        "--reservation-ms",
-        "120000",
-      ],
-      prefillArgs: [
-        "--prefix-cache-bytes-max",
-        String(2 ** 30),
-        "--prefix-checkpoints-max",
-        "1",
-      ],
-    });
-    const runs = new Map<number, Awaited<ReturnType<typeof runHandoff>>[]>();
-    try {
-      const run = (prompt: string, turnEnds?: number[]) =>
-        runHandoff(cluster.client, {
-          prefill: cluster.prefill.peer,
-          decode: cluster.decode.peer,
-          prompt,
-          generateTokens: 2,
-          sampling: SAMPLING,
-          tenantId: "bench",
-          probe: false,
-          timeoutMs: 600_000,
-          ...(turnEnds ? { turnEnds } : {}),
-        });
-      let seed = 10;
-      for (let r = 0; r < o.repeats; r++) {
-        for (const h of o.hitRates) {
-          const shared = Math.round(n * h);
-          const head = shared > 0 ? await promptOf(modelPath, shared, seed++) : "";
-          const seedPrompt = head + await promptOf(modelPath, n - shared, seed++);
-          await run(seedPrompt, head ? [head.length] : undefined);
-          const measured = await run(head + await promptOf(modelPath, n - shared, seed++));
-          if (measured.placement !== "disaggregated") {
-            throw new Error(`prefix bench handoff fell back: ${measured.fallbackReason}`);
-          }
-          runs.set(h, [...runs.get(h) ?? [], measured]);
-        }
-      }
-    } finally {
-      await cluster.stop();
-    }
-    for (const h of o.hitRates) {
-      const rs = runs.get(h)!;
-      const t = rs.map((x) => x.telemetry);
-      rows.push({
-        model: m.label,
-        promptTokens: median(t.map((x) => x.promptTokens)),
-        targetHitRate: h,
-        hitRate: median(t.map((x) => x.cachedTokens / x.promptTokens)),
-        cachedTokens: median(t.map((x) => x.cachedTokens)),
-        ttftMs: median(rs.map((x) => x.ttftMs)),
-        prefillMs: median(t.map((x) => x.prefillMs ?? NaN)),
-        repeats: rs.length,
-      });
-    }
+    const runs = await _measureHitRates(modelPath, m.promptTokens, o.hitRates, o.repeats);
+    for (const h of o.hitRates) rows.push(_hitRateRow(m.label, h, runs.get(h)!));
   }
   return { rows, costs };
+}
+
+/**
+ * The measured handoffs per hit rate on one model, each after its seed request, on a cluster
+ * whose prefill worker keeps one checkpoint; hit rates interleaved within each repeat.
+ */
+async function _measureHitRates(
+  modelPath: string,
+  n: number,
+  hitRates: number[],
+  repeats: number,
+): Promise<Map<number, _Handoff[]>> {
+  const cluster = await startLocalCluster({
+    args: [
+      "--model",
+      modelPath,
+      "--ctx",
+      String(Math.ceil((n * 1.3 + 64) / 256) * 256),
+      // A lab-state chunk on a loaded two-core machine can outlast the default wait.
+      "--reservation-ms",
+      "120000",
+    ],
+    prefillArgs: [
+      "--prefix-cache-bytes-max",
+      String(2 ** 30),
+      "--prefix-checkpoints-max",
+      "1",
+    ],
+  });
+  const runs = new Map<number, _Handoff[]>();
+  try {
+    const run = (prompt: string, turnEnds?: number[]) =>
+      runHandoff(cluster.client, {
+        prefill: cluster.prefill.peer,
+        decode: cluster.decode.peer,
+        prompt,
+        generateTokens: 2,
+        sampling: SAMPLING,
+        tenantId: "bench",
+        probe: false,
+        timeoutMs: 600_000,
+        ...(turnEnds ? { turnEnds } : {}),
+      });
+    let seed = 10;
+    for (let r = 0; r < repeats; r++) {
+      for (const h of hitRates) {
+        const shared = Math.round(n * h);
+        const head = shared > 0 ? await promptOf(modelPath, shared, seed++) : "";
+        const seedPrompt = head + await promptOf(modelPath, n - shared, seed++);
+        await run(seedPrompt, head ? [head.length] : undefined);
+        const measured = await run(head + await promptOf(modelPath, n - shared, seed++));
+        if (measured.placement !== "disaggregated") {
+          throw new Error(`prefix bench handoff fell back: ${measured.fallbackReason}`);
+        }
+        runs.set(h, [...runs.get(h) ?? [], measured]);
+      }
+    }
+  } finally {
+    await cluster.stop();
+  }
+  return runs;
+}
+
+/** One hit rate's row: medians over its repeats. */
+function _hitRateRow(model: string, h: number, rs: _Handoff[]): PrefixBenchRow {
+  const t = rs.map((x) => x.telemetry);
+  return {
+    model,
+    promptTokens: median(t.map((x) => x.promptTokens)),
+    targetHitRate: h,
+    hitRate: median(t.map((x) => x.cachedTokens / x.promptTokens)),
+    cachedTokens: median(t.map((x) => x.cachedTokens)),
+    ttftMs: median(rs.map((x) => x.ttftMs)),
+    prefillMs: median(t.map((x) => x.prefillMs ?? NaN)),
+    repeats: rs.length,
+  };
 }
 
 /** The bytes the cache keeps for one checkpoint, measured at two lengths on `modelPath`. */

@@ -157,77 +157,96 @@ export async function speculationSection(
     copyTokens,
     modelDir: o.modelDir,
   });
-  const label = (r: SpeculationBenchRow) => `${r.family} ${r.mode}`;
-  const fixed = (x: number | null, digits = 0) => x === null ? "-" : x.toFixed(digits);
   return {
     name: "speculation",
     rows,
-    table: table(
-      [
-        "family",
-        "mode",
-        "exact",
-        "tok/s coloc",
-        "tok/s handoff",
-        "tok/CPU-s coloc",
-        "tok/CPU-s handoff",
-        "x coloc",
-        "x handoff",
-        "rounds",
-        "mtp acc",
-        "suffix acc",
-      ],
-      rows.map((r) => [
-        r.family,
-        r.mode,
-        r.exact ? "yes" : "NO",
-        fixed(r.colocatedTokensPerSec),
-        fixed(r.movedTokensPerSec),
-        fixed(r.colocatedTokensPerCpuSec),
-        fixed(r.movedTokensPerCpuSec),
-        fixed(r.speedupColocated, 2),
-        fixed(r.speedupMoved, 2),
-        r.rounds + (r.countersVaried ? " (varied)" : ""),
-        rate(r.mtpAccepted, r.mtpDrafted),
-        rate(r.suffixAccepted, r.suffixDrafted),
-      ]),
-    ),
-    notes: [
-      `Tiny random-weight models, ${promptTokens}-token self-repeating prompt (its head holds the target's own ${copyTokens}-token greedy continuation, which the suffix proposer can match once generation reaches it), ${steps} greedy tokens, 1 thread, per-session contexts; medians of ${repeats} repeats, all modes of a family one after another in each repeat.`,
-      "tok/s: the decode loop after the first token, wall clock; the handoff column continues the same loop on the decoder's imported state (in-process staged import). tok/CPU-s: the same loops per CPU-second of this process (the sum of /proc/self/task/<tid>/schedstat), which does not depend on what else runs on the machine; on a loaded machine it is the column to read. x: a mode's tok/CPU-s over target-only's in the same repeat (median of the ratios).",
-      "Acceptance is counted after the handoff (accepted/drafted per source; the same colocated, checked by the verdict). Random-weight MTP heads accept almost no drafts, so the MTP modes pay a draft decode per proposed token and a wider verify without the gain; the suffix proposer accepts where the text repeats, here the constructed repeat, and is silent elsewhere. In mtp+suffix a suffix match replaces the MTP prefix (MTP drafts are then not proposed, so not counted).",
-      "exact: in every repeat the tokens after the handoff equal the colocated run's and target-only greedy decoding's, and the MTP drafts are bitwise equal.",
+    table: _speculationTable(rows),
+    notes: _speculationNotes(promptTokens, copyTokens, steps, repeats),
+    charts: _speculationCharts(rows, repeats),
+  };
+}
+
+function _speculationTable(rows: SpeculationBenchRow[]): string {
+  const fixed = (x: number | null, digits = 0) => x === null ? "-" : x.toFixed(digits);
+  return table(
+    [
+      "family",
+      "mode",
+      "exact",
+      "tok/s coloc",
+      "tok/s handoff",
+      "tok/CPU-s coloc",
+      "tok/CPU-s handoff",
+      "x coloc",
+      "x handoff",
+      "rounds",
+      "mtp acc",
+      "suffix acc",
     ],
-    charts: {
-      "speculation-throughput.svg": barChart(rows.map(label), [
-        {
-          name: "colocated",
-          values: rows.map((r) => r.colocatedTokensPerCpuSec ?? r.colocatedTokensPerSec),
-        },
-        {
-          name: "after handoff",
-          values: rows.map((r) => r.movedTokensPerCpuSec ?? r.movedTokensPerSec),
-        },
-      ], {
-        title: `Decode tokens per CPU-second per speculation mode (median of ${repeats})`,
-        xLabel: "family, mode",
-        yLabel: "tokens / CPU-second",
-      }),
-      "speculation-acceptance.svg": barChart(rows.map(label), [
-        {
-          name: "MTP accepted / drafted",
-          values: rows.map((r) => ratioOr0(r.mtpAccepted, r.mtpDrafted)),
-        },
-        {
-          name: "suffix accepted / drafted",
-          values: rows.map((r) => ratioOr0(r.suffixAccepted, r.suffixDrafted)),
-        },
-      ], {
-        title: "Draft acceptance per source after the handoff",
-        xLabel: "family, mode",
-        yLabel: "accepted / drafted",
-      }),
-    },
+    rows.map((r) => [
+      r.family,
+      r.mode,
+      r.exact ? "yes" : "NO",
+      fixed(r.colocatedTokensPerSec),
+      fixed(r.movedTokensPerSec),
+      fixed(r.colocatedTokensPerCpuSec),
+      fixed(r.movedTokensPerCpuSec),
+      fixed(r.speedupColocated, 2),
+      fixed(r.speedupMoved, 2),
+      r.rounds + (r.countersVaried ? " (varied)" : ""),
+      rate(r.mtpAccepted, r.mtpDrafted),
+      rate(r.suffixAccepted, r.suffixDrafted),
+    ]),
+  );
+}
+
+/** How the speculation rows were measured and how to read them. */
+function _speculationNotes(
+  promptTokens: number,
+  copyTokens: number,
+  steps: number,
+  repeats: number,
+): string[] {
+  return [
+    `Tiny random-weight models, ${promptTokens}-token self-repeating prompt (its head holds the target's own ${copyTokens}-token greedy continuation, which the suffix proposer can match once generation reaches it), ${steps} greedy tokens, 1 thread, per-session contexts; medians of ${repeats} repeats, all modes of a family one after another in each repeat.`,
+    "tok/s: the decode loop after the first token, wall clock; the handoff column continues the same loop on the decoder's imported state (in-process staged import). tok/CPU-s: the same loops per CPU-second of this process (the sum of /proc/self/task/<tid>/schedstat), which does not depend on what else runs on the machine; on a loaded machine it is the column to read. x: a mode's tok/CPU-s over target-only's in the same repeat (median of the ratios).",
+    "Acceptance is counted after the handoff (accepted/drafted per source; the same colocated, checked by the verdict). Random-weight MTP heads accept almost no drafts, so the MTP modes pay a draft decode per proposed token and a wider verify without the gain; the suffix proposer accepts where the text repeats, here the constructed repeat, and is silent elsewhere. In mtp+suffix a suffix match replaces the MTP prefix (MTP drafts are then not proposed, so not counted).",
+    "exact: in every repeat the tokens after the handoff equal the colocated run's and target-only greedy decoding's, and the MTP drafts are bitwise equal.",
+  ];
+}
+
+/** Tokens per CPU-second and acceptance per (family, mode). */
+function _speculationCharts(rows: SpeculationBenchRow[], repeats: number): Record<string, string> {
+  const label = (r: SpeculationBenchRow) => `${r.family} ${r.mode}`;
+  return {
+    "speculation-throughput.svg": barChart(rows.map(label), [
+      {
+        name: "colocated",
+        values: rows.map((r) => r.colocatedTokensPerCpuSec ?? r.colocatedTokensPerSec),
+      },
+      {
+        name: "after handoff",
+        values: rows.map((r) => r.movedTokensPerCpuSec ?? r.movedTokensPerSec),
+      },
+    ], {
+      title: `Decode tokens per CPU-second per speculation mode (median of ${repeats})`,
+      xLabel: "family, mode",
+      yLabel: "tokens / CPU-second",
+    }),
+    "speculation-acceptance.svg": barChart(rows.map(label), [
+      {
+        name: "MTP accepted / drafted",
+        values: rows.map((r) => ratioOr0(r.mtpAccepted, r.mtpDrafted)),
+      },
+      {
+        name: "suffix accepted / drafted",
+        values: rows.map((r) => ratioOr0(r.suffixAccepted, r.suffixDrafted)),
+      },
+    ], {
+      title: "Draft acceptance per source after the handoff",
+      xLabel: "family, mode",
+      yLabel: "accepted / drafted",
+    }),
   };
 }
 

@@ -27,6 +27,7 @@ import { defaultModelPath } from "./_default_model.ts";
 import { intArg } from "./_options.ts";
 import { listenArg } from "./_peers.ts";
 import { addSpeculationOptions } from "./_speculation.ts";
+import { stopSignal } from "./_stop_signal.ts";
 import type { SpeculationMode } from "../core/speculation.ts";
 
 interface CoordinateFlags {
@@ -77,7 +78,18 @@ export function register(program: Command): void {
     .option(
       "--state-dir <dir>",
       "with --peers: this node's identity and trust list (default: per-user)",
-    )
+    );
+  addLimitOptions(cmd);
+  addAutoPlacementOptions(cmd);
+  // With --local, the decode worker's server default (serve --speculation): every API request
+  // it decodes speculates (on contexts of its own: batching is off on such a worker, logged).
+  addSpeculationOptions(cmd);
+  cmd.action((flags: CoordinateFlags) => runCoordinate(flags));
+}
+
+/** Bounds on requests (in flight, waiting, wait, progress timeout) and the peers file poll. */
+function addLimitOptions(cmd: Command): Command {
+  return cmd
     .option(
       "--requests-in-flight-max <n>",
       "requests running at once (match the decode workers' --sessions-max)",
@@ -107,7 +119,12 @@ export function register(program: Command): void {
       "how often the peers file's mtime is checked",
       intArg(100, 3_600_000),
       DEFAULT_PEERS_POLL_MS,
-    )
+    );
+}
+
+/** What `--placement auto` decides with: the prompt floor, rates, certification, link pings. */
+function addAutoPlacementOptions(cmd: Command): Command {
+  return cmd
     .option(
       "--prompt-tokens-min <n>",
       "auto placement: shorter prompts run colocated (planner's promptTokensMin)",
@@ -128,11 +145,10 @@ export function register(program: Command): void {
       intArg(100, 3_600_000),
       DEFAULT_LINK_PING_INTERVAL_MS,
     );
-  // With --local, the decode worker's server default (serve --speculation): every API request
-  // it decodes speculates (on contexts of its own: batching is off on such a worker, logged).
-  addSpeculationOptions(cmd);
-  cmd.action((flags: CoordinateFlags) => runCoordinate(flags));
 }
+
+/** What `runCoordinate` closes on the way out, in order. */
+type Cleanups = (() => Promise<void> | void)[];
 
 async function runCoordinate(flags: CoordinateFlags): Promise<void> {
   if (flags.local === (flags.peers !== undefined)) {
@@ -143,49 +159,12 @@ async function runCoordinate(flags: CoordinateFlags): Promise<void> {
   const model = flags.model ?? await defaultModelPath();
   const keys = flags.apiKeys ? await ApiKeys.load(flags.apiKeys) : null;
   const sink = flags.telemetry ? await openTelemetrySink(flags.telemetry) : null;
-  const cleanups: (() => Promise<void> | void)[] = [];
+  const cleanups: Cleanups = [];
   const log = (line: string) => console.error(line);
   try {
-    let node: Node;
-    let peers: PeerSet;
-    if (flags.local) {
-      log("coordinate: starting a prefill and a decode worker on 127.0.0.1 (fresh identities)");
-      const cluster = await startLocalCluster({
-        args: [
-          "--model",
-          model,
-          "--ctx",
-          String(flags.ctx),
-          "--sessions-max",
-          String(Math.min(64, flags.requestsInFlightMax)),
-        ],
-        decodeArgs: flags.speculation === "none" ? [] : [
-          "--speculation",
-          flags.speculation,
-          "--draft-tokens",
-          String(flags.draftTokens),
-          "--mtp-draft-tokens",
-          String(flags.mtpDraftTokens),
-        ],
-      });
-      cleanups.push(() => cluster.stop());
-      node = cluster.client;
-      peers = new PeerSet([
-        { peer: cluster.prefill.peer, role: "prefill" },
-        { peer: cluster.decode.peer, role: "decode" },
-      ]);
-    } else {
-      if (flags.speculation !== "none") {
-        log(
-          `coordinate: --speculation ${flags.speculation} ignored with --peers: speculation is ` +
-            "the decode workers' default (serve --role decode --speculation <mode>)",
-        );
-      }
-      node = await Node.open(flags.stateDir);
-      const watch = await watchPeers(flags.peers!, null, { pollMs: flags.peersPollMs, log });
-      cleanups.push(watch.stop);
-      peers = watch.set;
-    }
+    const { node, peers } = flags.local
+      ? await startLocalWorkers(flags, model, log, cleanups)
+      : await watchPeerWorkers(flags, log, cleanups);
     const live = flags.placement === "auto" ? await livePlacement(flags, node) : null;
     if (live) {
       cleanups.unshift(() => live.close());
@@ -219,26 +198,89 @@ async function runCoordinate(flags: CoordinateFlags): Promise<void> {
     });
     cleanups.unshift(() => server.close());
     const stop = stopSignal();
-    const auth = keys
-      ? "authenticated (--api-keys)"
-      : `UNAUTHENTICATED (no --api-keys): every request is tenant "default"` +
-        (isLoopback(flags.listen.host) ? "" : "; this address is reachable beyond this machine");
-    log(
-      `coordinate: serving "${server.model.id}" at ${server.url}/v1, placement ${flags.placement}, ` +
-        `${peers.workers.length} workers; ${auth}`,
-    );
-    console.log(JSON.stringify({
-      ready: true,
-      url: server.url,
-      model: server.model.id,
-      authenticated: keys !== null,
-      placement: flags.placement,
-    }));
+    announceReady(flags, server, keys !== null, peers, log);
     log(`coordinate: stopping (${await stop})`);
   } finally {
     for (const cleanup of cleanups) await cleanup();
     sink?.close();
   }
+}
+
+/** `--local`: a prefill and a decode worker as child processes, trusting this coordinator. */
+async function startLocalWorkers(
+  flags: CoordinateFlags,
+  model: string,
+  log: (line: string) => void,
+  cleanups: Cleanups,
+): Promise<{ node: Node; peers: PeerSet }> {
+  log("coordinate: starting a prefill and a decode worker on 127.0.0.1 (fresh identities)");
+  const cluster = await startLocalCluster({
+    args: [
+      "--model",
+      model,
+      "--ctx",
+      String(flags.ctx),
+      "--sessions-max",
+      String(Math.min(64, flags.requestsInFlightMax)),
+    ],
+    decodeArgs: flags.speculation === "none" ? [] : [
+      "--speculation",
+      flags.speculation,
+      "--draft-tokens",
+      String(flags.draftTokens),
+      "--mtp-draft-tokens",
+      String(flags.mtpDraftTokens),
+    ],
+  });
+  cleanups.push(() => cluster.stop());
+  const peers = new PeerSet([
+    { peer: cluster.prefill.peer, role: "prefill" },
+    { peer: cluster.decode.peer, role: "decode" },
+  ]);
+  return { node: cluster.client, peers };
+}
+
+/** `--peers`: this node's identity, and the workers the file names, re-read when it changes. */
+async function watchPeerWorkers(
+  flags: CoordinateFlags,
+  log: (line: string) => void,
+  cleanups: Cleanups,
+): Promise<{ node: Node; peers: PeerSet }> {
+  if (flags.speculation !== "none") {
+    log(
+      `coordinate: --speculation ${flags.speculation} ignored with --peers: speculation is ` +
+        "the decode workers' default (serve --role decode --speculation <mode>)",
+    );
+  }
+  const node = await Node.open(flags.stateDir);
+  const watch = await watchPeers(flags.peers!, null, { pollMs: flags.peersPollMs, log });
+  cleanups.push(watch.stop);
+  return { node, peers: watch.set };
+}
+
+/** The startup line on stderr (saying whether the API is authenticated), then the ready line. */
+function announceReady(
+  flags: CoordinateFlags,
+  server: { url: string; model: { id: string } },
+  authenticated: boolean,
+  peers: PeerSet,
+  log: (line: string) => void,
+): void {
+  const auth = authenticated
+    ? "authenticated (--api-keys)"
+    : `UNAUTHENTICATED (no --api-keys): every request is tenant "default"` +
+      (isLoopback(flags.listen.host) ? "" : "; this address is reachable beyond this machine");
+  log(
+    `coordinate: serving "${server.model.id}" at ${server.url}/v1, placement ${flags.placement}, ` +
+      `${peers.workers.length} workers; ${auth}`,
+  );
+  console.log(JSON.stringify({
+    ready: true,
+    url: server.url,
+    model: server.model.id,
+    authenticated,
+    placement: flags.placement,
+  }));
 }
 
 async function livePlacement(flags: CoordinateFlags, node: Node): Promise<LivePlacement> {
@@ -259,17 +301,4 @@ async function livePlacement(flags: CoordinateFlags, node: Node): Promise<LivePl
 
 function isLoopback(host: string): boolean {
   return host === "localhost" || host === "::1" || host.startsWith("127.");
-}
-
-/** The first SIGINT/SIGTERM stops cleanly; a second exits at once. */
-function stopSignal(): Promise<Deno.Signal> {
-  let signals = 0;
-  return new Promise((resolve) => {
-    for (const signal of ["SIGINT", "SIGTERM"] as const) {
-      Deno.addSignalListener(signal, () => {
-        if (++signals > 1) Deno.exit(signal === "SIGINT" ? 130 : 143);
-        resolve(signal);
-      });
-    }
-  });
 }

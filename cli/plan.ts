@@ -13,6 +13,7 @@ import { type NodeRates, parseCalibration } from "../core/node_rates.ts";
 import { explainPlan, formatPlanTerms } from "../core/plan_explain.ts";
 import { type PlacementRequest, placeRequest, planInputFor } from "../core/placement.ts";
 import { llamaBuild as buildOf, loadLlama } from "../ffi/mod.ts";
+import { CHUNK_TOKENS_MAX, RUNTIME_DEFAULTS } from "../serve/engine.ts";
 import { familyOf } from "../serve/identity.ts";
 import { modelInfo } from "./_model_info.ts";
 import { intArg, numberArg } from "./_options.ts";
@@ -77,7 +78,12 @@ export function register(program: Command): void {
     .option("--prefiller <node-id>", "prefiller's node id in the calibration file", "prefill")
     .option("--decoder <node-id>", "decoder's node id in the calibration file", "decode")
     .option("--certification <file>", "certification file (default: cache, if present)")
-    .option("--chunk-tokens <n>", "tokens per prefill chunk / KV page", intArg(1, 1 << 16), 2048)
+    .option(
+      "--chunk-tokens <n>",
+      "tokens per prefill chunk / KV page (the runtime's default)",
+      intArg(1, CHUNK_TOKENS_MAX),
+      RUNTIME_DEFAULTS.chunkTokens,
+    )
     .option("--decoder-free-gib <n>", "decoder's free memory", numberArg(0, 1 << 20), 64)
     .option("--queue-ms <ms>", "prefiller queue wait (contention)", numberArg(0, 1e9), 0)
     .addOption(new Option("--projection <name>", "print a projection instead").choices(["lab"]))
@@ -89,19 +95,7 @@ export function register(program: Command): void {
 }
 
 async function runPlan(f: PlanFlags): Promise<void> {
-  const missing = (["model", "promptTokens", "link", "rtt"] as const).filter((k) =>
-    f[k] === undefined
-  );
-  if (missing.length) {
-    throw new UsageError(
-      `plan needs ${
-        missing.map((k) => `--${k.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`)}`).join(", ")
-      }`,
-      {
-        hint: "or run `plan --projection lab`",
-      },
-    );
-  }
+  _requireLinkFlags(f);
   const info = await modelInfo(f.model!, "f16");
   const family = familyOf(info.spec);
   let llamaBuild = "unknown";
@@ -142,15 +136,9 @@ async function runPlan(f: PlanFlags): Promise<void> {
   const decision = placeRequest(request, { links, nowMs: 0, certification: cert.file });
   const terms = explainPlan(planInputFor(request, decision.link, cert.file), decision);
   if (f.json) {
+    const model = f.model;
     console.log(
-      JSON.stringify({
-        model: f.model,
-        family,
-        llamaBuild,
-        certification: cert.path,
-        ...decision,
-        terms,
-      }),
+      JSON.stringify({ model, family, llamaBuild, certification: cert.path, ...decision, terms }),
     );
     return;
   }
@@ -162,6 +150,18 @@ async function runPlan(f: PlanFlags): Promise<void> {
   );
   for (const line of formatPlanTerms(terms)) console.log(line);
   console.log(`decision: ${decision.placement}`);
+}
+
+/** A plan over a stated link needs the model, the prompt and the link; each missing one is named. */
+function _requireLinkFlags(f: PlanFlags): void {
+  const missing = (["model", "promptTokens", "link", "rtt"] as const).filter((k) =>
+    f[k] === undefined
+  );
+  if (missing.length === 0) return;
+  const flags = missing.map((k) => `--${k.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`)}`);
+  throw new UsageError(`plan needs ${flags.join(", ")}`, {
+    hint: "or run `plan --projection lab`",
+  });
 }
 
 async function _rates(f: PlanFlags): Promise<{ prefiller: NodeRates; decoder: NodeRates }> {

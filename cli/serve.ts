@@ -7,7 +7,8 @@ import { MALLOC_HUGE_PAGES_TUNABLE, mallocHugePages } from "../ffi/mod.ts";
 import { type Command, Option } from "commander";
 import { DEFAULT_HANDOFF_TIMING } from "../core/handoff.ts";
 import { hostUdpBufferAdvice, type Role, ROLES } from "../transport/mod.ts";
-import { Worker } from "../serve/worker.ts";
+import { Worker, type WorkerOptions } from "../serve/worker.ts";
+import type { RuntimeConfig } from "../serve/engine.ts";
 import { DEFAULT_PREFILL_QUEUE } from "../serve/prefill_queue.ts";
 import { DEFAULT_PREFIX_CACHE } from "../serve/prefix_cache.ts";
 import { CHUNK_BYTES_MIN, DEFAULT_EXPORT_LIMITS } from "../serve/exporter.ts";
@@ -19,6 +20,7 @@ import {
 } from "./_speculation.ts";
 import { listenArg } from "./_peers.ts";
 import { numericsOf } from "./_report.ts";
+import { stopSignal } from "./_stop_signal.ts";
 
 interface ServeFlags extends RuntimeFlags, SpeculationFlags {
   role: Role;
@@ -57,7 +59,17 @@ export function register(program: Command): void {
       "address to listen on (port 0: any free port)",
       listenArg,
     )
-    .option("--state-dir <dir>", "node identity, certificate and trust list (default: per-user)")
+    .option("--state-dir <dir>", "node identity, certificate and trust list (default: per-user)");
+  addSessionOptions(cmd);
+  addHandoffOptions(cmd);
+  addPrefillExportOptions(cmd);
+  addPrefillQueueAndCacheOptions(cmd);
+  addSpeculationOptions(addRuntimeOptions(cmd)).action((flags: ServeFlags) => runServe(flags));
+}
+
+/** Sessions served at once, decode batching, and the decode side's wait queue. */
+function addSessionOptions(cmd: Command): Command {
+  return cmd
     .option(
       "--sessions-max <n>",
       "requests served at once (decode with batching: sequences of one shared context; else one context each)",
@@ -88,7 +100,12 @@ export function register(program: Command): void {
       "decode: how long a request waits for a free session before it is refused busy",
       intArg(0, 3_600_000),
       1_000,
-    )
+    );
+}
+
+/** The handoff's timing (lease, timeouts, reservation) and the link's limits. */
+function addHandoffOptions(cmd: Command): Command {
+  return cmd
     .option(
       "--lease-ms <ms>",
       "how long prefill state is retained awaiting CommitAck",
@@ -130,7 +147,12 @@ export function register(program: Command): void {
       "a committed session waits this long for its generate request",
       intArg(1, 3_600_000),
       30_000,
-    )
+    );
+}
+
+/** How a prefill worker sends the state: layer capture, last-page capture, chunk size. */
+function addPrefillExportOptions(cmd: Command): Command {
+  return cmd
     .addOption(
       new Option(
         "--layer-capture <on|off>",
@@ -148,7 +170,15 @@ export function register(program: Command): void {
       "prefill: largest state chunk sent; larger components go as token pages or byte pieces",
       intArg(CHUNK_BYTES_MIN, DEFAULT_EXPORT_LIMITS.chunkBytesMax),
       DEFAULT_EXPORT_LIMITS.chunkBytesMax,
-    )
+    );
+}
+
+/**
+ * The prefill worker's queue and exact-prefix cache. `--link-probe-age-ms` sits among the
+ * cache's options because --help has always listed it there.
+ */
+function addPrefillQueueAndCacheOptions(cmd: Command): Command {
+  return cmd
     .option(
       "--prefill-queue-depth-max <n>",
       "prefill: requests that may wait for a context; one more is answered busy (colocated)",
@@ -188,7 +218,6 @@ export function register(program: Command): void {
       intArg(1, 64),
       DEFAULT_PREFIX_CACHE.prefixCheckpointsMax,
     );
-  addSpeculationOptions(addRuntimeOptions(cmd)).action((flags: ServeFlags) => runServe(flags));
 }
 
 async function runServe(flags: ServeFlags): Promise<void> {
@@ -200,7 +229,29 @@ async function runServe(flags: ServeFlags): Promise<void> {
     console.error(`speculation ${flags.speculation}: ignored: only --role decode speculates`);
   }
   const runtime = { ...await runtimeConfigFrom(flags), speculation };
-  const worker = await Worker.start({
+  const worker = await Worker.start(workerOptionsFrom(flags, runtime));
+  await adviseOnStart(runtime);
+  // The first SIGINT/SIGTERM stops cleanly: the listener and its endpoint close (freeing the
+  // port), peers get a graceful close (bounded by closeTimeoutMs), and in-flight handoffs are
+  // aborted, so each prefiller sees the abort and falls back. A second signal exits at once.
+  // Installed before the ready line, so a signal sent on seeing it is never the default kill.
+  const stop = stopSignal();
+  const { hostname, port } = worker.addr;
+  console.log(JSON.stringify({
+    ready: true,
+    role: flags.role,
+    nodeId: worker.node.identity.nodeId,
+    address: `${hostname}:${port}`,
+    peer: `${worker.node.identity.nodeId}@${hostname}:${port}`,
+    numerics: numericsOf(runtime, worker.pool.model.lib),
+  }));
+  console.error(`serve: stopping (${await stop})`);
+  await worker.close();
+}
+
+/** The worker the flags describe, on `runtime` (speculation already decided by role). */
+function workerOptionsFrom(flags: ServeFlags, runtime: RuntimeConfig): WorkerOptions {
+  return {
     role: flags.role,
     hostname: flags.listen.host,
     port: flags.listen.port,
@@ -233,7 +284,11 @@ async function runServe(flags: ServeFlags): Promise<void> {
       prefixBlockTokens: flags.prefixBlockTokens,
       prefixCheckpointsMax: flags.prefixCheckpointsMax,
     },
-  });
+  };
+}
+
+/** What the started worker says on stderr about its host and its costs: named, not silent. */
+async function adviseOnStart(runtime: RuntimeConfig): Promise<void> {
   if (runtime.hugePages && Deno.build.os === "linux" && !mallocHugePages()) {
     // Named, not silent: without the tunable only the contexts are advised, after allocation.
     console.error(
@@ -245,6 +300,7 @@ async function runServe(flags: ServeFlags): Promise<void> {
   // Named, not silent: a small UDP receive buffer slows every handoff this worker receives.
   const udpAdvice = await hostUdpBufferAdvice();
   if (udpAdvice) console.error(udpAdvice);
+  const speculation = runtime.speculation;
   if (speculation && speculation.mode !== "none") {
     // Named, not silent: what speculation costs the handoff on this worker.
     console.error(
@@ -253,28 +309,4 @@ async function runServe(flags: ServeFlags): Promise<void> {
         `${speculation.draftTokensMax} recurrent snapshots per sequence`,
     );
   }
-  // The first SIGINT/SIGTERM stops cleanly: the listener and its endpoint close (freeing the
-  // port), peers get a graceful close (bounded by closeTimeoutMs), and in-flight handoffs are
-  // aborted, so each prefiller sees the abort and falls back. A second signal exits at once.
-  // Installed before the ready line, so a signal sent on seeing it is never the default kill.
-  let signals = 0;
-  const stop = new Promise<Deno.Signal>((resolve) => {
-    for (const signal of ["SIGINT", "SIGTERM"] as const) {
-      Deno.addSignalListener(signal, () => {
-        if (++signals > 1) Deno.exit(signal === "SIGINT" ? 130 : 143);
-        resolve(signal);
-      });
-    }
-  });
-  const { hostname, port } = worker.addr;
-  console.log(JSON.stringify({
-    ready: true,
-    role: flags.role,
-    nodeId: worker.node.identity.nodeId,
-    address: `${hostname}:${port}`,
-    peer: `${worker.node.identity.nodeId}@${hostname}:${port}`,
-    numerics: numericsOf(runtime, worker.pool.model.lib),
-  }));
-  console.error(`serve: stopping (${await stop})`);
-  await worker.close();
 }

@@ -54,7 +54,19 @@ function _roles(entry: { roles?: TrustRole[] }): string {
 
 export function register(program: Command): void {
   const trust = program.command("trust").description("manage the peers this node trusts");
+  registerAdd(trust);
+  registerList(trust);
+  registerRemove(trust);
+}
 
+interface AddFlags {
+  label?: string;
+  certificateSha256?: string;
+  roles?: TrustRole[];
+  stateDir?: string;
+}
+
+function registerAdd(trust: Command): void {
   trust
     .command("add <key-or-card>")
     .description(
@@ -73,83 +85,86 @@ export function register(program: Command): void {
       _rolesArg,
     )
     .option("--state-dir <dir>", STATE_DIR_HELP)
-    .action(
-      async (
-        argument: string,
-        flags: {
-          label?: string;
-          certificateSha256?: string;
-          roles?: TrustRole[];
-          stateDir?: string;
-        },
-      ) => {
-        const card = parsePeerCard(await _cardText(argument));
-        if (flags.label) card.label = flags.label;
-        if (flags.certificateSha256) {
-          card.certificateSha256 = parseFingerprint(flags.certificateSha256);
-        }
-        const list = await TrustList.load(resolveStateDir(flags.stateDir));
-        const { entry, replaced } = await list.add(card, flags.roles);
-        await list.save();
-        const label = entry.label ? ` (${entry.label})` : "";
-        console.log(
-          `${replaced ? "updated" : "trusted"} node ${entry.nodeId}${label} as ${_roles(entry)}`,
-        );
-        if (!entry.roles) console.log(legacyRolesNotice(1));
-        if (!entry.certificateSha256) {
-          console.log(
-            "note: no certificate fingerprint: this node can accept it, but not connect to it",
-          );
-        }
-      },
-    );
+    .action(addPeer);
+}
 
+/** `trust add`: saves the entry, then says what it allows and what it lacks. */
+async function addPeer(argument: string, flags: AddFlags): Promise<void> {
+  const card = parsePeerCard(await _cardText(argument));
+  if (flags.label) card.label = flags.label;
+  if (flags.certificateSha256) {
+    card.certificateSha256 = parseFingerprint(flags.certificateSha256);
+  }
+  const list = await TrustList.load(resolveStateDir(flags.stateDir));
+  const { entry, replaced } = await list.add(card, flags.roles);
+  await list.save();
+  const label = entry.label ? ` (${entry.label})` : "";
+  console.log(
+    `${replaced ? "updated" : "trusted"} node ${entry.nodeId}${label} as ${_roles(entry)}`,
+  );
+  if (!entry.roles) console.log(legacyRolesNotice(1));
+  if (!entry.certificateSha256) {
+    console.log(
+      "note: no certificate fingerprint: this node can accept it, but not connect to it",
+    );
+  }
+}
+
+function registerList(trust: Command): void {
   trust
     .command("list")
     .description("list trusted peers")
     .option("--json", "print JSON", false)
     .option("--state-dir <dir>", STATE_DIR_HELP)
-    .action(async (flags: { json: boolean; stateDir?: string }) => {
-      const list = await TrustList.load(resolveStateDir(flags.stateDir));
-      const entries = list.entries();
-      if (flags.json) {
-        console.log(JSON.stringify(entries));
-        return;
-      }
-      if (entries.length === 0) {
-        console.log("no trusted peers (add one with `skippy-disagg trust add`)");
-        return;
-      }
-      console.log(
-        `${"node id".padEnd(18)}${"label".padEnd(20)}${"roles".padEnd(28)}${
-          "certificate".padEnd(20)
-        }added`,
-      );
-      for (const e of entries) {
-        const pin = e.certificateSha256 ? e.certificateSha256.slice(0, 16) + "..." : "-";
-        console.log(
-          `${e.nodeId.padEnd(18)}${(e.label ?? "-").padEnd(20)}${_roles(e).padEnd(28)}${
-            pin.padEnd(20)
-          }${e.addedAt.slice(0, 10)}`,
-        );
-      }
-      const legacy = list.legacyEntries().length;
-      if (legacy > 0) console.log(legacyRolesNotice(legacy));
-    });
+    .action(listPeers);
+}
 
+/** `trust list`: a table (or JSON) of the entries, and a notice for those without roles. */
+async function listPeers(flags: { json: boolean; stateDir?: string }): Promise<void> {
+  const list = await TrustList.load(resolveStateDir(flags.stateDir));
+  const entries = list.entries();
+  if (flags.json) {
+    console.log(JSON.stringify(entries));
+    return;
+  }
+  if (entries.length === 0) {
+    console.log("no trusted peers (add one with `skippy-disagg trust add`)");
+    return;
+  }
+  console.log(
+    `${"node id".padEnd(18)}${"label".padEnd(20)}${"roles".padEnd(28)}${
+      "certificate".padEnd(20)
+    }added`,
+  );
+  for (const e of entries) {
+    const pin = e.certificateSha256 ? e.certificateSha256.slice(0, 16) + "..." : "-";
+    console.log(
+      `${e.nodeId.padEnd(18)}${(e.label ?? "-").padEnd(20)}${_roles(e).padEnd(28)}${
+        pin.padEnd(20)
+      }${e.addedAt.slice(0, 10)}`,
+    );
+  }
+  const legacy = list.legacyEntries().length;
+  if (legacy > 0) console.log(legacyRolesNotice(legacy));
+}
+
+function registerRemove(trust: Command): void {
   trust
     .command("remove <node-id>")
     .description("stop trusting a peer")
     .option("--state-dir <dir>", STATE_DIR_HELP)
-    .action(async (nodeId: string, flags: { stateDir?: string }) => {
-      const list = await TrustList.load(resolveStateDir(flags.stateDir));
-      const removed = list.remove(nodeId);
-      if (!removed) {
-        throw new UsageError(`No trusted peer with node id "${nodeId}"`, {
-          hint: "see `skippy-disagg trust list`",
-        });
-      }
-      await list.save();
-      console.log(`removed node ${nodeId}${removed.label ? ` (${removed.label})` : ""}`);
+    .action(removePeer);
+}
+
+/** `trust remove`: a usage error when no entry has that node id. */
+async function removePeer(nodeId: string, flags: { stateDir?: string }): Promise<void> {
+  const list = await TrustList.load(resolveStateDir(flags.stateDir));
+  const removed = list.remove(nodeId);
+  if (!removed) {
+    throw new UsageError(`No trusted peer with node id "${nodeId}"`, {
+      hint: "see `skippy-disagg trust list`",
     });
+  }
+  await list.save();
+  console.log(`removed node ${nodeId}${removed.label ? ` (${removed.label})` : ""}`);
 }

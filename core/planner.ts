@@ -242,42 +242,23 @@ export function estimate(
   // With layer capture the recurrent bytes, and in a hybrid model the last page, share the
   // stream during the last chunk, one recurrent layer's piece at a time.
   const captured = i.snapshotDuringLastChunk ? i.state.recurrentBytes : 0;
-  const pieces = i.state.recurrentLayers ?? 0;
-  const lead = i.costs?.captureLeadMs ?? 0;
   const pageCaptured = captured > 0 && i.state.kvBytesPerToken > 0 &&
     i.lastPageDuringLastChunk === true;
-  // Over a lossy link the state moves at no more than the loss-limited rate (a short probe
-  // reads the rate before its first loss), where the sender keeps the link busy: captured
-  // layers released more slowly than that leave one by one after idle gaps, in which the
-  // congestion window grows back, at about the measured rate.
-  const lossLimit = lossLimitedBytesPerS(link.rttMs, link.lossFraction ?? 0, o.lossResponseBytes);
-  const { lastChunkMs } = chunkTimes(i);
-  const releasedBytesPerS = captured > 0 && lastChunkMs > 0
-    ? (captured / lastChunkMs) * 1000
-    : Infinity;
-  const linkBytesPerS = releasedBytesPerS > lossLimit
-    ? Math.min(link.bandwidthBytesPerS, lossLimit)
-    : link.bandwidthBytesPerS;
+  const linkBytesPerS = _linkBytesPerS(i, link, o, captured);
   const bwPerMs = linkBytesPerS / 1000;
   const stream = streamFinish(i, bwPerMs, link.rttMs, 0, pageCaptured);
-  const mtpBytes = _mtpBytes(i.state, i.promptTokens);
-  const mtpSendMs = mtpBytes / bwPerMs + (mtpBytes / o.importBytesPerS) * 1000;
-  const reprime = mtpBytes > 0 && i.mtpReprimeMs !== undefined && i.mtpReprimeMs < mtpSendMs;
-  const mtpMode = mtpBytes === 0 ? "none" : reprime ? "reprime" : "transfer";
-  const snapshotBytes = snapshotBytesFor(i.state, i.promptTokens) - (reprime ? mtpBytes : 0);
+  const mtp = _mtpPlan(i, bwPerMs, o);
+  const snapshotBytes = snapshotBytesFor(i.state, i.promptTokens) -
+    (mtp.mode === "reprime" ? mtp.bytes : 0);
   const kvBytes = i.promptTokens * i.state.kvBytesPerToken;
   // What the captured bytes add is the combined stream's finish less the pages' own, and the
   // rest follows at the rate. A captured last page is imported on arrival, before the end.
   const snapshotTransferMs =
     (captured > 0
-      ? streamFinish(i, bwPerMs, link.rttMs, captured, pageCaptured, pieces, lead).uncoveredMs -
-        stream.uncoveredMs
+      ? _combinedUncoveredMs(i, bwPerMs, link.rttMs, captured, pageCaptured) - stream.uncoveredMs
       : 0) + (snapshotBytes - captured) / bwPerMs;
   const importBytes = (pageCaptured ? 0 : stream.lastPageBytes) + snapshotBytes;
-  const importMs =
-    (i.costs?.importMsPerMiB !== undefined
-      ? (importBytes / 2 ** 20) * i.costs.importMsPerMiB
-      : (importBytes / o.importBytesPerS) * 1000) + (reprime ? i.mtpReprimeMs! : 0);
+  const importMs = _importMs(i, o, importBytes) + (mtp.mode === "reprime" ? i.mtpReprimeMs! : 0);
   const linkMs = stream.uncoveredMs + snapshotTransferMs;
   const manifestWaitMs = Math.max(0, (i.costs?.prefillerPostMs ?? 0) - linkMs);
   const linkResidualMs = linkResidualAt(
@@ -290,7 +271,6 @@ export function estimate(
   const probeWaitMs = i.costs?.probeWaitMs ?? 0;
   const disaggregatedMs = (i.prefillerQueueMs ?? 0) + stream.prefillMs + handoffTailMs;
   const colocatedMs = _colocatedMs(i);
-  const ls = i.layerSplit;
   return {
     linkBytesPerS,
     lossLimited: linkBytesPerS < link.bandwidthBytesPerS,
@@ -300,7 +280,7 @@ export function estimate(
     prefillerPrefillMs: stream.prefillMs,
     uncoveredKvMs: stream.uncoveredMs,
     snapshotTransferMs,
-    mtpTransferMs: reprime ? 0 : mtpBytes / bwPerMs,
+    mtpTransferMs: mtp.mode === "reprime" ? 0 : mtp.bytes / bwPerMs,
     importMs,
     manifestWaitMs,
     linkResidualMs,
@@ -308,17 +288,80 @@ export function estimate(
     handoffTailMs,
     disaggregatedMs,
     colocatedMs,
-    layerSplitMs: ls
-      ? (i.promptTokens / ls.prefillTokensPerS) * 1000 + ls.outputTokens * ls.hopMsPerToken
-      : null,
+    layerSplitMs: _layerSplitMs(i),
     benefitMs: colocatedMs - disaggregatedMs,
     overlapFraction: stream.overlapFraction,
-    mtpMode,
+    mtpMode: mtp.mode,
     probeMs,
     probeWaitMs,
     commitTailMs: handoffTailMs + probeMs + probeWaitMs,
     prefillerQueueMs: i.prefillerQueueMs ?? 0,
   };
+}
+
+/**
+ * The rate the state moves at. Over a lossy link it is no more than the loss-limited rate (a
+ * short probe reads the rate before its first loss), where the sender keeps the link busy:
+ * captured layers released more slowly than that leave one by one after idle gaps, in which the
+ * congestion window grows back, at about the measured rate.
+ */
+function _linkBytesPerS(
+  i: PlanInput,
+  link: LinkMeasurement,
+  o: PlanOptions,
+  capturedBytes: number,
+): number {
+  const lossLimit = lossLimitedBytesPerS(link.rttMs, link.lossFraction ?? 0, o.lossResponseBytes);
+  const { lastChunkMs } = chunkTimes(i);
+  const releasedBytesPerS = capturedBytes > 0 && lastChunkMs > 0
+    ? (capturedBytes / lastChunkMs) * 1000
+    : Infinity;
+  return releasedBytesPerS > lossLimit
+    ? Math.min(link.bandwidthBytesPerS, lossLimit)
+    : link.bandwidthBytesPerS;
+}
+
+/**
+ * When the pages and the captured bytes finish together, past the end of prefill: the combined
+ * stream shares the link during the last chunk, one recurrent layer's piece at a time.
+ */
+function _combinedUncoveredMs(
+  i: PlanInput,
+  bwPerMs: number,
+  rttMs: number,
+  capturedBytes: number,
+  pageCaptured: boolean,
+): number {
+  const pieces = i.state.recurrentLayers ?? 0;
+  const lead = i.costs?.captureLeadMs ?? 0;
+  return streamFinish(i, bwPerMs, rttMs, capturedBytes, pageCaptured, pieces, lead).uncoveredMs;
+}
+
+/** The MTP draft state: sent with the snapshot, or reprimed on the decoder where that is sooner. */
+function _mtpPlan(
+  i: PlanInput,
+  bwPerMs: number,
+  o: PlanOptions,
+): { bytes: number; mode: PlanEstimates["mtpMode"] } {
+  const bytes = _mtpBytes(i.state, i.promptTokens);
+  if (bytes === 0) return { bytes, mode: "none" };
+  const sendMs = bytes / bwPerMs + (bytes / o.importBytesPerS) * 1000;
+  const reprime = i.mtpReprimeMs !== undefined && i.mtpReprimeMs < sendMs;
+  return { bytes, mode: reprime ? "reprime" : "transfer" };
+}
+
+/** The decoder's import of these bytes: its measured cost per MiB, else `importBytesPerS`. */
+function _importMs(i: PlanInput, o: PlanOptions, importBytes: number): number {
+  return i.costs?.importMsPerMiB !== undefined
+    ? (importBytes / 2 ** 20) * i.costs.importMsPerMiB
+    : (importBytes / o.importBytesPerS) * 1000;
+}
+
+function _layerSplitMs(i: PlanInput): number | null {
+  const ls = i.layerSplit;
+  return ls
+    ? (i.promptTokens / ls.prefillTokensPerS) * 1000 + ls.outputTokens * ls.hopMsPerToken
+    : null;
 }
 
 /**

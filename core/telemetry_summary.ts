@@ -172,6 +172,39 @@ export class PrefillerTelemetry {
     s.kvStagedByPrefillEndBytes = this.#kvStagedBytes - _after(this.#recentStaged, atMs);
   }
 
+  #export(e: Extract<PrefillerTelemetryEvent, { type: "export" }>): void {
+    const s = this.#s;
+    s.exportMs += e.durationMs;
+    if (e.kind === "conv" || e.kind === "ssm") {
+      s.lastRecurrentExportMs = Math.max(s.lastRecurrentExportMs ?? -Infinity, e.atMs);
+    }
+    // The last page's export starts exactly at the chunk's end (the same subtraction).
+    if (s.prefillEndMs !== null && e.atMs - e.durationMs >= s.prefillEndMs - 1e-6) {
+      s.tailExportMs = (s.tailExportMs ?? 0) + e.durationMs;
+    }
+  }
+
+  #chunkSent(e: Extract<PrefillerTelemetryEvent, { type: "chunk-sent" }>): void {
+    const s = this.#s;
+    s.bytesByComponent[e.kind] = (s.bytesByComponent[e.kind] ?? 0) + e.bytes;
+    s.totalBytes += e.bytes;
+    s.chunksSent = (s.chunksSent ?? 0) + 1;
+    s.chunkBytesMaxSent = Math.max(s.chunkBytesMaxSent ?? 0, e.bytes);
+    s.wireMs += e.durationMs;
+    const q = this.#queued.get(e.seq);
+    this.#queued.delete(e.seq);
+    // Queue time: from queued to the start of its write.
+    if (q !== undefined) s.queueMs += Math.max(0, e.atMs - e.durationMs - q);
+    if (e.kind !== "kv-page") return;
+    s.kvSentBytes += e.bytes;
+    s.kvPagesSent++;
+    if (e.seq >= s.lastKvSeq) {
+      s.lastKvSeq = e.seq;
+      s.lastKvBytes = e.bytes;
+    }
+    _remember(this.#recentSent, e);
+  }
+
   push(e: PrefillerTelemetryEvent): void {
     const s = this.#s;
     switch (e.type) {
@@ -189,38 +222,14 @@ export class PrefillerTelemetry {
         this.#prefillEnd(e.atMs);
         return;
       case "export":
-        s.exportMs += e.durationMs;
-        if (e.kind === "conv" || e.kind === "ssm") {
-          s.lastRecurrentExportMs = Math.max(s.lastRecurrentExportMs ?? -Infinity, e.atMs);
-        }
-        // The last page's export starts exactly at the chunk's end (the same subtraction).
-        if (s.prefillEndMs !== null && e.atMs - e.durationMs >= s.prefillEndMs - 1e-6) {
-          s.tailExportMs = (s.tailExportMs ?? 0) + e.durationMs;
-        }
+        this.#export(e);
         return;
       case "chunk-queued":
         this.#queued.set(e.seq, e.atMs);
         return;
-      case "chunk-sent": {
-        s.bytesByComponent[e.kind] = (s.bytesByComponent[e.kind] ?? 0) + e.bytes;
-        s.totalBytes += e.bytes;
-        s.chunksSent = (s.chunksSent ?? 0) + 1;
-        s.chunkBytesMaxSent = Math.max(s.chunkBytesMaxSent ?? 0, e.bytes);
-        s.wireMs += e.durationMs;
-        const q = this.#queued.get(e.seq);
-        this.#queued.delete(e.seq);
-        // Queue time: from queued to the start of its write.
-        if (q !== undefined) s.queueMs += Math.max(0, e.atMs - e.durationMs - q);
-        if (e.kind !== "kv-page") return;
-        s.kvSentBytes += e.bytes;
-        s.kvPagesSent++;
-        if (e.seq >= s.lastKvSeq) {
-          s.lastKvSeq = e.seq;
-          s.lastKvBytes = e.bytes;
-        }
-        _remember(this.#recentSent, e);
+      case "chunk-sent":
+        this.#chunkSent(e);
         return;
-      }
       case "chunk-staged":
         this.#kvStagedBytes += e.bytes;
         _remember(this.#recentStaged, e);

@@ -145,31 +145,14 @@ export async function runSpeculationCase(
   if (!hasMtp && (c.mode === "mtp" || c.mode === "mtp+suffix")) {
     return { ...base, verdict: "n/a", ok: true };
   }
-  const modelPath = await options.modelFor(c.family, c.preset);
+  const config = caseConfig(c, options, hasMtp, await options.modelFor(c.family, c.preset));
   const copyTokens = options.copyTokens ?? 8;
-  const config: RuntimeConfig = {
-    ...RUNTIME_DEFAULTS,
-    modelPath,
-    nCtx: Math.ceil((c.promptTokens + options.steps + 64) / 256) * 256,
-    chunkTokens: c.chunkTokens,
-    threads: options.threads ?? RUNTIME_DEFAULTS.threads,
-    mtp: hasMtp,
-    speculation: { ...SPECULATION_DEFAULTS, mode: modeOf(c.mode) },
-  };
   using a = await Side.open(config, { digestCacheFile: options.digestCacheFile });
   const prompt = await selfRepeatingPrompt(a.engine, {
     copyTokens,
     bodyTokens: Math.max(16, c.promptTokens - copyTokens - 2),
   });
-  const want: number[] = [];
-  {
-    using plain = await Engine.open({ ...config, speculation: undefined, mtp: false });
-    const logits = await plain.prefill(prompt);
-    const greedy = { temperature: 0 };
-    for await (const s of plain.generate(logits, options.steps, greedy, { seed: 0, draws: 0 })) {
-      want.push(s.token);
-    }
-  }
+  const want = await targetOnlyTokens(config, prompt, options.steps);
   const { state, firstToken } = await prefillSide(a, prompt);
   using dm = await DecoderModel.load(config);
   using b = await dm.openSide(options.digestCacheFile);
@@ -179,6 +162,49 @@ export async function runSpeculationCase(
   const clock = options.cpuSeconds;
   const colocated = await continueSpeculating(a, prompt, firstToken, options.steps, clock);
   const moved = await continueSpeculating(b, prompt, firstToken, options.steps, clock);
+  return { ...base, ...compareContinuations(colocated, moved, want) };
+}
+
+/** The case's runtime: a context that fits prompt and steps, MTP when the family has it. */
+function caseConfig(
+  c: SpeculationCase,
+  options: SpeculationOptions,
+  hasMtp: boolean,
+  modelPath: string,
+): RuntimeConfig {
+  return {
+    ...RUNTIME_DEFAULTS,
+    modelPath,
+    nCtx: Math.ceil((c.promptTokens + options.steps + 64) / 256) * 256,
+    chunkTokens: c.chunkTokens,
+    threads: options.threads ?? RUNTIME_DEFAULTS.threads,
+    mtp: hasMtp,
+    speculation: { ...SPECULATION_DEFAULTS, mode: modeOf(c.mode) },
+  };
+}
+
+/** Target-only greedy decoding of `prompt` on a plain engine: what every mode must produce. */
+async function targetOnlyTokens(
+  config: RuntimeConfig,
+  prompt: Int32Array,
+  steps: number,
+): Promise<number[]> {
+  const want: number[] = [];
+  using plain = await Engine.open({ ...config, speculation: undefined, mtp: false });
+  const logits = await plain.prefill(prompt);
+  const greedy = { temperature: 0 };
+  for await (const s of plain.generate(logits, steps, greedy, { seed: 0, draws: 0 })) {
+    want.push(s.token);
+  }
+  return want;
+}
+
+/** The verdict: the moved run against the colocated run and target-only tokens, and rates. */
+function compareContinuations(
+  colocated: SpeculativeContinuation,
+  moved: SpeculativeContinuation,
+  want: number[],
+): Omit<SpeculationCaseResult, keyof SpeculationCase | "steps"> {
   const same = (x: number[], y: number[]) => x.length === y.length && x.every((t, i) => t === y[i]);
   const tokensEqual = same(moved.tokens, colocated.tokens);
   const targetEqual = same(moved.tokens, want);
@@ -189,7 +215,6 @@ export async function runSpeculationCase(
   const ok = tokensEqual && targetEqual && draftsBitwise !== false &&
     moved.report.fallback === null;
   return {
-    ...base,
     verdict: ok ? "exact" : "differs",
     ok,
     tokensEqual,

@@ -17,7 +17,7 @@
  * ```
  */
 import { LimitExceededError, StateValidationError } from "../core/errors.ts";
-import { DEFAULT_STATE_BOUNDS, firstTilingFault, formatRange, type Range } from "../core/schema.ts";
+import { DEFAULT_STATE_BOUNDS, formatRange, type Range } from "../core/schema.ts";
 import type { LlamaContext } from "./context.ts";
 import { LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY } from "./llama.ts";
 import {
@@ -32,6 +32,7 @@ import { type CacheName, type Shim } from "./shim/shim.ts";
 import { shimFailure, type StateBackend, stateBackend, type StatePath } from "./state.ts";
 import { RecurrentRuns, type RunPiece } from "./_staged_recurrent.ts";
 import { assembleFinal, checkLayout, checkReadiness, type Target } from "./_staged_final.ts";
+import { addPageRange, checkPageRange, checkTiling } from "./_staged_ranges.ts";
 
 export interface StagedImportOptions {
   /** The handoff carries positions [0, nTokens) (the prompt length). */
@@ -159,7 +160,7 @@ export class StagedImport {
     const h = readPageHeader(page, t.component);
     const range: Range = [h.p0, h.p1];
     const what = `${t.component} tokens ${formatRange(range)}`;
-    this.#checkPage(t, h.cache, range, what);
+    checkPageRange(t, h.cache, range, what, this.options);
     const rows = pageRows(page, h, what);
     checkLayout(
       t.ctx,
@@ -186,35 +187,7 @@ export class StagedImport {
       const own = page.slice();
       t.pages.push({ header: h, page: own, rows: pageRows(own, h, what) } satisfies StagedPage);
     }
-    t.ranges.splice(insertionIndex(t.ranges, range[0]), 0, range);
-  }
-
-  #checkPage(t: Target, cache: number, range: Range, what: string): void {
-    if (cache !== 0) {
-      throw new StateValidationError(`Cannot stage ${what}: it is not an attention KV page`);
-    }
-    if (range[1] > this.options.nTokens) {
-      throw new StateValidationError(
-        `Cannot stage ${what}: it lies outside the handoff's tokens [0, ${this.options.nTokens})`,
-      );
-    }
-    const at = insertionIndex(t.ranges, range[0]);
-    const clash = [t.ranges[at - 1], t.ranges[at]].find((r) =>
-      r !== undefined && r[0] < range[1] && range[0] < r[1]
-    );
-    if (clash) {
-      throw new StateValidationError(
-        `Cannot stage ${what}: it overlaps ${t.component} tokens ${
-          formatRange(clash)
-        } already staged`,
-        { hint: "a page was duplicated or replayed" },
-      );
-    }
-    if (t.ranges.length >= this.options.pagesMax) {
-      throw new LimitExceededError(
-        `Cannot stage ${what}: more than ${this.options.pagesMax} pages`,
-      );
-    }
+    addPageRange(t, range);
   }
 
   /** Takes the final recurrent (conv + SSM) snapshot. */
@@ -375,19 +348,7 @@ export class StagedImport {
     this.#mustStage("state");
     const n = this.options.nTokens;
     const targets = [this.#main, ...(this.#draft ? [this.#draft] : [])];
-    for (const t of targets) {
-      if (t.backend.kind === "recurrent") continue;
-      const fault = firstTilingFault(t.ranges, n);
-      if (fault) {
-        const what = `${t.component} tokens ${formatRange(fault.range)}`;
-        throw new StateValidationError(
-          `Cannot commit: ${what} ${fault.fault === "gap" ? "missing" : "staged twice"}`,
-          {
-            hint: "every page of [0, n) must arrive before commit",
-          },
-        );
-      }
-    }
+    checkTiling(targets, n);
     const k = this.backend.kind;
     const joined = this.#runs.joined();
     if (joined) {
@@ -451,16 +412,4 @@ export class StagedImport {
     for (const release of this.#releases) release();
     this.#releases = [];
   }
-}
-
-/** Where a range starting at `start` goes in `ranges` (sorted by start, non-overlapping). */
-function insertionIndex(ranges: readonly Range[], start: number): number {
-  let lo = 0;
-  let hi = ranges.length;
-  while (lo < hi) {
-    const mid = (lo + hi) >> 1;
-    if (ranges[mid][0] < start) lo = mid + 1;
-    else hi = mid;
-  }
-  return lo;
 }

@@ -36,12 +36,9 @@ import { deriveTelemetry, type FallbackRecord, type HandoffTelemetry } from "../
 import { eligibleForHandoff, roleCovers } from "../transport/mod.ts";
 import {
   type FirstToken,
-  type GenerateRequest,
   type LinkLossReport,
-  parseMessage,
   type PeerAddress,
   type PrefillOutcome,
-  type PrefillRequest,
   type SamplingSpec,
 } from "./messages.ts";
 import type { Node } from "./node.ts";
@@ -57,6 +54,7 @@ import {
   type WorkerRole,
 } from "./_request_io.ts";
 import type { SpeculationMode } from "../core/speculation.ts";
+import { generateRequest, prefillAndHandOff } from "./_worker_requests.ts";
 
 export interface HandoffRequest {
   prefill: PeerAddress;
@@ -413,76 +411,4 @@ async function nextAlive(
     tried.push(`${role} worker ${address.nodeId}: ${channel.lost}`);
   }
   return null;
-}
-
-function generateRequest(
-  req: HandoffRequest,
-  handoffId: string,
-  mode: "committed" | "local",
-  sent: number[],
-): GenerateRequest {
-  return {
-    type: "GenerateRequest",
-    handoffId,
-    tenantId: req.tenantId,
-    generateTokens: req.generateTokens,
-    mode,
-    prompt: mode === "local" ? req.prompt : null,
-    ...(mode === "local" && req.promptSpecialSpans?.length
-      ? { promptSpecialSpans: req.promptSpecialSpans }
-      : {}),
-    sampling: mode === "local" ? req.sampling : null,
-    probe: req.probe,
-    sentTokens: [...sent],
-    ...(req.logprobs !== undefined ? { logprobs: req.logprobs } : {}),
-    ...(req.speculation ? { speculation: req.speculation } : {}),
-  };
-}
-
-async function prefillAndHandOff(
-  channel: RequestChannel,
-  r: Running,
-  onFirst: (message: FirstToken) => void,
-): Promise<PrefillOutcome> {
-  const { req, handoffId, wait, peers } = r;
-  const request: PrefillRequest = {
-    type: "PrefillRequest",
-    handoffId,
-    tenantId: req.tenantId,
-    prompt: req.prompt,
-    ...(req.promptSpecialSpans?.length ? { promptSpecialSpans: req.promptSpecialSpans } : {}),
-    generateTokens: req.generateTokens,
-    sampling: req.sampling,
-    decode: req.decode,
-    probe: req.probe,
-    completeOnDecoderLoss: true,
-    ...(req.logprobs !== undefined ? { logprobs: req.logprobs } : {}),
-    ...(req.turnEnds?.length ? { turnEnds: req.turnEnds } : {}),
-  };
-  const onAbort = () =>
-    channel.send({ type: "CancelRequest", handoffId, tenantId: req.tenantId }).catch(() => {});
-  wait.deadline.addEventListener("abort", onAbort, { once: true });
-  try {
-    await channel.sendRequest(request);
-    for (;;) {
-      const header = await channel.receive(wait);
-      if (header.type === "FirstToken") onFirst(parseMessage<FirstToken>(header));
-      if (header.type === "PrefillOutcome") return parseMessage<PrefillOutcome>(header);
-    }
-  } catch (error) {
-    if (!(error instanceof PeerError)) throw error;
-    // The prefill worker died or dropped us: recompute on the decode worker.
-    peers.markDead(channel, error.message);
-    return {
-      type: "PrefillOutcome",
-      handoffId,
-      outcome: "fallback",
-      reason: "connection-lost",
-      message: `the prefill worker was lost: ${error.message}`,
-      promptTokens: 0,
-      telemetry: null,
-    };
-  } finally {
-    wait.deadline.removeEventListener("abort", onAbort);
-  }
 }

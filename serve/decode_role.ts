@@ -10,40 +10,18 @@
  * a retry (the prefiller never saw the earlier attempt's CommitAck, so the coordinator never
  * moved the request here) and the earlier attempt is cancelled or released first.
  */
-import { tokenizePrompt } from "./prompt_tokens.ts";
-import {
-  type HandoffTiming,
-  LimitExceededError,
-  type ParityVerdict,
-  type ReserveRequest,
-} from "../core/mod.ts";
+import type { HandoffTiming, ParityVerdict, ReserveRequest } from "../core/mod.ts";
 import type { PeerConnection } from "../transport/mod.ts";
 import { DecodeHandoff, type DecodeLimits } from "./decode_session.ts";
-import { type CommittedSession, continueSession, type GeneratedStep } from "./generation.ts";
-import { speculationEvent } from "./speculative.ts";
+import type { CommittedSession } from "./generation.ts";
 import type { ResolvedIdentity } from "./identity.ts";
 import type { GenerateRequest, PrefillQueueCounters, WorkerCounters } from "./messages.ts";
 import type { Node } from "./node.ts";
 import type { PooledSession, SessionPool } from "./pool.ts";
 import { Admission, ADMISSION_DEFAULTS, type AdmissionOptions } from "./admission.ts";
-import { DecoderTelemetry } from "../core/telemetry.ts";
-import { reportProgress, sendDone, streamTokens } from "./token_stream.ts";
+import { sendDone } from "./token_stream.ts";
 import { atMost } from "./_deadline.ts";
-import { SequenceEngine } from "./batch_loop.ts";
-import type { DecodeEngine } from "./engine.ts";
-
-/**
- * On a shared (batched) context, a cancel drops the session's queued work at once: a long
- * prompt's remaining chunks, or a decode step waiting for the next batch, would otherwise run
- * to their end before the between-steps check sees the cancel. Returns the remover.
- */
-function dropQueuedOnCancel(engine: DecodeEngine, cancel: AbortSignal): () => void {
-  if (!(engine instanceof SequenceEngine)) return () => {};
-  const drop = () => engine.loop.cancel(engine.seq, "the request was cancelled");
-  if (cancel.aborted) drop();
-  else cancel.addEventListener("abort", drop, { once: true });
-  return () => cancel.removeEventListener("abort", drop);
-}
+import { generateCommitted, generateFromPrompt } from "./_decode_generate.ts";
 
 /** How long a GenerateRequest waits for an attempt still importing. */
 const ATTEMPT_WAIT_MS = 30_000;
@@ -366,32 +344,9 @@ export class DecodeRole {
     }
     clearTimeout(held.timer);
     this.#committed.delete(request.handoffId);
-    const { session } = held;
-    // Per-token logits digests are compared with a lone run: decode this session alone.
-    if (request.probe) session.engine.alone = true;
-    const decodePath = session.engine.path;
-    const stopProgress = reportProgress(peer, request.handoffId, () => session.engine.position);
-    const stopDrop = dropQueuedOnCancel(session.engine, cancel);
     try {
-      const telemetry = new DecoderTelemetry();
-      for (const e of session.events) telemetry.push(e);
-      if (request.speculation) session.speculationMode = request.speculation;
-      const steps = untilCancelled(continueSession(session, request.generateTokens), cancel);
-      await streamTokens(peer, request, steps, telemetry, session.engine.model.vocab);
-      if (session.speculation) {
-        telemetry.push(speculationEvent(session.speculation, performance.now()));
-      }
-      await sendDone(
-        peer,
-        request.handoffId,
-        { ok: true, message: null },
-        telemetry.summary(),
-        session.mtpReady,
-        { decodePath },
-      );
+      await generateCommitted(peer, request, held.session, cancel);
     } finally {
-      stopDrop();
-      stopProgress();
       this.admission.release(held.pooled);
     }
   }
@@ -420,51 +375,10 @@ export class DecodeRole {
         busy: true,
       });
     }
-    const pooled = admitted.session;
-    const engine = pooled.engine;
-    if (request.probe) engine.alone = true;
-    const stopProgress = reportProgress(peer, request.handoffId, () => engine.position);
-    const stopDrop = dropQueuedOnCancel(engine, cancel);
     try {
-      const prompt = tokenizePrompt(
-        engine.model.vocab,
-        request.prompt!,
-        request.promptSpecialSpans,
-      );
-      // Refused before any decode: an admitted request never runs out of cells mid-stream.
-      const needed = prompt.length + request.generateTokens;
-      if (needed > engine.contextTokens) {
-        throw new LimitExceededError(
-          `Request needs ${needed} context tokens (prompt ${prompt.length} + generate ${request.generateTokens}), this decoder has ${engine.contextTokens}`,
-          { hint: "start the decode worker with a larger --ctx, or ask for fewer tokens" },
-        );
-      }
-      const s = request.sampling!;
-      const params = { temperature: s.temperature, topK: s.topK, topP: s.topP };
-      const logits = await engine.prefill(prompt);
-      const steps = async function* (): AsyncGenerator<GeneratedStep> {
-        yield* engine.generate(logits, request.generateTokens, params, { seed: s.seed, draws: 0 });
-      };
-      const telemetry = new DecoderTelemetry();
-      await streamTokens(
-        peer,
-        request,
-        untilCancelled(steps(), cancel),
-        telemetry,
-        engine.model.vocab,
-      );
-      await sendDone(
-        peer,
-        request.handoffId,
-        { ok: true, message: null },
-        telemetry.summary(),
-        null,
-        { decodePath: engine.path },
-      );
+      await generateFromPrompt(peer, request, admitted.session.engine, cancel);
     } finally {
-      stopDrop();
-      stopProgress();
-      this.admission.release(pooled);
+      this.admission.release(admitted.session);
     }
   }
 
@@ -473,13 +387,5 @@ export class DecodeRole {
     this.admission.close();
     for (const attempt of this.#live) attempt.handoff.cancel();
     for (const id of [...this.#committed.keys()]) this.#release(id);
-  }
-}
-
-/** Ends `steps` with an error once `signal` aborts (checked before each step). */
-async function* untilCancelled<T>(steps: AsyncIterable<T>, signal: AbortSignal): AsyncGenerator<T> {
-  for await (const step of steps) {
-    if (signal.aborted) throw new Error("The request was cancelled");
-    yield step;
   }
 }

@@ -20,25 +20,19 @@ import {
   type HandoffEvent,
   type HandoffTiming,
   IdentityMismatchError,
-  LimitExceededError,
-  newBindingKey,
-  openManifest,
   type ParityVerdict,
   type ReserveRequest,
-  StagingLedger,
-  StateValidationError,
+  type StagingLedger,
   trunkLayerCount,
-  validateChunkHeader,
   validateManifest,
-  verifyChunkPayload,
-  verifyChunkTag,
-  verifyProbeDigest,
 } from "../core/mod.ts";
 import type { BindingContext } from "../core/binding.ts";
 import type { DecoderTelemetryEvent } from "../core/telemetry.ts";
 import { StagedImport } from "../ffi/staged_import.ts";
-import { FrameError, type HandoffReceiver, type PeerConnection } from "../transport/mod.ts";
+import type { HandoffReceiver, PeerConnection } from "../transport/mod.ts";
 import { StagedTail } from "./_decode_tail.ts";
+import { committedSession, openStaging, stageChunk } from "./_decode_staging.ts";
+import { readStreamEnd, streamFailure } from "./_decode_stream.ts";
 import { FrameInbox } from "./_frame_inbox.ts";
 import { checkReservation } from "./_reservation.ts";
 import type { CommittedSession } from "./generation.ts";
@@ -94,7 +88,6 @@ export class DecodeHandoff {
   /** A probe digest read after a commit that did not compare digests (at most one). */
   #lateDigest = false;
   #receiver: HandoffReceiver | null = null;
-  #manifest: FinalManifest | null = null;
   #nextLogits: Float32Array | null = null;
   #done: { committed: boolean; reason: AbortReason | null; message: string | null } | null = null;
   #failure: string | null = null;
@@ -162,37 +155,10 @@ export class DecodeHandoff {
         // A frame of another handoff or attempt on this attempt's stream: replayed or spliced.
         return this.#reject("binding-tag", "State frame of another handoff or attempt");
       }
-      if (h.type === "FinalManifest") {
-        this.#telemetry.push({ type: "manifest-received", atMs: performance.now() });
-        // Its tag is checked over the bytes as received, before they are parsed.
-        let manifest: unknown;
-        try {
-          manifest = this.#binding && await openManifest(frame.payload, h.tag, this.#binding);
-        } catch {
-          return this.#reject("protocol-error", "FinalManifest payload is not valid msgpack");
-        }
-        if (!manifest) {
-          return this.#reject("binding-tag", "manifest binding tag does not verify");
-        }
-        this.#events.tryPush({ ...h, manifest } as unknown as HandoffEvent);
-        continue;
-      }
-      if (h.type === "ProbeDigest") {
-        // Its tag is checked here, before the table sees it; the table checks the rest.
-        if (!this.#binding || !await verifyProbeDigest(this.#binding, h.logitsSha256, h.tag)) {
-          return this.#reject("binding-tag", "probe digest binding tag does not verify");
-        }
-        const { handoffId, attempt, logitsSha256 } = h;
-        this.#telemetry.push({ type: "probe-digest-received", atMs: performance.now() });
-        this.#events.tryPush(
-          {
-            type: "ProbeDigest",
-            handoffId,
-            attempt,
-            logitsSha256,
-            tag: h.tag,
-          } as unknown as HandoffEvent,
-        );
+      if (h.type === "FinalManifest" || h.type === "ProbeDigest") {
+        const push = (event: HandoffEvent) => this.#events.tryPush(event);
+        const rejected = await readStreamEnd(frame, this.#binding, this.#telemetry, push);
+        if (rejected) return this.#reject(rejected.reason, rejected.message);
         continue;
       }
       if (h.type !== "StateChunk") {
@@ -208,14 +174,9 @@ export class DecodeHandoff {
 
   /** The stream failed: a cut or lost connection, or a frame that breaks the framing. */
   #streamFailed(error: unknown): void {
-    if (!(error instanceof FrameError) || error.kind.startsWith("ended-")) {
-      this.#events.tryPush({ type: "ConnectionLost" });
-      return;
-    }
-    // A corrupted frame may be a transient fault (the prefiller retries); anything else is a
-    // peer that does not follow the framing.
-    const reason = error.kind === "bad-checksum" ? "invalid-state" : "protocol-error";
-    this.#reject(reason, error.message);
+    const rejected = streamFailure(error);
+    if (rejected) this.#reject(rejected.reason, rejected.message);
+    else this.#events.tryPush({ type: "ConnectionLost" });
   }
 
   #reject(reason: AbortReason, message: string): void {
@@ -343,20 +304,10 @@ export class DecodeHandoff {
         : "reserve-rejected";
       return this.#fail("ReserveFailed", reason, error);
     }
-    const bindingKey = newBindingKey();
-    this.#binding = {
-      bindingKey,
-      handoffId: request.handoffId,
-      destNodeId: this.input.nodeId,
-      tenantId: request.tenantId,
-    };
-    this.#ledger = new StagingLedger({
-      handoffId: request.handoffId,
-      identityDigest: own.digest,
-      family: own.numerical.family,
-      trunkLayers: trunkLayerCount(own.numerical),
-      creditBytes: this.input.limits.stagingBytesMax,
-    });
+    const opened = openStaging(request, this.input, this.input.limits.stagingBytesMax);
+    const { bindingKey } = opened;
+    this.#binding = opened.binding;
+    this.#ledger = opened.ledger;
     return {
       type: "Reserved",
       creditBytes: this.input.limits.stagingBytesMax,
@@ -368,75 +319,33 @@ export class DecodeHandoff {
 
   async #stage(raw: ChunkHeader): Promise<HandoffEvent> {
     const frame = this.#inbox.take(raw?.seq);
+    const staging = {
+      binding: this.#binding!,
+      ledger: this.#ledger!,
+      staged: this.#staged!,
+      tail: this.#tail,
+      trunkKinds: this.#trunkKinds,
+      telemetry: this.#telemetry,
+    };
+    const fail = (reason: AbortReason, error: unknown) =>
+      this.#fail("ChunkRejected", reason, error);
     try {
-      return await this.#stageFrame(raw, frame);
+      return await stageChunk(staging, raw, frame, fail);
     } finally {
       this.#inbox.done();
     }
-  }
-
-  async #stageFrame(
-    raw: ChunkHeader,
-    frame: { payload: Uint8Array; tag: string } | undefined,
-  ): Promise<HandoffEvent> {
-    try {
-      if (!frame) throw new StateValidationError("State chunk without its payload");
-      const header = validateChunkHeader(raw);
-      if (!await verifyChunkTag(this.#binding!, header, frame.tag)) {
-        return this.#fail("ChunkRejected", "binding-tag", "chunk binding tag does not verify");
-      }
-      verifyChunkPayload(header, frame.payload);
-      this.#ledger!.accept(header);
-      const t0 = performance.now();
-      await this.#stageComponent(header, frame.payload);
-      this.#telemetry.push({
-        type: "import",
-        atMs: performance.now(),
-        kind: header.kind,
-        bytes: header.payloadBytes,
-        durationMs: performance.now() - t0,
-      });
-      // Pages are imported as they arrive, so their bytes are free again at once; snapshot
-      // chunks stay held until the import step.
-      const paged = header.kind === "kv-page" || header.kind === "mtp-kv";
-      const credit = paged ? header.payloadBytes : 0;
-      this.#ledger!.grantCredit(credit);
-      return { type: "ChunkStaged", creditBytes: credit };
-    } catch (error) {
-      const reason = error instanceof LimitExceededError
-        ? "credit-exceeded"
-        : error instanceof IdentityMismatchError
-        ? "identity-mismatch"
-        : "invalid-state";
-      return this.#fail("ChunkRejected", reason, error);
-    }
-  }
-
-  async #stageComponent(h: ChunkHeader, payload: Uint8Array): Promise<void> {
-    if (h.kind === "kv-page") return await this.#staged!.addPage(payload);
-    if (h.kind === "mtp-kv") return await this.#staged!.addMtpPage(payload);
-    if (h.kind === "conv" || h.kind === "ssm") {
-      // Trunk layer range -> the run of recurrent layers it holds, by this model's own kinds.
-      const before = (l: number) => this.#trunkKinds.slice(0, l).filter((k) => k === "recurrent");
-      const [a, b] = h.layerRange;
-      const [r0, r1] = [before(a).length, before(b).length];
-      const piece = h.piece && { offset: h.piece.range[0], of: h.piece.of };
-      return await this.#staged!.addRecurrentLayers(h.kind, r0, r1, payload, piece);
-    }
-    this.#tail.take(h, payload);
   }
 
   #verify(raw: FinalManifest): HandoffEvent {
     try {
       const trunkLayers = trunkLayerCount(this.input.identity.numerical);
       const manifest = validateManifest(raw, { trunkLayers });
-      // The tag was checked over the frame's bytes (#readStream); it binds this handoff's key.
+      // The tag was checked over the frame's bytes (readStreamEnd); it binds this handoff's key.
       if (manifest.handoffId !== this.#binding!.handoffId) {
         return this.#fail("VerifyFailed", "binding-tag", "manifest names another handoff");
       }
       const verdict = this.#ledger!.verifyAgainst(manifest);
       if (!verdict.ok) throw verdict.error;
-      this.#manifest = manifest;
       return { type: "Verified" };
     } catch (error) {
       return this.#fail("VerifyFailed", "invalid-state", error);
@@ -487,32 +396,12 @@ export class DecodeHandoff {
   }
 
   #committed(): CommittedSession {
-    const now = performance.now();
-    // MTP readiness is what was verified: the draft's KV ends where its pending hidden row
-    // is, one token behind the target (the probe decoded the first token alone).
-    const draft = this.input.draft;
-    const mtp = draft ? draft.readiness(this.input.engine.position) !== "not-ready" : null;
-    this.#telemetry.push({ type: "committed", atMs: now });
-    this.#telemetry.push({
-      type: "ready",
-      atMs: now,
-      target: true,
-      mtp,
-      parity: this.#parity?.parity ?? null,
-      parityFields: this.#parity?.differingFields.map(String) ?? [],
-    });
-    return {
-      handoffId: this.handoffId,
-      tenantId: this.input.request.tenantId,
-      engine: this.input.engine,
-      draft: this.input.draft,
-      history: this.#tail.history!,
-      firstToken: this.#tail.firstToken!,
+    return committedSession(this.input, {
+      parity: this.#parity,
+      tail: this.#tail,
       nextLogits: this.#nextLogits!,
-      sampler: this.#tail.sampler!,
-      events: this.#telemetry,
-      mtpReady: mtp,
-    };
+      telemetry: this.#telemetry,
+    });
   }
 
   /** Wipes whatever was staged or imported, zeroing held payloads. */

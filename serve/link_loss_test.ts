@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { makeTestNodes } from "../transport/_conformance.ts";
+import { makeTestNodes } from "../transport/test_nodes.ts";
 import { fakeLoopbackPeers } from "../transport/loopback.ts";
 import { DecoderLinkLoss } from "./link_loss.ts";
 

@@ -13,7 +13,6 @@
  */
 import type { DecoderLinkLoss } from "./link_loss.ts";
 import { tokenizePrompt } from "./prompt_tokens.ts";
-import { tokenLogprob } from "../core/logprobs.ts";
 import type { HandoffTiming } from "../core/mod.ts";
 import { deriveTelemetry, formatTelemetry } from "../core/telemetry.ts";
 import {
@@ -23,10 +22,7 @@ import {
   rolesOf,
 } from "../transport/mod.ts";
 import type { ResolvedIdentity } from "./identity.ts";
-import { PieceDecoder } from "../ffi/mod.ts";
 import {
-  type FirstToken,
-  type GenerateRequest,
   type PrefillOutcome,
   type PrefillQueueCounters,
   type PrefillRequest,
@@ -37,14 +33,13 @@ import type { Node } from "./node.ts";
 import type { EnginePool, PooledEngine } from "./pool.ts";
 import { PrefillHandoff, type PrefillLimits } from "./prefill_session.ts";
 import { completeOnPrefill, generateHere } from "./prefill_completion.ts";
-import { faultPoint } from "./fault_points.ts";
-import type { Engine } from "./engine.ts";
-import { logitsDigest } from "./probe.ts";
+import { sendFirstToken } from "./_first_token.ts";
+import { localRequest } from "./_worker_requests.ts";
 import { reportProgress, sendOrExplain } from "./token_stream.ts";
 import { PrefillQueue, type PrefillQueueOptions } from "./prefill_queue.ts";
 import { type PeerLink, PeerLinks } from "./peer_links.ts";
 import { DecoderChannel } from "./decoder_channel.ts";
-import { DEFAULT_PREFIX_CACHE, PrefixCache } from "./prefix_cache.ts";
+import { DEFAULT_PREFIX_CACHE, PrefixCache, type PrefixPlan } from "./prefix_cache.ts";
 
 /** Tests only: hooks into a request's life on this worker. Nothing in the product sets them. */
 export interface PrefillHooks {
@@ -213,8 +208,6 @@ export class PrefillRole {
     } catch (error) {
       return failed(request, (error as Error).message, 0);
     }
-    let decoder: DecoderChannel | null = null;
-    let firstTokenSent: Promise<void> = Promise.resolve();
     const stopProgress = reportProgress(
       active.peer,
       request.handoffId,
@@ -223,12 +216,33 @@ export class PrefillRole {
     try {
       const checked = await this.#decoderLink(request, prompt, active, pooled);
       if (!("link" in checked)) return checked.outcome;
-      let first: PeerLink | null = checked.link;
       const prefix = await this.#restorePrefix(request, prompt, pooled);
+      return await this.#handOff(request, active, pooled, { prompt, prefix, link: checked.link });
+    } catch (error) {
+      return failed(request, (error as Error).message, prompt.length);
+    } finally {
+      stopProgress();
+    }
+  }
+
+  /**
+   * Runs the handoff over the checked link (a retry reconnects), sending the first token the
+   * moment prefill ends; the outcome follows it. The handoff leaves the link at the end.
+   */
+  async #handOff(
+    request: PrefillRequest,
+    active: Active,
+    pooled: PooledEngine,
+    start: { prompt: Int32Array; prefix: PrefixPlan; link: PeerLink },
+  ): Promise<PrefillOutcome | null> {
+    let first: PeerLink | null = start.link;
+    let decoder: DecoderChannel | null = null;
+    let firstTokenSent: Promise<void> = Promise.resolve();
+    try {
       const handoff = new PrefillHandoff({
-        prefix,
+        prefix: start.prefix,
         request,
-        prompt,
+        prompt: start.prompt,
         engine: pooled.engine,
         draft: pooled.draft,
         identity: this.identity,
@@ -242,7 +256,7 @@ export class PrefillRole {
         ...(this.hooks.probeDigest ? { probeDigestHook: this.hooks.probeDigest } : {}),
         timing: this.timing,
         limits: this.limits,
-        cancel,
+        cancel: active.controller.signal,
         onFirstToken: (token, logits, prefillEndMs) => {
           firstTokenSent = sendFirstToken(active.peer, request, pooled.engine, {
             token,
@@ -261,10 +275,7 @@ export class PrefillRole {
       // The outcome follows the first token on the same stream, never overtakes it.
       await firstTokenSent;
       return await this.#settle(request, active, pooled, handoff, outcome);
-    } catch (error) {
-      return failed(request, (error as Error).message, prompt.length);
     } finally {
-      stopProgress();
       await firstTokenSent;
       // The handoff leaves the shared link (which stays open for the next handoff).
       (decoder as DecoderChannel | null)?.close();
@@ -390,50 +401,6 @@ export class PrefillRole {
       reason: "protocol-error",
     }));
   }
-}
-
-/**
- * Sends the first token to the coordinator. A first token that cannot be sent is not an
- * error: the coordinator then has no token, and the decode side streams it as usual.
- */
-async function sendFirstToken(
-  peer: PeerConnection,
-  request: PrefillRequest,
-  engine: Engine,
-  first: { token: number; logits: Float32Array; prefillEndMs: number },
-): Promise<void> {
-  const text = new PieceDecoder(engine.model.vocab).push(first.token);
-  const logitsSha256 = request.probe ? await logitsDigest(first.logits) : null;
-  const message: FirstToken = {
-    type: "FirstToken",
-    handoffId: request.handoffId,
-    token: first.token,
-    text,
-    logitsSha256,
-    sentAfterPrefillMs: performance.now() - first.prefillEndMs,
-    prefillEndEpochMs: performance.timeOrigin + first.prefillEndMs,
-    ...(request.logprobs !== undefined
-      ? { logprob: tokenLogprob(first.logits, first.token, request.logprobs) }
-      : {}),
-  };
-  await peer.send(message as unknown as Record<string, unknown>).catch(() => {});
-  faultPoint("first-token-sent");
-}
-
-/** The GenerateRequest a prefill worker runs for itself when no decode worker can be reached. */
-function localRequest(request: PrefillRequest): GenerateRequest {
-  return {
-    type: "GenerateRequest",
-    handoffId: request.handoffId,
-    tenantId: request.tenantId,
-    generateTokens: request.generateTokens,
-    mode: "local",
-    prompt: request.prompt,
-    ...(request.promptSpecialSpans ? { promptSpecialSpans: request.promptSpecialSpans } : {}),
-    ...(request.logprobs !== undefined ? { logprobs: request.logprobs } : {}),
-    sampling: request.sampling,
-    probe: request.probe,
-  };
 }
 
 function failed(request: PrefillRequest, message: string, promptTokens: number): PrefillOutcome {

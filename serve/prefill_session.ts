@@ -12,14 +12,10 @@
 import {
   type AbortReason,
   BoundedQueue,
-  computeChunkTag,
-  contextTokensNeeded,
-  createPrefiller,
   type FinalManifestMessage,
   HandoffAbortedError,
   type HandoffAction,
   type HandoffEvent,
-  type HandoffTiming,
   LimitExceededError,
   prefillerCanExport,
   type PrefillerState,
@@ -31,75 +27,35 @@ import type { BindingContext } from "../core/binding.ts";
 import { PrefillerTelemetry } from "../core/telemetry.ts";
 import type { HandoffSender } from "../transport/mod.ts";
 import type { DecoderChannel } from "./decoder_channel.ts";
-import type { Engine } from "./engine.ts";
-import {
-  DEFAULT_EXPORT_LIMITS,
-  type ExportPrefix,
-  type ExportResult,
-  type FirstTokenHook,
-  reexportPage,
-} from "./exporter.ts";
+import type { ExportResult } from "./exporter.ts";
+import type { PrefillHandoffInput } from "./_prefill_input.ts";
 import { RetainedState } from "./_retained_state.ts";
 import { runExport } from "./_export_run.ts";
 import { StreamEnd } from "./_stream_end.ts";
-import { within } from "./_deadline.ts";
-import type { ResolvedIdentity } from "./identity.ts";
-import { describeAbort, type PrefillOutcome, type PrefillRequest } from "./messages.ts";
-import type { MtpDraft } from "../ffi/mtp.ts";
-import { CORE_MESSAGE_TYPES } from "./wire.ts";
-import { faultPoint } from "./fault_points.ts";
-import { DECODER_LOST, type PrefillCompletion } from "./prefill_completion.ts";
+import {
+  connectAttempt,
+  listenToDecoder,
+  sendManifest,
+  sendStateChunk,
+  stagedPage,
+} from "./_prefill_io.ts";
+import {
+  completedHere,
+  lostDecoderToComplete,
+  prefillerFor,
+  prefillOutcome,
+} from "./_prefill_table.ts";
+import { describeAbort, type PrefillOutcome } from "./messages.ts";
+import type { PrefillCompletion } from "./prefill_completion.ts";
 
-/** Bounds of one prefill-side handoff, each named with its unit. */
-export interface PrefillLimits {
-  /** Exported chunks waiting to be sent; prefill pauses when this is reached. */
-  exportQueueBytesMax: number;
-  /** End-of-prompt components retained for a retry until CommitAck. */
-  retainedBytesMax: number;
-  /** How often the table's timers are advanced. */
-  tickMs: number;
-  /** Send recurrent layers while the last chunk computes (see ExportLimits.layerCapture). */
-  layerCapture: boolean;
-  /** With it, a hybrid model's last page too (see ExportLimits.lastPageCapture). */
-  lastPageCapture: boolean;
-  /** Largest state chunk payload, in bytes (see ExportLimits.chunkBytesMax). */
-  chunkBytesMax: number;
-}
-
-export const DEFAULT_PREFILL_LIMITS: Readonly<PrefillLimits> = {
-  exportQueueBytesMax: 256 * 1024 * 1024,
-  retainedBytesMax: 1024 * 1024 * 1024,
-  tickMs: 50,
-  layerCapture: true,
-  lastPageCapture: true,
-  chunkBytesMax: DEFAULT_EXPORT_LIMITS.chunkBytesMax,
-};
+export {
+  DEFAULT_PREFILL_LIMITS,
+  type PrefillHandoffInput,
+  type PrefillLimits,
+} from "./_prefill_input.ts";
 
 /** Pending events are few by construction (one chunk held, control messages bounded). */
 const EVENTS_MAX = 4096;
-
-export interface PrefillHandoffInput {
-  request: PrefillRequest;
-  prompt: Int32Array;
-  engine: Engine;
-  draft: MtpDraft | null;
-  identity: ResolvedIdentity;
-  /**
-   * This handoff's channel on the link to the decode worker; called again for a retry after
-   * a connection loss, with the channel that failed (its link is not trusted again).
-   */
-  connectDecoder: (failed: DecoderChannel | null) => Promise<DecoderChannel>;
-  sourceNodeId: string;
-  timing: HandoffTiming;
-  limits: PrefillLimits;
-  cancel: AbortSignal;
-  /** Called once the first token is sampled, before the tail is exported (see FirstTokenHook). */
-  onFirstToken?: FirstTokenHook;
-  /** Tokens restored from the prefix cache and checkpoints to take (serve/prefix_cache.ts). */
-  prefix?: ExportPrefix;
-  /** Tests only (PrefillHooks.probeDigest): replaces the probe digest sent. */
-  probeDigestHook?: (logitsSha256: string) => string;
-}
 
 export class PrefillHandoff {
   #state: PrefillerState;
@@ -126,23 +82,7 @@ export class PrefillHandoff {
 
   constructor(readonly input: PrefillHandoffInput) {
     this.#retained = new RetainedState(input.limits);
-    const r = input.request;
-    const n = input.prompt.length;
-    this.#state = createPrefiller({
-      handoffId: r.handoffId,
-      tenantId: r.tenantId,
-      sourceNodeId: input.sourceNodeId,
-      destNodeId: r.decode.nodeId,
-      identityDigest: input.identity.digest,
-      family: input.identity.numerical.family,
-      promptTokens: n,
-      stateBytesEstimate: 0,
-      contextTokensNeeded: contextTokensNeeded({
-        promptTokens: n,
-        generateTokensMax: r.generateTokens + 1,
-        draftTokensMax: 0,
-      }),
-    }, input.timing);
+    this.#state = prefillerFor(input);
   }
 
   /** Runs the handoff to its end; never throws for handoff failures (see the outcome). */
@@ -192,9 +132,7 @@ export class PrefillHandoff {
    * complete the request then, and nothing else went wrong: the prompt's state is all here.
    */
   #decoderLost(): boolean {
-    const o = this.#outcome;
-    return this.input.request.completeOnDecoderLoss === true && o !== null &&
-      o.outcome !== "committed" && o.reason !== null && DECODER_LOST.has(o.reason) &&
+    return lostDecoderToComplete(this.input.request, this.#outcome) &&
       !this.input.cancel.aborted && this.#exportError === null && this.#localFailure === null;
   }
 
@@ -242,20 +180,9 @@ export class PrefillHandoff {
     const o = this.#outcome ?? this.#result("failed", "protocol-error", "handoff ended early");
     const done = this.#exportResult;
     if (done && this.#decoderLost() && !this.input.cancel.aborted) {
-      const { seed } = this.input.request.sampling;
-      this.#completion = {
-        firstToken: done.result.firstToken,
-        nextLogits: done.result.probeLogits,
-        sampler: { ...done.sampler, seed },
-      };
-      const why = o.message ?? describeAbort(o.reason!);
-      return {
-        ...o,
-        outcome: "fallback",
-        message: `decoder lost before commit (${why}); completed on the prefill worker`,
-        completedHere: true,
-        telemetry: this.#telemetry.summary(),
-      };
+      const here = completedHere(o, done, this.input.request.sampling.seed);
+      this.#completion = here.completion;
+      return { ...here.outcome, telemetry: this.#telemetry.summary() };
     }
     return { ...o, telemetry: this.#telemetry.summary() };
   }
@@ -265,14 +192,8 @@ export class PrefillHandoff {
     this.#decoder = null;
     previous?.close();
     try {
-      // A retry gets as long to reach the decoder as a reservation gets to be answered (a
-      // QUIC connect to a dead host would otherwise take its own 3 s).
-      const connecting = this.input.connectDecoder(previous);
-      const ms = this.input.timing.reserveTimeoutMs;
-      const decoder = previous === null ? await connecting : await within(connecting, ms, () => {
-        connecting.then((late) => late.close(), () => {});
-        return new LimitExceededError(`No connection within reserveTimeoutMs (${ms} ms)`);
-      });
+      const { connectDecoder, timing } = this.input;
+      const decoder = await connectAttempt(connectDecoder, previous, timing.reserveTimeoutMs);
       this.#decoder = decoder;
       this.#listen(decoder);
       return true;
@@ -285,29 +206,18 @@ export class PrefillHandoff {
 
   /** Moves the decoder's control messages for this handoff, and its loss, into events. */
   #listen(decoder: DecoderChannel): void {
-    const id = this.input.request.handoffId;
-    (async () => {
-      try {
-        for (;;) {
-          const h = await decoder.receive();
-          if (h.handoffId !== id || !CORE_MESSAGE_TYPES.has(h.type as string)) continue;
-          if (h.type === "TransferCredit") this.#noteStaged();
-          if (!this.#events.tryPush(h as unknown as HandoffEvent)) break;
-        }
-      } catch {
-        // The link failed (or this channel was closed): reported below as ConnectionLost.
-      }
+    const deliver = (h: Record<string, unknown>) => {
+      if (h.type === "TransferCredit") this.#noteStaged();
+      return this.#events.tryPush(h as unknown as HandoffEvent);
+    };
+    listenToDecoder(decoder, this.input.request.handoffId, deliver, () => {
       if (this.#decoder === decoder) this.#connectionLost();
-    })();
+    });
   }
 
+  /** A TransferCredit: the page it proves staged, on this clock. */
   #noteStaged(): void {
-    // The decoder grants credit back once per page (kv-page or mtp-kv) it has imported, in
-    // stream order, so the k-th grant proves page k arrived and was staged (on this clock).
-    const page =
-      this.#retained.headers().filter((h) =>
-        h.kind === "kv-page" || h.kind === "mtp-kv"
-      )[this.#stagedAcks++];
+    const page = stagedPage(this.#retained.headers(), this.#stagedAcks++);
     if (page) {
       this.#telemetry.push({
         type: "chunk-staged",
@@ -373,15 +283,8 @@ export class PrefillHandoff {
     try {
       if (msg.type === "StateChunk") return await this.#sendChunk(msg.header.seq);
       if (msg.type === "FinalManifest") {
-        // The component list grows with the prompt: it travels as the frame's payload (bounded
-        // by the frame's payload limit), never in the header. The probe digest follows it on
-        // the same stream, as its final frame. The payload is the bytes its tag covers, as
-        // signed: the decoder checks the tag before it parses them.
-        const { manifest, ...head } = msg as FinalManifestMessage;
-        await this.#stream!.send({ ...head, tag: manifest.tag }, this.#end.payload(manifest));
-        this.#telemetry.push({ type: "manifest-sent", atMs: performance.now() });
-        this.#end.manifestLeft();
-        return;
+        const manifest = msg as FinalManifestMessage;
+        return await sendManifest(this.#stream!, manifest, this.#end, this.#telemetry);
       }
       if (msg.type === "ProbeDigest") {
         await this.#stream!.finish({ ...msg });
@@ -407,36 +310,14 @@ export class PrefillHandoff {
   }
 
   async #sendChunk(seq: number): Promise<void> {
-    const header = this.#retained.header(seq);
-    const payload = this.#retained.payload(seq) ??
-      await reexportPage(this.input.engine.ctx, header);
-    const tag = await computeChunkTag(this.#binding!, header);
-    const t0 = performance.now();
-    // The chunk's own checksum covers the payload (the decoder verifies it), so the frame's
-    // CRC leaves it out: every byte of state is read once per side, not twice.
-    await this.#stream!.send(
-      {
-        type: "StateChunk",
-        handoffId: header.handoffId,
-        attempt: this.#state.attempt,
-        header,
-        tag,
-      } as unknown as Record<string, unknown>,
-      payload,
-      { payloadChecked: false },
-    );
-    const atMs = performance.now();
-    this.#telemetry.push({
-      type: "chunk-sent",
-      atMs,
-      seq,
-      kind: header.kind,
-      bytes: header.payloadBytes,
-      durationMs: atMs - t0,
-    });
-    // Sent: the context still holds a KV page's cells; a retry exports them again.
-    this.#retained.markSent(seq);
-    faultPoint("prefill-chunk-sent");
+    await sendStateChunk({
+      stream: this.#stream!,
+      binding: this.#binding!,
+      attempt: this.#state.attempt,
+      retained: this.#retained,
+      engine: this.input.engine,
+      telemetry: this.#telemetry,
+    }, seq);
   }
 
   async #bind(bindingKey: Uint8Array): Promise<void> {
@@ -519,12 +400,10 @@ export class PrefillHandoff {
     wake(); // the loop sees the end
   }
 
+  /** The table's end: the outcome, and the probe decode no longer waits for the manifest. */
   #result(outcome: PrefillOutcome["outcome"], reason: AbortReason | null, message: string | null) {
-    const { handoffId } = this.input.request;
-    const promptTokens = this.input.prompt.length;
     this.#end.manifestLeft();
-    const head = { type: "PrefillOutcome" as const, handoffId, outcome, reason, message };
-    const out: PrefillOutcome = { ...head, promptTokens, telemetry: null };
-    return out;
+    const { handoffId } = this.input.request;
+    return prefillOutcome(handoffId, this.input.prompt.length, outcome, reason, message);
   }
 }

@@ -6,7 +6,6 @@
  * (serve/authorization.ts): a refused message gets its answer (a failed outcome, or a refused
  * reservation or stream) naming the missing role, and nothing else happens.
  */
-import { DecoderLinkLoss } from "./link_loss.ts";
 import { type HandoffTiming, ProtocolError, resolveHandoffTiming } from "../core/mod.ts";
 import {
   type Capabilities,
@@ -19,10 +18,10 @@ import {
   roleCovers,
 } from "../transport/mod.ts";
 import { HANDOFF_STREAM_ROLE, PeerAuthorization } from "./authorization.ts";
-import { type DecodeHooks, DecodeRole } from "./decode_role.ts";
-import { type DecodeLimits, DEFAULT_DECODE_LIMITS } from "./decode_session.ts";
+import type { DecodeHooks, DecodeRole } from "./decode_role.ts";
+import type { DecodeLimits } from "./decode_session.ts";
 import type { RuntimeConfig } from "./engine.ts";
-import { announcedCapabilities, type ResolvedIdentity, resolveIdentity } from "./identity.ts";
+import { announcedCapabilities, type ResolvedIdentity } from "./identity.ts";
 import {
   type CancelRequest,
   decodeRequestPayload,
@@ -36,17 +35,15 @@ import {
 import { Node, type NodeFaults, type NodeLinkOverrides } from "./node.ts";
 import { sendDone } from "./token_stream.ts";
 import { EnginePool, type SessionPool } from "./pool.ts";
-import { ADMISSION_DEFAULTS, type AdmissionOptions } from "./admission.ts";
-import { BATCHING_DEFAULTS, SequencePool } from "./batch_pool.ts";
-import { DEFAULT_PREFILL_LIMITS, type PrefillLimits } from "./prefill_session.ts";
-import { type PrefillHooks, PrefillRole } from "./prefill_role.ts";
-import { openLayerCapture } from "./_layer_stream.ts";
-import { DEFAULT_PREFILL_QUEUE, type PrefillQueueOptions } from "./prefill_queue.ts";
+import type { AdmissionOptions } from "./admission.ts";
+import { SequencePool } from "./batch_pool.ts";
+import type { PrefillLimits } from "./prefill_session.ts";
+import type { PrefillHooks, PrefillRole } from "./prefill_role.ts";
+import type { PrefillQueueOptions } from "./prefill_queue.ts";
 import { LocalGeneration } from "./prefill_completion.ts";
-import { DEFAULT_PREFIX_CACHE, PrefixCache, type PrefixCacheOptions } from "./prefix_cache.ts";
+import type { PrefixCacheOptions } from "./prefix_cache.ts";
 import { CORE_MESSAGE_TYPES } from "./wire.ts";
-import { SKIPPY_SHIM_ABI_VERSION } from "../ffi/shim/abi.ts";
-import { stateBackend } from "../ffi/state.ts";
+import { decodeRole, decodeSessions, prefillRole, probeIdentity } from "./_worker_setup.ts";
 
 export interface WorkerOptions {
   role: Role;
@@ -127,7 +124,7 @@ export class Worker {
     const hostnames = [options.hostname];
     const node = await Node.open(options.stateDir, options.link, hostnames, options.faults);
     const pool = await EnginePool.open(options.runtime, options.sessionsMax);
-    const { identity, capture } = await Worker.#probe(options, node, pool);
+    const { identity, capture } = await probeIdentity(options, node, pool);
     const capabilities = announcedCapabilities(options.role, identity, capture);
     const announced = options.announceCapabilities === false ? {} : capabilities;
     const listener = node.listen(options.hostname, options.port, announced);
@@ -135,7 +132,7 @@ export class Worker {
     const legacy = node.trust.legacyEntries().length;
     if (legacy > 0) log(legacyRolesNotice(legacy));
     const sessions = roleCovers(options.role, "decode")
-      ? await Worker.#decodeSessions(options, pool, log)
+      ? await decodeSessions(options, pool, log)
       : pool;
     const timing = resolveHandoffTiming(options.timing);
     const roles = { node, pool, sessions, identity, capabilities, timing, log };
@@ -156,70 +153,6 @@ export class Worker {
     worker.#udpReceiveBufferBytes = (await readUdpBufferFacts())?.receiveDefaultBytes ?? null;
     worker.#acceptLoop();
     return worker;
-  }
-
-  /**
-   * Resolves the numerical identity on one of the pool's contexts, and whether layer capture
-   * opens there: it is announced from a capture really opened on this context (which keeps it
-   * for its first handoff), so placement never assumes an overlap the worker cannot deliver.
-   */
-  static async #probe(
-    options: WorkerOptions,
-    node: Node,
-    pool: EnginePool,
-  ): Promise<
-    { identity: ResolvedIdentity; capture: { layerCapture: boolean; lastPageCapture: boolean } }
-  > {
-    const probe = (await pool.tryAcquire())!;
-    try {
-      const backend = await stateBackend(probe.engine.ctx);
-      const identity = await resolveIdentity(probe.engine, {
-        digestCacheFile: `${node.stateDir}/digests.json`,
-        shimAbiVersion: backend.path === "shim" ? SKIPPY_SHIM_ABI_VERSION : 0,
-      });
-      const limits = { ...DEFAULT_PREFILL_LIMITS, ...options.prefillLimits };
-      const kinds = identity.numerical.layerKinds;
-      const opened = roleCovers(options.role, "prefill") && limits.layerCapture &&
-          kinds.includes("recurrent")
-        ? await openLayerCapture(probe.engine.ctx)
-        : null;
-      const layerCapture = opened !== null;
-      // The capture found the last attention layer (a hybrid model): it sends the last page too.
-      const lastPageCapture = layerCapture && limits.lastPageCapture && opened.pageLayer >= 0;
-      return { identity, capture: { layerCapture, lastPageCapture } };
-    } finally {
-      pool.release(probe);
-    }
-  }
-
-  /** The decode side's pool: the shared batched context when it can be used, else `pool`. */
-  static async #decodeSessions(
-    options: WorkerOptions,
-    pool: EnginePool,
-    log: (line: string) => void,
-  ): Promise<SessionPool> {
-    if ((options.batching ?? "on") === "off") return pool;
-    const off = (why: string) => {
-      log(`serve: batching off: ${why}`);
-      return pool;
-    };
-    if (pool.withDraft) return off("the model has an MTP draft (its context is per session)");
-    const speculation = pool.config.speculation?.mode ?? "none";
-    if (speculation !== "none") {
-      return off(`speculation ${speculation} verifies on per-session contexts`);
-    }
-    try {
-      const shared = await SequencePool.open(pool.model, pool.config, {
-        sequencesMax: options.sessionsMax,
-        stepTokensMax: options.stepTokensMax ?? BATCHING_DEFAULTS.stepTokensMax,
-      });
-      // A decode-only worker keeps no per-session contexts around (the identity probe's).
-      if (!roleCovers(options.role, "prefill")) pool.trim();
-      return shared;
-    } catch (error) {
-      if (options.batching === "on") throw error;
-      return off((error as Error).message);
-    }
   }
 
   get addr(): { hostname: string; port: number } {
@@ -402,52 +335,4 @@ export class Worker {
     this.decode?.close();
     this.prefill?.prefixCache.clear(); // no persistence: checkpoints are zeroed here
   }
-}
-
-/** What a worker's roles are built from (Worker.start). */
-interface RoleParts {
-  node: Node;
-  pool: EnginePool;
-  sessions: SessionPool;
-  identity: ResolvedIdentity;
-  capabilities: Capabilities;
-  timing: HandoffTiming;
-  log: (line: string) => void;
-}
-
-function prefillRole(options: WorkerOptions, p: RoleParts): PrefillRole {
-  return new PrefillRole(
-    p.node,
-    p.pool,
-    p.identity,
-    p.capabilities,
-    p.timing,
-    { ...DEFAULT_PREFILL_LIMITS, ...options.prefillLimits },
-    p.log,
-    { ...DEFAULT_PREFILL_QUEUE, ...options.prefillQueue },
-    options.prefillHooks,
-    new PrefixCache(
-      { ...DEFAULT_PREFIX_CACHE, ...options.prefixCache },
-      p.identity.numerical.family,
-    ),
-    (options.linkProbeAgeMs ?? 20_000) > 0
-      ? new DecoderLinkLoss(p.node.identity.nodeId, p.log, {
-        lossProbeAgeMsMax: options.linkProbeAgeMs ?? 20_000,
-      })
-      : null,
-  );
-}
-
-function decodeRole(options: WorkerOptions, p: RoleParts): DecodeRole {
-  return new DecodeRole(
-    p.node,
-    p.sessions,
-    p.identity,
-    p.timing,
-    { ...DEFAULT_DECODE_LIMITS, ...options.decodeLimits },
-    options.committedIdleMs ?? 30_000,
-    p.log,
-    { ...ADMISSION_DEFAULTS, ...options.admission },
-    options.decodeHooks,
-  );
 }

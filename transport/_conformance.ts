@@ -9,8 +9,10 @@ import { CloseCode } from "./channel.ts";
 import type { FaultPlan } from "./fault_plan.ts";
 import { encodeFrame, FrameError } from "./frame.ts";
 import type { PeerConnection, PeerOptions } from "./peer.ts";
-import { createEphemeralNodeIdentity, type NodeIdentity } from "./node_identity.ts";
-import { TrustList } from "./trust.ts";
+import { makeTestNodes, type TestNodes } from "./test_nodes.ts";
+
+// The transport tests import the node pair from here, beside the suite.
+export { makeTestNodes, type TestNodes } from "./test_nodes.ts";
 
 /** A connected pair and how to tear it down. */
 export interface HarnessPair {
@@ -38,41 +40,6 @@ export interface TransportHarness {
   ): Promise<{ client: PeerConnection; kill(): Promise<void>; cleanup(): Promise<void> }>;
 }
 
-/** Two nodes with identities, trust lists and capabilities. */
-export interface TestNodes {
-  client: PeerOptions & { identity: NodeIdentity };
-  server: PeerOptions & { identity: NodeIdentity };
-}
-
-/** Makes two nodes; each trusts the other unless told otherwise. */
-export async function makeTestNodes(
-  trust: { client?: boolean; server?: boolean } = {},
-): Promise<TestNodes> {
-  const [clientIdentity, serverIdentity] = [
-    await createEphemeralNodeIdentity(),
-    await createEphemeralNodeIdentity(),
-  ];
-  const [clientTrust, serverTrust] = [TrustList.inMemory(), TrustList.inMemory()];
-  if (trust.client ?? true) {
-    await clientTrust.add({ publicKey: serverIdentity.publicKey, label: "server" });
-  }
-  if (trust.server ?? true) {
-    await serverTrust.add({ publicKey: clientIdentity.publicKey, label: "client" });
-  }
-  return {
-    client: {
-      identity: clientIdentity,
-      trust: clientTrust,
-      capabilities: { protocolVersion: 1, roles: ["prefill"] },
-    },
-    server: {
-      identity: serverIdentity,
-      trust: serverTrust,
-      capabilities: { protocolVersion: 1, roles: ["decode"] },
-    },
-  };
-}
-
 /** Deterministic page content, so corruption or reordering shows up. */
 function page(seq: number, bytes: number): Uint8Array {
   const out = new Uint8Array(bytes);
@@ -95,16 +62,28 @@ const PAGE_BYTES = 64 * 1024;
 const PAGE_WIRE_BYTES =
   encodeFrame({ type: "StateChunk", seq: 0 }, new Uint8Array(PAGE_BYTES)).wireBytes;
 
-/** Registers every conformance case for `harness`. */
+/** Registers one case of the suite under the transport's name. */
+type Register = (name: string, fn: () => Promise<void>) => void;
+
+/** Registers every conformance case for `harness`, group by group. */
 export function conformanceCases(harness: TransportHarness): void {
-  const test = (name: string, fn: () => Promise<void>) =>
+  const test: Register = (name, fn) =>
     Deno.test({
       name: `[${harness.name}] ${name}`,
       sanitizeOps: false,
       sanitizeResources: false,
       fn,
     });
+  exchangeCases(harness, test);
+  peerCases(harness, test);
+  damagedStreamCases(harness, test);
+}
 
+/**
+ * Control messages and handoff streams doing their work: a round trip, credit, a sender held
+ * by a full window, a receiver's abort.
+ */
+function exchangeCases(harness: TransportHarness, test: Register): void {
   test("a control message round trip carries header, payload and capabilities", async () => {
     const nodes = await makeTestNodes();
     const { client, server, cleanup } = await harness.pair(nodes);
@@ -226,7 +205,10 @@ export function conformanceCases(harness: TransportHarness): void {
       await cleanup();
     }
   });
+}
 
+/** The peer itself: one that dies without closing, and one either side does not trust. */
+function peerCases(harness: TransportHarness, test: Register): void {
   test("a killed peer is detected within maxIdleTimeoutMs + 1.5 s, never a hang", async () => {
     const idleTimeoutMs = 1_000;
     const { client, kill, cleanup } = await harness.killablePair(idleTimeoutMs);
@@ -277,7 +259,10 @@ export function conformanceCases(harness: TransportHarness): void {
       await cleanup();
     }
   });
+}
 
+/** Damaged streams: a corrupted frame, an oversized one, a cut stream, a dropped connection. */
+function damagedStreamCases(harness: TransportHarness, test: Register): void {
   test("a corrupted handoff frame is refused with a checksum error", async () => {
     const nodes = await makeTestNodes();
     const faults = { streamIndex: 1, corruptByteAt: OPEN_BYTES + PAGE_WIRE_BYTES + 500 };

@@ -227,11 +227,14 @@ export async function authenticateAsClient(
   return peer;
 }
 
-/** Server side of the exchange. Throws PeerError (refused/untrusted) or ProtocolError. */
-export async function authenticateAsServer(
+/**
+ * Server side, first step: reads ClientHello and checks its protocol label and the certificate
+ * hash the client pinned (refusing the client on either), then returns the client's nonce and key.
+ */
+async function _receiveClientHello(
   channel: Channel,
   ctx: AuthContext,
-): Promise<AuthenticatedPeer> {
+): Promise<{ clientNonce: Uint8Array; clientKey: Uint8Array; clientNodeId: string }> {
   const hello = await _expect(channel, "ClientHello", ctx);
   if (hello.protocol !== PROTOCOL_LABEL) {
     throw await _refuse(
@@ -265,6 +268,15 @@ export async function authenticateAsServer(
       ),
     );
   }
+  return { clientNonce, clientKey, clientNodeId };
+}
+
+/** Server side of the exchange. Throws PeerError (refused/untrusted) or ProtocolError. */
+export async function authenticateAsServer(
+  channel: Channel,
+  ctx: AuthContext,
+): Promise<AuthenticatedPeer> {
+  const { clientNonce, clientKey, clientNodeId } = await _receiveClientHello(channel, ctx);
   const serverNonce = crypto.getRandomValues(new Uint8Array(NONCE_BYTES));
   const serverProof = _transcript(`${PROTOCOL_LABEL} server proof`, [
     clientNonce,

@@ -62,8 +62,10 @@ Deno.test("probeBandwidth() counts the second half's bytes (after slow start) an
     const r = await client.probeBandwidth(4 * 1024 * 1024);
     // The frame completing the first 2 MiB starts the clock; the 2 MiB after it are counted.
     assert.equal(r.bytes, 2 * 1024 * 1024);
-    assert.ok(r.bandwidthBytesPerS > 0 && r.receiveMs > 0);
-    assert.ok(r.elapsedMs >= r.receiveMs);
+    assert.ok(r.bandwidthBytesPerS > 0 && r.receiveMs > 0 && r.elapsedMs > 0);
+    // The rate is the counted bytes over the receiver's time for them. (receiveMs comes from a
+    // fitted arrival slope, so on a loaded machine it may exceed the sender's elapsed time.)
+    assert.ok(Math.abs(r.bandwidthBytesPerS - (r.bytes / r.receiveMs) * 1000) < 1e-6);
   } finally {
     link.drop();
   }

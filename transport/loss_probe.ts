@@ -139,17 +139,7 @@ export async function sendLossProbe(
   plan: LossProbePlan,
   o: LossProbeOptions,
 ): Promise<LossProbeResult> {
-  const n = plan.datagrams;
-  if (!(Number.isInteger(n) && n > 0 && n <= o.lossProbeDatagramsMax)) {
-    throw new PeerError(
-      `Invalid loss probe of ${n} datagrams: must be a positive integer, at most lossProbeDatagramsMax ${o.lossProbeDatagramsMax}`,
-    );
-  }
-  if (!(plan.bytesPerS > 0) || !(plan.graceMs >= 0)) {
-    throw new PeerError(
-      `Invalid loss probe pace ${plan.bytesPerS} B/s or grace ${plan.graceMs} ms: the pace must be positive, the grace at least 0`,
-    );
-  }
+  checkLossProbePlan(plan, o);
   const t0 = performance.now();
   let timer: ReturnType<typeof setTimeout> | undefined;
   const timeout = new Promise<never>((_, reject) =>
@@ -162,61 +152,98 @@ export async function sendLossProbe(
     )
   );
   try {
-    return await Promise.race([timeout, exchange()]);
+    return await Promise.race([timeout, exchangeLossProbe(reader, writer, port, plan, t0)]);
   } finally {
     clearTimeout(timer);
     reader.cancel();
     await writer.close();
   }
+}
 
-  async function exchange(): Promise<LossProbeResult> {
-    const probeId = crypto.getRandomValues(new Uint32Array(1))[0];
-    await writer.write({ type: LINK_LOSS_OPEN, probeId, datagrams: n });
-    const ready = (await reader.read())?.header;
-    if (ready?.type !== LINK_LOSS_READY) {
-      throw new PeerError(
-        `Loss probe refused by the peer: ${String(ready?.reason ?? ready?.type ?? "stream ended")}`,
-      );
+/** Refuses a plan out of bounds before anything is sent. */
+function checkLossProbePlan(plan: LossProbePlan, o: LossProbeOptions): void {
+  const n = plan.datagrams;
+  if (!(Number.isInteger(n) && n > 0 && n <= o.lossProbeDatagramsMax)) {
+    throw new PeerError(
+      `Invalid loss probe of ${n} datagrams: must be a positive integer, at most lossProbeDatagramsMax ${o.lossProbeDatagramsMax}`,
+    );
+  }
+  if (!(plan.bytesPerS > 0) || !(plan.graceMs >= 0)) {
+    throw new PeerError(
+      `Invalid loss probe pace ${plan.bytesPerS} B/s or grace ${plan.graceMs} ms: the pace must be positive, the grace at least 0`,
+    );
+  }
+}
+
+/**
+ * The sender's exchange: LinkLossOpen, wait for LinkLossReady, the datagrams at the plan's
+ * pace, LinkLossEnd, then the receiver's LinkLossDone turned into a result (`t0`: when the
+ * probe started).
+ */
+async function exchangeLossProbe(
+  reader: FrameReader,
+  writer: FrameWriter,
+  port: DatagramPort,
+  plan: LossProbePlan,
+  t0: number,
+): Promise<LossProbeResult> {
+  const n = plan.datagrams;
+  const probeId = crypto.getRandomValues(new Uint32Array(1))[0];
+  await writer.write({ type: LINK_LOSS_OPEN, probeId, datagrams: n });
+  const ready = (await reader.read())?.header;
+  if (ready?.type !== LINK_LOSS_READY) {
+    throw new PeerError(
+      `Loss probe refused by the peer: ${String(ready?.reason ?? ready?.type ?? "stream ended")}`,
+    );
+  }
+  await sendPaced(port, probeId, n, plan.bytesPerS);
+  await writer.write({ type: LINK_LOSS_END, graceMs: plan.graceMs });
+  const done = (await reader.read())?.header;
+  if (
+    done?.type !== LINK_LOSS_DONE || typeof done.received !== "number" ||
+    typeof done.lossEvents !== "number"
+  ) {
+    throw new PeerError(
+      `Loss probe answer missing: ${String(done?.reason ?? done?.type ?? "stream ended")}`,
+    );
+  }
+  const received = Math.min(n, Math.max(0, done.received));
+  // At most one event per missing datagram, at least one if any is missing.
+  const missing = n - received;
+  const lossEvents = Math.min(missing, Math.max(missing > 0 ? 1 : 0, done.lossEvents));
+  return {
+    sent: n,
+    received,
+    lossEvents,
+    lossFraction: lossEvents / n,
+    elapsedMs: performance.now() - t0,
+  };
+}
+
+/** Sends probe `probeId`'s `n` datagrams, each as large as the port allows, at `bytesPerS`. */
+async function sendPaced(
+  port: DatagramPort,
+  probeId: number,
+  n: number,
+  bytesPerS: number,
+): Promise<void> {
+  const bytes = port.maxBytes;
+  // One buffer for every datagram: each send is awaited (the runtime has copied it), and only
+  // the sequence number changes.
+  const datagram = lossDatagram(bytes, probeId, 0);
+  const seqView = new DataView(datagram.buffer, 5, 4);
+  const start = performance.now();
+  for (let seq = 0; seq < n;) {
+    // Every datagram due by now at the pace, then a millisecond's pause.
+    const due = Math.min(
+      n,
+      Math.floor(((performance.now() - start) * bytesPerS) / 1000 / bytes) + 1,
+    );
+    for (; seq < due; seq++) {
+      seqView.setUint32(0, seq);
+      await port.send(datagram);
     }
-    const bytes = port.maxBytes;
-    // One buffer for every datagram: each send is awaited (the runtime has copied it), and only
-    // the sequence number changes.
-    const datagram = lossDatagram(bytes, probeId, 0);
-    const seqView = new DataView(datagram.buffer, 5, 4);
-    const start = performance.now();
-    for (let seq = 0; seq < n;) {
-      // Every datagram due by now at the pace, then a millisecond's pause.
-      const due = Math.min(
-        n,
-        Math.floor(((performance.now() - start) * plan.bytesPerS) / 1000 / bytes) + 1,
-      );
-      for (; seq < due; seq++) {
-        seqView.setUint32(0, seq);
-        await port.send(datagram);
-      }
-      if (seq < n) await new Promise((resolve) => setTimeout(resolve, 1));
-    }
-    await writer.write({ type: LINK_LOSS_END, graceMs: plan.graceMs });
-    const done = (await reader.read())?.header;
-    if (
-      done?.type !== LINK_LOSS_DONE || typeof done.received !== "number" ||
-      typeof done.lossEvents !== "number"
-    ) {
-      throw new PeerError(
-        `Loss probe answer missing: ${String(done?.reason ?? done?.type ?? "stream ended")}`,
-      );
-    }
-    const received = Math.min(n, Math.max(0, done.received));
-    // At most one event per missing datagram, at least one if any is missing.
-    const missing = n - received;
-    const lossEvents = Math.min(missing, Math.max(missing > 0 ? 1 : 0, done.lossEvents));
-    return {
-      sent: n,
-      received,
-      lossEvents,
-      lossFraction: lossEvents / n,
-      elapsedMs: performance.now() - t0,
-    };
+    if (seq < n) await new Promise((resolve) => setTimeout(resolve, 1));
   }
 }
 

@@ -7,8 +7,9 @@
  * authentication (auth.ts), then one CapabilitiesOffer each way (capabilities.ts), all
  * bounded by `handshakeTimeoutMs`. After that, every further stream the peer opens must start
  * with HandoffStreamOpen within `handshakeStepMs`; anything else is refused and closed at
- * once, which leaves room for new stream types. An opened handoff stream gets no credit until
- * the caller has matched it to a reservation (`acceptHandoffStream()`, then `accept()`).
+ * once (_incoming_streams.ts), which leaves room for new stream types. An opened handoff
+ * stream gets no credit until the caller has matched it to a reservation
+ * (`acceptHandoffStream()`, then `accept()`).
  *
  * Closing: `close()` sends a final ConnectionClosing frame; the peer answers with its own; the
  * side that receives the answer (and so knows every byte both ways arrived) closes the QUIC
@@ -27,52 +28,36 @@ import { BoundedQueue } from "../core/queue.ts";
 import type { AuthenticatedPeer } from "./auth.ts";
 import type { Capabilities } from "./capabilities.ts";
 import { describeEnd, sleep } from "./_connection_end.ts";
+import { admitIncomingStreams } from "./_incoming_streams.ts";
 import { type ByteChannel, CloseCode, type ConnectionEnd, type RawConnection } from "./channel.ts";
-import { DEFAULT_FRAME_LIMITS, type Frame, type FrameHeader, type FrameLimits } from "./frame.ts";
+import { DEFAULT_FRAME_LIMITS, type FrameHeader } from "./frame.ts";
 import { FrameReader, FrameWriter } from "./framed_stream.ts";
+import { HandoffSender, type IncomingHandoffStream } from "./handoff_stream.ts";
 import {
-  HandoffSender,
-  type HandoffStreamOptions,
-  IncomingHandoffStream,
-} from "./handoff_stream.ts";
-import type { NodeIdentity } from "./node_identity.ts";
-import {
-  answerProbe,
   DEFAULT_LINK_PROBE_OPTIONS,
   LINK_PING,
   LINK_PONG,
-  LINK_PROBE_OPEN,
   type LinkProbeOptions,
   PingTracker,
   type ProbeResult,
   sendProbe,
 } from "./link_probe.ts";
 import {
-  answerLossProbe,
   DEFAULT_LOSS_PROBE_OPTIONS,
-  LINK_LOSS_OPEN,
   LossProbeCounter,
   type LossProbeOptions,
   type LossProbePlan,
   type LossProbeResult,
   sendLossProbe,
 } from "./loss_probe.ts";
-import type { TrustList } from "./trust.ts";
+import {
+  DEFAULT_CLOSE_TIMEOUT_MS,
+  DEFAULT_HANDSHAKE_STEP_MS,
+  type PeerOptions,
+} from "./peer_options.ts";
 
-export const DEFAULT_HANDSHAKE_TIMEOUT_MS = 5_000;
-/**
- * Server side: each handshake step (control stream, ClientHello, ClientProof, capabilities)
- * and each new stream's opening frame must arrive within this of the previous one. Far above a
- * LAN or WAN round trip plus one signature, far below the time a stalled opener could hold a
- * slot under the old whole-handshake bound.
- */
-export const DEFAULT_HANDSHAKE_STEP_MS = 500;
-export const DEFAULT_CLOSE_TIMEOUT_MS = 2_000;
-/** Control messages are small; bulk state belongs on handoff streams. */
-export const DEFAULT_CONTROL_FRAME_LIMITS: Readonly<FrameLimits> = Object.freeze({
-  headerBytesMax: 64 * 1024,
-  payloadBytesMax: 1024 * 1024,
-});
+// The options and their default bounds live in peer_options.ts and stay importable from here.
+export * from "./peer_options.ts";
 
 /** Frame types the connection itself uses on the control stream. */
 export const CONTROL_STREAM_TYPES = Object.freeze([
@@ -86,32 +71,6 @@ export const CONTROL_STREAM_TYPES = Object.freeze([
   LINK_PING,
   LINK_PONG,
 ]);
-
-/** Who this node is, whom it trusts, what it announces, and the bounds it enforces. */
-export interface PeerOptions {
-  identity: NodeIdentity;
-  trust: TrustList;
-  capabilities?: Capabilities;
-  /** Authentication plus capability exchange must finish within this. */
-  handshakeTimeoutMs?: number;
-  /**
-   * Server: each handshake step, and each incoming stream's opening frame, must arrive within
-   * this; a peer that stalls longer is cut.
-   */
-  handshakeStepMs?: number;
-  /** How long `close()` waits for the peer's answer before closing anyway. */
-  closeTimeoutMs?: number;
-  controlFrameLimits?: FrameLimits;
-  /** Received control messages buffered before the reader stops reading (backpressure). */
-  controlQueueMessagesMax?: number;
-  /** Incoming handoff streams waiting for `acceptHandoffStream()`; more are refused. */
-  incomingHandoffStreamsMax?: number;
-  handoff?: HandoffStreamOptions & { manualRelease?: boolean };
-  /** Bounds of link pings and bandwidth probes (link_probe.ts). */
-  linkProbe?: Partial<LinkProbeOptions>;
-  /** Bounds of the datagram loss probe (loss_probe.ts). */
-  lossProbe?: Partial<LossProbeOptions>;
-}
 
 /** A message on the control stream. */
 export interface ControlMessage {
@@ -143,7 +102,6 @@ export class PeerConnection {
   #closing: Promise<void> | null = null;
   readonly #linkProbe: LinkProbeOptions;
   readonly #pings: PingTracker;
-  #probing = false;
   readonly #lossProbe: LossProbeOptions;
   /** Counts the loss probe's datagrams; null without datagrams on this connection. */
   readonly #lossCounter: LossProbeCounter | null;
@@ -179,7 +137,15 @@ export class PeerConnection {
       return end;
     });
     this.#pumpControl();
-    this.#pumpIncoming();
+    admitIncomingStreams(raw, {
+      frame: (channel) => this.#handoffIo(channel),
+      stepMs: options.handshakeStepMs ?? DEFAULT_HANDSHAKE_STEP_MS,
+      handoff: options.handoff,
+      incoming: this.#incoming,
+      linkProbe: this.#linkProbe,
+      lossProbe: this.#lossProbe,
+      lossCounter: this.#lossCounter,
+    });
     this.#pumpDatagrams();
   }
 
@@ -194,12 +160,7 @@ export class PeerConnection {
       await this.#writer.write(header, payload);
     } catch (error) {
       if (error instanceof SkippyError) throw error;
-      const how = describeEnd(
-        this.remoteAddress,
-        this.#end,
-        this.#raw.maxIdleTimeoutMs,
-        (error as Error)?.message,
-      );
+      const how = this.#describeEnd(this.#end, error);
       throw new PeerError(
         `Connection to peer ${this.peerNodeId} at ${this.remoteAddress} lost: ${how}`,
         { cause: error },
@@ -327,19 +288,28 @@ export class PeerConnection {
   }
 
   async #closeGracefully(): Promise<void> {
+    await this.#sendClosing();
+    await this.closed;
+  }
+
+  /**
+   * Sends ConnectionClosing as the last control frame, then waits for the connection to end
+   * and closes it if it has not within `closeTimeoutMs`. Whoever receives the other side's
+   * ConnectionClosing after sending its own closes the connection: the control pump when this
+   * side closed first, the peer when this is the answer.
+   */
+  async #sendClosing(): Promise<void> {
     if (!this.#writer.finalQueued) {
       await this.#writer.write({ type: "ConnectionClosing" }, undefined, { final: true }).catch(
         () => {},
       );
     }
     await this.#writer.close();
-    // The control pump closes the connection when the peer's answer arrives.
     await Promise.race([
       this.closed,
       sleep(this.#options.closeTimeoutMs ?? DEFAULT_CLOSE_TIMEOUT_MS),
     ]);
     this.#raw.close(CloseCode.normal, "closed");
-    await this.closed;
   }
 
   /** Feeds the connection's datagrams to the loss probe's counter until the connection ends. */
@@ -393,18 +363,8 @@ export class PeerConnection {
       this.#raw.close(CloseCode.normal, "closed");
       return;
     }
-    this.#closing = (async () => {
-      await this.#writer.write({ type: "ConnectionClosing" }, undefined, { final: true }).catch(
-        () => {},
-      );
-      await this.#writer.close();
-      // The peer closes when our answer arrives; close ourselves if it never does.
-      await Promise.race([
-        this.closed,
-        sleep(this.#options.closeTimeoutMs ?? DEFAULT_CLOSE_TIMEOUT_MS),
-      ]);
-      this.#raw.close(CloseCode.normal, "closed");
-    })();
+    // Our answer: the peer closes when it arrives, and we do if it never does.
+    this.#closing = this.#sendClosing();
   }
 
   async #onControlError(error: unknown): Promise<void> {
@@ -418,88 +378,13 @@ export class PeerConnection {
       return;
     }
     const end = await Promise.race([this.closed, sleep(200).then(() => null)]);
-    const how = describeEnd(
-      this.remoteAddress,
-      end,
-      this.#raw.maxIdleTimeoutMs,
-      (error as Error)?.message,
-    );
+    const how = this.#describeEnd(end, error);
     this.#messages.fail(
       new PeerError(`Connection to peer ${this.peerNodeId} at ${this.remoteAddress} lost: ${how}`, {
         hint: "the peer's state is unknown: retry or fall back (a handoff in progress is aborted)",
         cause: error,
       }),
     );
-  }
-
-  async #pumpIncoming(): Promise<void> {
-    for (;;) {
-      let channel: ByteChannel | null;
-      try {
-        channel = await this.#raw.acceptChannel();
-      } catch {
-        channel = null;
-      }
-      if (channel === null) break;
-      // Not awaited: a slow opener must not hold up the streams behind it.
-      this.#admit(channel).catch(() => {});
-    }
-    this.#incoming.close();
-  }
-
-  /**
-   * Reads a new stream's opening frame (within `handshakeStepMs`). A stream that does not open
-   * as a handoff stream, stalls or is malformed is refused and closed at once, so it never
-   * holds one of the connection's stream slots; a valid one waits, without credit, for
-   * `acceptHandoffStream()` and the caller's match.
-   */
-  async #admit(channel: ByteChannel): Promise<void> {
-    const { reader, writer } = this.#handoffIo(channel);
-    const stepMs = this.#options.handshakeStepMs ?? DEFAULT_HANDSHAKE_STEP_MS;
-    let timer: ReturnType<typeof setTimeout> | undefined;
-    let first: Frame | null = null;
-    let why = `no opening frame within handshakeStepMs (${stepMs} ms)`;
-    try {
-      first = await Promise.race([
-        reader.read(),
-        new Promise<null>((resolve) => timer = setTimeout(() => resolve(null), stepMs)),
-      ]);
-    } catch (error) {
-      why = error instanceof SkippyError ? "malformed opening frame" : "stream lost";
-    } finally {
-      clearTimeout(timer);
-    }
-    if (first?.header.type === LINK_LOSS_OPEN && !first.final) {
-      await answerLossProbe(first.header, reader, writer, this.#lossCounter, this.#lossProbe);
-      return;
-    }
-    if (first?.header.type === LINK_PROBE_OPEN && !first.final && !this.#probing) {
-      this.#probing = true;
-      await answerProbe(first.header, reader, writer, this.#linkProbe);
-      this.#probing = false;
-      return;
-    }
-    const meta = first?.header.meta;
-    if (
-      first?.header.type !== "HandoffStreamOpen" || first.final || typeof meta !== "object" ||
-      meta === null
-    ) {
-      // Unknown stream types are refused, not fatal: a newer peer may offer more of them.
-      if (first) why = "unknown stream type";
-      reader.cancel();
-      await writer.refuse(why);
-      await writer.close();
-      return;
-    }
-    const stream = new IncomingHandoffStream(
-      reader,
-      writer,
-      meta as FrameHeader,
-      this.#options.handoff,
-    );
-    if (!this.#incoming.tryPush(stream)) {
-      await stream.refuse("too many pending handoff streams");
-    }
   }
 
   #handoffIo(channel: ByteChannel): { reader: FrameReader; writer: FrameWriter } {
@@ -513,16 +398,21 @@ export class PeerConnection {
 
   #handoffError(error: unknown): Error {
     if (error instanceof SkippyError) return error;
-    const how = describeEnd(
-      this.remoteAddress,
-      this.#end,
-      this.#raw.maxIdleTimeoutMs,
-      (error as Error)?.message,
-    );
+    const how = this.#describeEnd(this.#end, error);
     return new HandoffAbortedError(
       "connection-lost",
       `Handoff stream to peer ${this.peerNodeId} lost: ${how}`,
       { hint: "the transfer is incomplete: retry or fall back", cause: error },
+    );
+  }
+
+  /** How the connection ended (`end`, null while unknown), else the failed call's `error`. */
+  #describeEnd(end: ConnectionEnd | null, error: unknown): string {
+    return describeEnd(
+      this.remoteAddress,
+      end,
+      this.#raw.maxIdleTimeoutMs,
+      (error as Error)?.message,
     );
   }
 }
