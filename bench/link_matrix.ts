@@ -348,13 +348,13 @@ if (import.meta.main) {
                 f(r.measured?.wireMs)
               } ` +
               `bytes ${((r.measured?.totalBytes ?? 0) / 1e6).toFixed(1)}MB staged ${
-                r.measured?.stagedEarly?.toFixed(2)
+                r.measured?.stagedEarly?.toFixed(2) ?? "n/a"
               } ` +
               `prefill ${f(r.measured?.prefillMs)} lead ${f(r.telemetry?.captureLeadMs)} ` +
               `udp drops ${r.udp?.receiveDrops} ` +
-              `relay drops ${r.relay?.drops} late ${
-                r.relay?.lateUsMean.toFixed(0)
-              }us load ${r.loadAvg1m} ${r.decision}`),
+              `relay drops ${r.relay?.drops} late ${r.relay?.lateUsMean.toFixed(0)}us load ${
+                r.loadAvg1m.toFixed(2)
+              } ${r.decision}`),
       ),
   });
   console.log(
