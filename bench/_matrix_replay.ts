@@ -25,6 +25,8 @@ export interface RunFile {
   ceiling: { bitsPerS: number; rttFloorUsMedian: number; trialsBitsPerS?: number[] } | null;
   rows: MatrixRow[];
   calibration: CalibrationRun[];
+  /** Calibration one chunk deep, before every row (absent: a run from before it was taken). */
+  shallowCalibration?: CalibrationRun[];
   /** llama.cpp threads per worker (absent or null: the runtime default). */
   workerThreads?: number | null;
   /** Each worker pinned to a CPU of its own (absent: a run from before the option, unpinned). */
@@ -149,6 +151,7 @@ function _replayed(
 /** Replays one run's predictions in row order, optionally without some measured cost terms. */
 export function replay(run: RunFile, without: readonly string[] = []): Replayed[] {
   const l = _learned(run);
+  for (const c of run.shallowCalibration ?? []) _learnCalibration(l, c);
   const lossByPoint = new Map<string, number[]>();
   // Calibration runs precede their prompt's rows, one per prompt, in the same order.
   const prompts = [...new Set(run.rows.map((r) => r.promptTokens))];

@@ -33,6 +33,7 @@ import { numberList } from "./cli_args.ts";
 import { baseHandoffRequest } from "./link_bench.ts";
 import { ensureModelFile } from "../models/mod.ts";
 import { runHandoff } from "../serve/coordinator.ts";
+import { RUNTIME_DEFAULTS } from "../serve/engine.ts";
 import type { HandoffRequest } from "../serve/coordinator.ts";
 import { LlamaModel, loadLlama } from "../ffi/mod.ts";
 import { cacheDir } from "../cli/paths.ts";
@@ -119,6 +120,11 @@ export interface LinkMatrixResult {
   relay: string;
   rows: MatrixRow[];
   calibration: CalibrationRun[];
+  /**
+   * A calibration one prefill chunk deep, where every prompt is deeper: without it a run of one
+   * prompt length gives the planner one depth, and it takes the prefill rate as flat.
+   */
+  shallowCalibration: CalibrationRun[];
 }
 
 export async function runLinkMatrix(o: LinkMatrixOptions): Promise<LinkMatrixResult> {
@@ -130,6 +136,7 @@ export async function runLinkMatrix(o: LinkMatrixOptions): Promise<LinkMatrixRes
   const cluster = await startMatrixCluster(model, Math.max(...o.prompts), o.workerThreads);
   const rows: MatrixRow[] = [];
   const calibration: CalibrationRun[] = [];
+  const shallowCalibration: CalibrationRun[] = [];
   const quota = await limitDecodeCpu(cluster, o.decodeCpuQuota);
   const pinner = await pinWorkers(cluster, o.pinWorkers, quota);
   // One stop, shared by the run's end and an interrupting signal (bench/_matrix_setup.ts).
@@ -146,6 +153,15 @@ export async function runLinkMatrix(o: LinkMatrixOptions): Promise<LinkMatrixRes
     const promptFor = (n: number) =>
       SENTENCE.repeat(Math.max(1, Math.floor((n - 8) / perSentence)));
     const x = matrixContext(o, cluster, binary, ceiling, relayShared);
+    const chunk = RUNTIME_DEFAULTS.chunkTokens;
+    if (Math.min(...o.prompts) > chunk) {
+      // As a node that has served short prompts knows: the rate one chunk deep.
+      await _calibrate(
+        x,
+        { ...base, prompt: promptFor(chunk) } as HandoffRequest,
+        shallowCalibration,
+      );
+    }
     for (const n of o.prompts) {
       const request = { ...base, prompt: promptFor(n) } as HandoffRequest;
       await _calibrate(x, request, calibration);
@@ -160,6 +176,7 @@ export async function runLinkMatrix(o: LinkMatrixOptions): Promise<LinkMatrixRes
             await _writeRunFile(o.outFile, o, { ceiling, binary, relayShared, pinner }, {
               rows,
               calibration,
+              shallowCalibration,
             });
           }
         }
@@ -169,7 +186,8 @@ export async function runLinkMatrix(o: LinkMatrixOptions): Promise<LinkMatrixRes
     signals.remove();
     await stop();
   }
-  return { ceiling, relay: binary ? "native" : "typescript", rows, calibration };
+  const relay = binary ? "native" : "typescript";
+  return { ceiling, relay, rows, calibration, shallowCalibration };
 }
 
 /**
@@ -210,7 +228,7 @@ async function _writeRunFile(
     relayShared: NativeCeiling | null;
     pinner: ThreadPinner | null;
   },
-  measured: { rows: MatrixRow[]; calibration: CalibrationRun[] },
+  measured: Pick<LinkMatrixResult, "rows" | "calibration" | "shallowCalibration">,
 ): Promise<void> {
   await Deno.writeTextFile(
     outFile,
@@ -229,6 +247,7 @@ async function _writeRunFile(
       lastPageCapture: true,
       rows: measured.rows,
       calibration: measured.calibration,
+      shallowCalibration: measured.shallowCalibration,
     }),
   );
 }
