@@ -3,6 +3,7 @@
  * worker's CPU quota, the CPUs each part runs on, the planner context every point shares, and
  * what stops the workers when the run is interrupted.
  */
+import { exitStatusOf, listenForStop } from "../cli/stop_signal.ts";
 import { type LocalCluster, startLocalCluster } from "../serve/local_cluster.ts";
 import { llamaBuild, loadLlama } from "../ffi/mod.ts";
 import { RateRecorder } from "../core/node_rates.ts";
@@ -101,32 +102,17 @@ export async function pinWorkers(
 }
 
 /**
- * Stops the workers when the run is interrupted (SIGINT, SIGTERM), then exits with the shell's
- * status for that signal. A signal ends this process without running its `finally` blocks, and
- * the worker processes it started would outlive it. `stop` must be safe to call twice: the
- * run's own `finally` may call it while the listener's call is still under way.
- * `remove()` takes the listeners away again.
+ * Stops the workers when the run is interrupted (SIGINT, SIGTERM; a second signal exits at once,
+ * `cli/stop_signal.ts`), then exits with the shell's status for that signal. A signal ends this
+ * process without running its `finally` blocks, and the worker processes it started would outlive
+ * it. `stop` must be safe to call twice: the run's own `finally` may call it while the listener's
+ * call is still under way. `remove()` takes the listeners away again.
  */
 export function onStopSignal(stop: () => Promise<void>): { remove(): void } {
-  const signals: Deno.Signal[] = Deno.build.os === "windows" ? ["SIGINT"] : ["SIGINT", "SIGTERM"];
-  let stopping = false;
-  const listeners = signals.map((signal) => {
-    const listener = () => {
-      if (stopping) return;
-      stopping = true;
-      console.error(`${signal}: stopping the workers`);
-      // The shell's exit status for a process ended by the signal: 128 + its number.
-      const status = 128 + (signal === "SIGINT" ? 2 : 15);
-      stop().finally(() => Deno.exit(status));
-    };
-    Deno.addSignalListener(signal, listener);
-    return { signal, listener };
+  return listenForStop((signal) => {
+    console.error(`${signal}: stopping the workers`);
+    stop().finally(() => Deno.exit(exitStatusOf(signal)));
   });
-  return {
-    remove: () => {
-      for (const { signal, listener } of listeners) Deno.removeSignalListener(signal, listener);
-    },
-  };
 }
 
 export function matrixContext(

@@ -27,7 +27,7 @@ import { defaultModelPath } from "./_default_model.ts";
 import { intArg } from "./_options.ts";
 import { listenArg } from "./_peers.ts";
 import { addSpeculationOptions } from "./_speculation.ts";
-import { stopSignal } from "./_stop_signal.ts";
+import { stopSignal } from "./stop_signal.ts";
 import type { SpeculationMode } from "../core/speculation.ts";
 
 interface CoordinateFlags {

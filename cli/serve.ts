@@ -20,7 +20,7 @@ import {
 } from "./_speculation.ts";
 import { listenArg } from "./_peers.ts";
 import { numericsOf } from "./_report.ts";
-import { stopSignal } from "./_stop_signal.ts";
+import { stopSignal } from "./stop_signal.ts";
 
 interface ServeFlags extends RuntimeFlags, SpeculationFlags {
   role: Role;
