@@ -41,7 +41,7 @@ import {
 import { HandoffCostRecorder } from "../core/link_costs.ts";
 import { type NodeRates, RateRecorder } from "../core/node_rates.ts";
 import type { PlacementPrediction } from "../core/placement.ts";
-import type { StateSize } from "../core/planner.ts";
+import type { CongestionControl, StateSize } from "../core/planner.ts";
 import type { HandoffResult } from "../serve/coordinator.ts";
 import { placeOverPeers } from "../serve/link_placement.ts";
 import type { PeerLink } from "../serve/peer_links.ts";
@@ -88,6 +88,8 @@ export class LivePlacement {
   readonly #recorders = new Map<string, RateRecorder>();
   /** Per prefill -> decode pair: the tail's measured costs. */
   readonly #pairCosts = new Map<string, HandoffCostRecorder>();
+  /** Each pair's controller, as the prefill worker reported it with its newest loss probe. */
+  readonly #pairControllers = new Map<string, CongestionControl>();
   readonly #watching = new Map<string, { conn: unknown; stop: () => void }>();
 
   constructor(readonly options: LivePlacementOptions) {
@@ -186,6 +188,7 @@ export class LivePlacement {
       // Announced by the prefill worker (capabilities.ts), from a capture it really opened.
       snapshotDuringLastChunk: peers.prefill.peerCapabilities.layerCapture === true,
       lastPageDuringLastChunk: peers.prefill.peerCapabilities.lastPageCapture === true,
+      congestionControl: this.#pairControllers.get(_pairKey(pid, did)),
       options: this.options.promptTokensMin === undefined
         ? {}
         : { promptTokensMin: this.options.promptTokensMin },
@@ -248,6 +251,7 @@ export class LivePlacement {
   recordLinkLoss(pair: PeerPair, loss: NonNullable<HandoffResult["linkLoss"]>): void {
     const at = Math.max(0, performance.now() - loss.ageMs);
     this.pairs.recordLossProbe(pair, loss.sent, loss.lossEvents, at);
+    this.#pairControllers.set(_pairKey(pair.from, pair.to), loss.congestionControl ?? "cubic");
   }
 
   /** Stops every ping loop. */

@@ -206,3 +206,19 @@ Deno.test("LivePlacement: the prefill worker's loss probe decides the pair's los
   assert.match(d.reason, /loses 0\.11% of the loss probe's datagrams/);
   assert.match(d.reason, /loss 0\.11% of the prefill worker's 10000 probe datagrams/);
 });
+
+Deno.test("LivePlacement: the controller the prefill worker reports with its loss probe sets the lossy link's rate", () => {
+  const linkMsWith = (congestionControl?: "cubic" | "bbr") => {
+    const p = live();
+    p.record(result("colocated", { tpotMs: 20 }), null, "d");
+    p.monitor.estimator.recordRtt({ from: "coord", to: "d" }, 10, performance.now());
+    p.record(result("disaggregated", handoff), "p", "d");
+    const lossy = { probe: 7, sent: 10_000, received: 9_989, lossEvents: 11, ageMs: 5 };
+    p.recordLinkLoss({ from: "p", to: "d" }, { ...lossy, congestionControl });
+    return p.decide(input()).prediction!.linkMs;
+  };
+  const silent = linkMsWith(), cubic = linkMsWith("cubic"), bbr = linkMsWith("bbr");
+  // Cubic (and a report without a controller) moves the state at the loss-limited rate.
+  assert.equal(silent, cubic);
+  assert.ok(bbr < cubic / 2, `${bbr} vs ${cubic}`);
+});

@@ -18,7 +18,7 @@ import { type EmulatedLink, NativeLinkRelay, openGridLink } from "./native_relay
 import { pinToCpu } from "./cpu_pin.ts";
 import type { CertificationFile } from "../core/certification.ts";
 import { HandoffCostRecorder, type MeasuredHandoffCosts } from "../core/link_costs.ts";
-import type { PlanOptions, StateSize } from "../core/planner.ts";
+import type { CongestionControl, PlanOptions, StateSize } from "../core/planner.ts";
 import type { HandoffTelemetry } from "../core/telemetry.ts";
 import { expectedStateBytes, familySpec } from "../models/mod.ts";
 
@@ -122,6 +122,8 @@ export interface MatrixContext {
   model: string;
   certification: CertificationFile | null;
   planOptions: Partial<PlanOptions>;
+  /** The workers' (and the bench's probe's) congestion controller. */
+  congestionControl: CongestionControl;
   /** This llama.cpp build, as the certification file names it. */
   llamaBuild: string;
   /**
@@ -388,6 +390,7 @@ function _predictPoint(
     // recurrent state, and the last chunk's page, while the last chunk computes.
     snapshotDuringLastChunk: true,
     lastPageDuringLastChunk: true,
+    congestionControl: x.congestionControl,
     costs: pointCosts(x.costs, x.linkCosts, p),
   }, {
     links,

@@ -7,6 +7,7 @@ import { LinkEstimator } from "../core/link_estimates.ts";
 import { HandoffCostRecorder, type MeasuredHandoffCosts } from "../core/link_costs.ts";
 import { RateRecorder } from "../core/node_rates.ts";
 import { placeRequest } from "../core/placement.ts";
+import type { CongestionControl } from "../core/planner.ts";
 import type { HandoffTelemetry } from "../core/telemetry.ts";
 import { RUNTIME_DEFAULTS } from "../serve/engine.ts";
 import type { CalibrationRun, MatrixRow } from "./link_matrix.ts";
@@ -37,6 +38,8 @@ export interface RunFile {
    * that capture, which sent it after).
    */
   lastPageCapture?: boolean;
+  /** The workers' congestion controller (absent: a run from before the option, Cubic). */
+  congestionControl?: CongestionControl;
 }
 
 /** One row's replayed prediction beside its measurement (ms). */
@@ -118,6 +121,7 @@ function _placeRow(
     chunkTokens: RUNTIME_DEFAULTS.chunkTokens,
     snapshotDuringLastChunk: true,
     lastPageDuringLastChunk: run.lastPageCapture === true,
+    congestionControl: run.congestionControl ?? "cubic",
     costs: Object.fromEntries(
       Object.entries(pointCosts(l.costs, l.linkCosts, row)).filter(([k]) => !without.includes(k)),
     ) as MeasuredHandoffCosts,

@@ -7,6 +7,7 @@ import { exitStatusOf, listenForStop } from "../cli/stop_signal.ts";
 import { type LocalCluster, startLocalCluster } from "../serve/local_cluster.ts";
 import { llamaBuild, loadLlama } from "../ffi/mod.ts";
 import { RateRecorder } from "../core/node_rates.ts";
+import type { CongestionControl } from "../core/planner.ts";
 import { HandoffCostRecorder } from "../core/link_costs.ts";
 import { measureNativeCeiling, type NativeCeiling } from "./native_relay.ts";
 import { limitCpu } from "./cpu_quota.ts";
@@ -41,6 +42,7 @@ export function startMatrixCluster(
   model: string,
   maxPrompt: number,
   workerThreads: number | undefined,
+  congestionControl: CongestionControl,
 ): Promise<LocalCluster> {
   return startLocalCluster({
     args: [
@@ -48,8 +50,12 @@ export function startMatrixCluster(
       model,
       "--ctx",
       String(maxPrompt + 512),
+      "--congestion-control",
+      congestionControl,
       ...(workerThreads ? ["--threads", String(workerThreads)] : []),
     ],
+    // The bench's own link probe is sent as the prefill worker sends the state.
+    clientLink: { congestionControl },
     // The matrix measures each row's link itself, as a node does (pings, the 8 MiB probe, the
     // loss probe); the prefill worker's own background measurement would overlap the next row.
     prefillArgs: ["--link-probe-age-ms", "0"],
@@ -136,6 +142,7 @@ export function matrixContext(
     model: o.model,
     certification: o.certification ?? null,
     planOptions: o.planOptions ?? {},
+    congestionControl: o.congestionControl ?? "cubic",
     llamaBuild: llamaBuild(loadLlama()),
     relayCpu: relayShared
       ? { cpu: 1, bitsPerSMax: relayShared.bitsPerS * DEFAULT_CEILING_SHARE }

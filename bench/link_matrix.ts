@@ -40,7 +40,7 @@ import { cacheDir } from "../cli/paths.ts";
 import { buildNativeRelay, measureNativeCeiling, type NativeCeiling } from "./native_relay.ts";
 import type { ThreadPinner } from "./cpu_pin.ts";
 import { type CertificationFile, parseCertification } from "../core/certification.ts";
-import type { PlanOptions } from "../core/planner.ts";
+import { CONGESTION_CONTROLS, type CongestionControl, type PlanOptions } from "../core/planner.ts";
 import type { HandoffTelemetry } from "../core/telemetry.ts";
 
 import {
@@ -109,6 +109,8 @@ export interface LinkMatrixOptions {
   certification?: CertificationFile;
   /** Planner thresholds other than the defaults (core/planner.ts DEFAULT_PLAN_OPTIONS). */
   planOptions?: Partial<PlanOptions>;
+  /** The controller both workers send with (`serve --congestion-control`); default "cubic". */
+  congestionControl?: CongestionControl;
   log?: (row: MatrixRow) => void;
   /** Written after every row, so a run cut short keeps what it measured. */
   outFile?: string;
@@ -133,7 +135,12 @@ export async function runLinkMatrix(o: LinkMatrixOptions): Promise<LinkMatrixRes
   const ceiling = binary ? await measureNativeCeiling(binary) : null;
   const relayShared = await relaySharedCeiling(binary, o.pinWorkers);
   const perSentence = await _tokensPerSentence(model);
-  const cluster = await startMatrixCluster(model, Math.max(...o.prompts), o.workerThreads);
+  const cluster = await startMatrixCluster(
+    model,
+    Math.max(...o.prompts),
+    o.workerThreads,
+    o.congestionControl ?? "cubic",
+  );
   const rows: MatrixRow[] = [];
   const calibration: CalibrationRun[] = [];
   const shallowCalibration: CalibrationRun[] = [];
@@ -242,6 +249,7 @@ async function _writeRunFile(
       // The newest failure to keep a new prefill thread where `split` puts it.
       pinError: run.pinner?.lastError ?? null,
       planOptions: o.planOptions ?? {},
+      congestionControl: o.congestionControl ?? "cubic",
       // The prefill worker's default: its capture sends the last page during the
       // last chunk (runs before this field existed sent it after).
       lastPageCapture: true,
@@ -272,6 +280,7 @@ if (import.meta.main) {
       "pin-workers": { type: "string", default: "split" },
       certification: { type: "string" },
       "bandwidth-min-mbps": { type: "string" },
+      "congestion-control": { type: "string", default: "cubic" },
       out: { type: "string", default: "" },
       help: { type: "boolean", default: false },
     },
@@ -281,7 +290,7 @@ if (import.meta.main) {
       "deno run -A --unstable-net bench/link_matrix.ts --model super-mini|lab-state " +
         "[--prompts 512,2048,8192,32768] [--rates 100,400,1000] [--rtts 0.2,2,10] " +
         "[--losses 0,0.001] [--repeats 1] [--worker-threads 1] [--decode-cpu-quota 0.33] " +
-        "[--pin-workers split|on|off] " +
+        "[--pin-workers split|on|off] [--congestion-control cubic|bbr] " +
         "[--certification FILE] [--bandwidth-min-mbps N] [--out FILE.json]  " +
         "(--rates 0: no relay, the loopback itself; N: the planner's link floor in MB/s)",
     );
@@ -302,6 +311,11 @@ if (import.meta.main) {
   const pin = v["pin-workers"]!;
   if (pin !== "split" && pin !== "on" && pin !== "off") {
     console.error(`error: --pin-workers ${pin}: use split, on or off`);
+    Deno.exit(2);
+  }
+  const cc = v["congestion-control"] as CongestionControl;
+  if (!CONGESTION_CONTROLS.includes(cc)) {
+    console.error(`error: --congestion-control ${cc}: use cubic or bbr`);
     Deno.exit(2);
   }
   const twoCpus = navigator.hardwareConcurrency >= 2;
@@ -333,6 +347,7 @@ if (import.meta.main) {
     workerThreads: numberList("--worker-threads", v["worker-threads"])[0],
     decodeCpuQuota: quota,
     pinWorkers,
+    congestionControl: cc,
     ...(v["bandwidth-min-mbps"]
       ? {
         planOptions: {

@@ -56,7 +56,11 @@ function runNote(file: string, run: RunFile, r: Replayed[]): string {
       : run.pinWorkers
       ? "each pinned to a CPU of its own"
       : "unpinned"
-  }): relay ${run.relay}, ceiling ${
+  }${
+    // Runs from before the option sent with Cubic and do not say so.
+    run.congestionControl
+      ? `, the state sent with ${_ccName(run.congestionControl)}`
+      : ""}): relay ${run.relay}, ceiling ${
     c ? (c.bitsPerS / 1e6).toFixed(0) : "?"
   } Mbit/s (best of trials ${
     (c?.trialsBitsPerS ?? []).map((b) => (b / 1e6).toFixed(0)).join(", ")
@@ -227,4 +231,8 @@ async function readRun(f: string): Promise<RunFile> {
     );
     Deno.exit(2);
   }
+}
+
+function _ccName(cc: "cubic" | "bbr"): string {
+  return cc === "bbr" ? "BBR" : "Cubic";
 }

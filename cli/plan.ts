@@ -12,6 +12,7 @@ import { LinkEstimator } from "../core/link_estimates.ts";
 import { type NodeRates, parseCalibration } from "../core/node_rates.ts";
 import { explainPlan, formatPlanTerms } from "../core/plan_explain.ts";
 import { type PlacementRequest, placeRequest, planInputFor } from "../core/placement.ts";
+import { CONGESTION_CONTROLS, type CongestionControl } from "../core/planner.ts";
 import { llamaBuild as buildOf, loadLlama } from "../ffi/mod.ts";
 import { CHUNK_TOKENS_MAX, RUNTIME_DEFAULTS } from "../serve/engine.ts";
 import { familyOf } from "../serve/identity.ts";
@@ -25,6 +26,7 @@ interface PlanFlags {
   link?: number;
   rtt?: number;
   loss: number;
+  congestionControl: CongestionControl;
   prefillerRate?: number;
   decoderRate?: number;
   decodeStepRate?: number;
@@ -63,6 +65,13 @@ export function register(program: Command): void {
     .option("--link <rate>", "link rate in bits/s (10G, 400M)", parseLinkRate)
     .option("--rtt <ms>", "round-trip time", numberArg(0, 10_000))
     .option("--loss <p>", "packet loss fraction (0.001 = 0.1%)", numberArg(0, 1), 0)
+    .addOption(
+      new Option(
+        "--congestion-control <cubic|bbr>",
+        "the prefill worker's controller (serve --congestion-control): under loss Cubic moves " +
+          "the state at the loss-limited rate, BBR at the link's",
+      ).choices(CONGESTION_CONTROLS).default("cubic"),
+    )
     .option("--prefiller-rate <tok/s>", "prefiller's prefill rate", numberArg(0.001, 1e7))
     .option(
       "--decoder-rate <tok/s>",
@@ -131,6 +140,7 @@ async function runPlan(f: PlanFlags): Promise<void> {
       mtpBytesPerToken: s.mtpKvBytesPerToken,
     },
     chunkTokens: f.chunkTokens,
+    congestionControl: f.congestionControl,
   };
   const cert = await _certification(f.certification);
   const decision = placeRequest(request, { links, nowMs: 0, certification: cert.file });

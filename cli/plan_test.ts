@@ -3,6 +3,19 @@ import { runCliProcess } from "../testing/cli.ts";
 import { testModel } from "../testing/models.ts";
 import { parseLinkRate } from "./plan.ts";
 
+/** `plan` for `model` at 8,192 tokens with both nodes' rates stated. */
+const ratedPlan = (model: string) => [
+  "plan",
+  "--model",
+  model,
+  "--prompt-tokens",
+  "8192",
+  "--prefiller-rate",
+  "4000",
+  "--decoder-rate",
+  "1000",
+];
+
 Deno.test("parseLinkRate() reads 10G, 400M and plain bits/s and refuses nonsense", () => {
   assert.equal(parseLinkRate("10G"), 1e10);
   assert.equal(parseLinkRate("400Mbit"), 4e8);
@@ -35,17 +48,7 @@ Deno.test("plan --projection lab --json labels itself a projection and names its
 
 Deno.test("plan explains a refusal term by term: uncertified family, slow link, lossy link", async () => {
   const model = await testModel("hybrid");
-  const base = [
-    "plan",
-    "--model",
-    model,
-    "--prompt-tokens",
-    "8192",
-    "--prefiller-rate",
-    "4000",
-    "--decoder-rate",
-    "1000",
-  ];
+  const base = ratedPlan(model);
   const dir = await Deno.makeTempDir();
   try {
     const cert = `${dir}/none.json`;
@@ -136,15 +139,7 @@ Deno.test("correctness state-handoff --certify writes the file plan reads: certi
     assert.equal(c.code, 0, c.stderr);
     assert.match(c.stderr, /certified hybrid/);
     const args = [
-      "plan",
-      "--model",
-      model,
-      "--prompt-tokens",
-      "8192",
-      "--prefiller-rate",
-      "4000",
-      "--decoder-rate",
-      "1000",
+      ...ratedPlan(model),
       "--link",
       "10G",
       "--rtt",
@@ -158,4 +153,37 @@ Deno.test("correctness state-handoff --certify writes the file plan reads: certi
   } finally {
     await Deno.remove(dir, { recursive: true });
   }
+});
+
+Deno.test("plan --congestion-control bbr moves a lossy link's state at the link's rate, and still refuses the loss", async () => {
+  const model = await testModel("hybrid");
+  const run = async (cc: string) => {
+    const r = await runCliProcess([
+      ...ratedPlan(model),
+      "--link",
+      "1G",
+      "--rtt",
+      "10",
+      "--loss",
+      "0.001",
+      "--congestion-control",
+      cc,
+      "--json",
+    ]);
+    assert.equal(r.code, 0, r.stderr);
+    return JSON.parse(r.stdout);
+  };
+  const cubic = await run("cubic"), bbr = await run("bbr");
+  const labels = (j: { terms: { label: string }[] }) => j.terms.map((t) => t.label);
+  assert.ok(labels(cubic).includes("loss-limited rate"));
+  assert.ok(!labels(bbr).includes("loss-limited rate"));
+  assert.ok(labels(bbr).includes("congestion control"));
+  assert.equal(bbr.estimates.linkBytesPerS, 1e9 / 8);
+  assert.ok(bbr.estimates.handoffTailMs < cubic.estimates.handoffTailMs);
+  for (const j of [cubic, bbr]) {
+    assert.ok(j.reasons.some((x: { code: string }) => x.code === "link-lossy"));
+  }
+  const bad = await runCliProcess(["plan", "--congestion-control", "reno"]);
+  assert.equal(bad.code, 2);
+  assert.match(bad.stderr, /congestion-control/);
 });

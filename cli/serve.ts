@@ -12,7 +12,18 @@ import type { RuntimeConfig } from "../serve/engine.ts";
 import { DEFAULT_PREFILL_QUEUE } from "../serve/prefill_queue.ts";
 import { DEFAULT_PREFIX_CACHE } from "../serve/prefix_cache.ts";
 import { CHUNK_BYTES_MIN, DEFAULT_EXPORT_LIMITS } from "../serve/exporter.ts";
-import { addRuntimeOptions, intArg, runtimeConfigFrom, type RuntimeFlags } from "./_options.ts";
+import {
+  CONGESTION_CONTROL_MODES,
+  type CongestionControlMode,
+  DEFAULT_BBR_LOSS_FRACTION_MIN,
+} from "../serve/congestion_choice.ts";
+import {
+  addRuntimeOptions,
+  intArg,
+  numberArg,
+  runtimeConfigFrom,
+  type RuntimeFlags,
+} from "./_options.ts";
 import {
   addSpeculationOptions,
   speculationConfigFrom,
@@ -33,6 +44,8 @@ interface ServeFlags extends RuntimeFlags, SpeculationFlags {
   reservationMs: number;
   maxIdleTimeoutMs: number;
   inflightBytesMax: number;
+  congestionControl: CongestionControlMode;
+  bbrLossFractionMin: number;
   committedIdleMs: number;
   layerCapture: "on" | "off";
   lastPageCapture: "on" | "off";
@@ -141,6 +154,20 @@ function addHandoffOptions(cmd: Command): Command {
       "handoff stream credit window",
       intArg(1 << 16, 2 ** 31),
       64 << 20,
+    )
+    .addOption(
+      new Option(
+        "--congestion-control <auto|cubic|bbr>",
+        "the controller this node sends with: cubic (best on clean fast links), bbr (holds its " +
+          "rate under random loss), or auto: a prefill worker's link to a decode worker goes " +
+          "bbr once its loss probe finds loss (--bbr-loss-fraction-min), cubic otherwise",
+      ).choices(CONGESTION_CONTROL_MODES).default("auto"),
+    )
+    .option(
+      "--bbr-loss-fraction-min <p>",
+      "auto: the loss (loss events over a probe's datagrams) from which a link goes bbr",
+      numberArg(0, 1),
+      DEFAULT_BBR_LOSS_FRACTION_MIN,
     )
     .option(
       "--committed-idle-ms <ms>",
@@ -267,7 +294,12 @@ function workerOptionsFrom(flags: ServeFlags, runtime: RuntimeConfig): WorkerOpt
       reserveTimeoutMs: flags.reserveTimeoutMs,
       reservationMs: flags.reservationMs,
     },
-    link: { maxIdleTimeoutMs: flags.maxIdleTimeoutMs, inflightBytesMax: flags.inflightBytesMax },
+    link: {
+      maxIdleTimeoutMs: flags.maxIdleTimeoutMs,
+      inflightBytesMax: flags.inflightBytesMax,
+      congestionControl: flags.congestionControl,
+      bbrLossFractionMin: flags.bbrLossFractionMin,
+    },
     committedIdleMs: flags.committedIdleMs,
     prefillLimits: {
       layerCapture: flags.layerCapture === "on",

@@ -15,6 +15,7 @@ import type { LinkEstimate, LinkEstimator } from "./link_estimates.ts";
 import type { MeasuredHandoffCosts } from "./link_costs.ts";
 import { averagePrefillTokensPerS, msPerTokenAt, type NodeRates } from "./node_rates.ts";
 import {
+  type CongestionControl,
   type HandoffCosts,
   type Plan,
   plan,
@@ -51,6 +52,8 @@ export interface PlacementRequest {
   snapshotDuringLastChunk?: boolean;
   /** ...and the last chunk's KV page before that chunk ends (PlanInput). */
   lastPageDuringLastChunk?: boolean;
+  /** The prefiller's congestion controller for the state (PlanInput; absent: "cubic"). */
+  congestionControl?: CongestionControl;
   /** Costs measured on the pair's served handoffs (core/link_costs.ts). */
   costs?: MeasuredHandoffCosts;
 }
@@ -176,6 +179,7 @@ export function planInputFor(
     probeMs: r.costs?.probeMs ?? msPerTokenAt(dr.decode, r.promptTokens),
     snapshotDuringLastChunk: r.snapshotDuringLastChunk ?? false,
     lastPageDuringLastChunk: r.lastPageDuringLastChunk ?? false,
+    congestionControl: r.congestionControl ?? "cubic",
     costs: handoffCostsOf(r.costs),
     flags: {
       prefillerHasPrefillRole: r.prefiller.hasRole,

@@ -56,6 +56,14 @@ export function explainPlan(input: PlanInput, p: Plan): PlanTerm[] {
       } ms averages no more (K / (RTT x sqrt(loss)))`,
     );
   }
+  if (input.congestionControl === "bbr" && (l?.lossFraction ?? 0) > 0) {
+    add(
+      "input",
+      "congestion control",
+      null,
+      "BBR: paces at the link's measured rate and does not slow for random loss",
+    );
+  }
   add("input", "prompt", null, `${input.promptTokens} tokens, chunks of ${input.chunkTokens}`);
   const e = p.estimates;
   if (e) {

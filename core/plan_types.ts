@@ -102,9 +102,25 @@ export interface PlanInput {
    * it), and the decoder imports it on arrival. Absent: false (it leaves after prefill ends).
    */
   lastPageDuringLastChunk?: boolean;
+  /**
+   * The congestion controller the prefill worker sends the state with (its capabilities).
+   * Cubic slows for every loss, so over a lossy link the state moves at no more than the
+   * loss-limited rate; BBR paces at the bottleneck rate it measures and does not slow for
+   * random loss, so it moves at the link's measured rate. Absent: "cubic".
+   */
+  congestionControl?: CongestionControl;
   /** Tail costs measured on served handoffs (core/link_costs.ts); absent: the options' rates. */
   costs?: HandoffCosts;
 }
+
+/**
+ * A QUIC sender's congestion controller: "cubic" (Deno's default, best on clean fast links)
+ * or "bbr" (holds its rate under random loss).
+ */
+export type CongestionControl = "cubic" | "bbr";
+
+/** The controllers a node can send with, for option parsing and messages. */
+export const CONGESTION_CONTROLS: readonly CongestionControl[] = ["cubic", "bbr"];
 
 /** Tail costs the nodes measured on handoffs they served, each with its unit last. */
 export interface HandoffCosts {

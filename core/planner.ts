@@ -300,8 +300,9 @@ export function estimate(
 }
 
 /**
- * The rate the state moves at. Over a lossy link it is no more than the loss-limited rate (a
- * short probe reads the rate before its first loss), where the sender keeps the link busy:
+ * The rate the state moves at. Over a lossy link a Cubic sender moves it at no more than the
+ * loss-limited rate (a short probe reads the rate before its first loss), where it keeps the
+ * link busy:
  * captured layers released more slowly than that leave one by one after idle gaps, in which the
  * congestion window grows back, at about the measured rate.
  */
@@ -311,6 +312,8 @@ function _linkBytesPerS(
   o: PlanOptions,
   capturedBytes: number,
 ): number {
+  // BBR paces at the bottleneck rate it measures; random loss does not slow it.
+  if (i.congestionControl === "bbr") return link.bandwidthBytesPerS;
   const lossLimit = lossLimitedBytesPerS(link.rttMs, link.lossFraction ?? 0, o.lossResponseBytes);
   const { lastChunkMs } = chunkTimes(i);
   const releasedBytesPerS = capturedBytes > 0 && lastChunkMs > 0

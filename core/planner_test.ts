@@ -165,6 +165,26 @@ Deno.test("estimate(): a lossy link's transfer runs at the loss-limited rate, no
   assert.equal(near.linkBytesPerS, 50e6);
 });
 
+Deno.test("estimate(): a BBR sender moves a lossy link's state at the measured rate, Cubic at the loss-limited one", () => {
+  // BBR paces at the bottleneck rate it measures and does not slow for random loss
+  // (measured handoffs: FINDINGS section 000000000), so the loss bound does not apply to it.
+  const link = { bandwidthBytesPerS: 50e6, rttMs: 10, ageMs: 1, lossFraction: 0.001 };
+  const i = input({ link, prefillerPrefillTokensPerS: 100_000 });
+  const cubic = estimate({ ...i, congestionControl: "cubic" }, link);
+  const bbr = estimate({ ...i, congestionControl: "bbr" }, link);
+  assert.equal(cubic.lossLimited, true);
+  assert.equal(estimate(i, link).linkBytesPerS, cubic.linkBytesPerS); // absent: Cubic
+  assert.equal(bbr.lossLimited, false);
+  assert.equal(bbr.linkBytesPerS, 50e6);
+  assert.ok(bbr.handoffTailMs < cubic.handoffTailMs / 5, `${bbr.handoffTailMs}`);
+  // Without loss the two predict the same.
+  const clean = { ...link, lossFraction: 0 };
+  assert.equal(
+    estimate({ ...i, congestionControl: "bbr" }, clean).handoffTailMs,
+    estimate(i, clean).handoffTailMs,
+  );
+});
+
 Deno.test("estimate(): captured layers released more slowly than the loss-limited rate keep the measured rate", () => {
   // 160 MiB of recurrent state released over the last chunk: over 2048 tokens at 4000 tokens/s
   // (0.5 s) that is 335 MB/s, over the loss-limited 6.3 MB/s, so the link backs up; at 20

@@ -182,5 +182,7 @@ function linkLossOk(v: unknown): boolean {
     count(l.received, l.sent as number) &&
     count(l.lossEvents, (l.sent as number) - (l.received as number)) &&
     typeof l.ageMs === "number" &&
-    Number.isFinite(l.ageMs) && l.ageMs >= 0;
+    Number.isFinite(l.ageMs) && l.ageMs >= 0 &&
+    (l.congestionControl === undefined || l.congestionControl === "cubic" ||
+      l.congestionControl === "bbr");
 }

@@ -75,9 +75,20 @@ Deno.test({
       await t.step("without probe digests, concurrent streams share steps", async () => {
         const steps0 = pool.loop.totals.steps;
         const tokens0 = pool.loop.totals.decodeTokens;
-        const runs = await Promise.all(
-          PROMPTS.map((p) => run(client, prefill, decode, p, { probe: false })),
-        );
+        // The others start once a long stream is generating, so they join it (counted in
+        // events: four streams of 10 tokens started together need not overlap on a slow host).
+        let joined: Promise<Awaited<ReturnType<typeof run>>[]> | null = null;
+        const long = await run(client, prefill, decode, PROMPTS[0], {
+          probe: false,
+          generateTokens: 600,
+          onText: () => {
+            joined ??= Promise.all(
+              PROMPTS.slice(1).map((p) => run(client, prefill, decode, p, { probe: false })),
+            );
+          },
+        });
+        const runs = await joined!;
+        assert.equal(long.tokens.length, 600);
         for (const r of runs) assert.equal(r.tokens.length, 10);
         assert.ok(pool.loop.totals.sequencesPerStepMax >= 2);
         // Fewer steps than decode tokens: some steps carried several streams.

@@ -4,6 +4,7 @@
  * the GGUF, and every runtime setting that changes numerics.
  */
 import {
+  type CongestionControl,
   identityDigest,
   type LayerKind,
   type ModelFamily,
@@ -87,6 +88,7 @@ export function announcedCapabilities(
   role: Role,
   identity: ResolvedIdentity,
   capture: { layerCapture: boolean; lastPageCapture: boolean },
+  congestionControl: CongestionControl | "auto" = "auto",
 ): Capabilities {
   const { nCtx: _perWorker, ...numerical } = identity.numerical;
   const exact = Object.fromEntries(
@@ -101,5 +103,6 @@ export function announcedCapabilities(
     numericalIdentity: exact,
     ...(capture.layerCapture ? { layerCapture: true } : {}),
     ...(capture.layerCapture && capture.lastPageCapture ? { lastPageCapture: true } : {}),
+    congestionControl,
   };
 }

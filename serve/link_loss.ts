@@ -18,6 +18,8 @@ import type { PeerConnection } from "../transport/peer.ts";
 import type { LinkLossReport } from "./messages.ts";
 
 export class DecoderLinkLoss {
+  /** Each loss probe's counts, once measured (the prefill role's congestion controller choice). */
+  onProbe: ((decoderNodeId: string, sent: number, lossEvents: number) => void) | null = null;
   readonly #monitor: LinkMonitor;
   readonly #latest = new Map<
     string,
@@ -62,6 +64,7 @@ export class DecoderLinkLoss {
           `RTT ${(e.rttMs ?? 0).toFixed(2)} ms, ${sent - received} of ${sent} datagrams lost ` +
           `in ${lossEvents} loss events`,
       );
+      this.onProbe?.(to, sent, lossEvents);
     } catch (error) {
       // A measurement cut short by this worker's own shutdown is no finding.
       if (this.#closed) return;

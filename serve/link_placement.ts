@@ -12,7 +12,7 @@ import type { LinkEstimator } from "../core/link_estimates.ts";
 import type { NodeRates } from "../core/node_rates.ts";
 import { type PlacementDecision, placeRequest } from "../core/placement.ts";
 import type { MeasuredHandoffCosts } from "../core/link_costs.ts";
-import type { PlanOptions, StateSize } from "../core/planner.ts";
+import type { CongestionControl, PlanOptions, StateSize } from "../core/planner.ts";
 import {
   canonicalJson,
   type Capabilities,
@@ -50,6 +50,11 @@ export interface PeerPlacementInput {
   snapshotDuringLastChunk?: boolean;
   /** ...and the last chunk's KV page before that chunk ends. */
   lastPageDuringLastChunk?: boolean;
+  /**
+   * The controller the prefill worker reported for this pair's link with its newest loss
+   * probe (`LinkLossReport`); absent: the one it announced ("auto" before a report: Cubic).
+   */
+  congestionControl?: CongestionControl;
   options?: Partial<PlanOptions>;
 }
 
@@ -97,5 +102,8 @@ export function placeOverPeers(i: PeerPlacementInput): PlacementDecision {
     costs: i.costs,
     snapshotDuringLastChunk: i.snapshotDuringLastChunk,
     lastPageDuringLastChunk: i.lastPageDuringLastChunk,
+    // Reported for this link by the prefill worker, or announced for all of its links.
+    congestionControl: i.congestionControl ??
+      (p.congestionControl === "bbr" ? "bbr" : "cubic"),
   }, { links: i.links, nowMs: i.nowMs, certification: i.certification, options: i.options });
 }

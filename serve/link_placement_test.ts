@@ -80,3 +80,23 @@ Deno.test("placeOverPeers() refuses a pair with no link estimate", () => {
   const d = placeOverPeers(input({ links: new LinkEstimator() }));
   assert.ok(codes(d).includes("no-link-measurement"));
 });
+
+Deno.test("placeOverPeers() predicts a lossy link by the controller the prefill worker announces", () => {
+  const lossy = (prefill: Capabilities) => {
+    const i = input({
+      prefill: { peerNodeId: "p", peerCapabilities: prefill },
+      options: { lossFractionMax: 0.01 },
+    });
+    i.links.recordRtt({ from: "p", to: "d" }, 10, 0);
+    i.links.recordLossProbe({ from: "p", to: "d" }, 10_000, 10, 0);
+    return placeOverPeers(i).estimates!;
+  };
+  const silent = lossy(caps("prefill"));
+  const cubic = lossy({ ...caps("prefill"), congestionControl: "cubic" });
+  const bbr = lossy({ ...caps("prefill"), congestionControl: "bbr" });
+  // Announcing nothing is Cubic: the state moves at the loss-limited rate.
+  assert.equal(silent.lossLimited, true);
+  assert.equal(silent.linkBytesPerS, cubic.linkBytesPerS);
+  assert.equal(bbr.lossLimited, false);
+  assert.ok(bbr.linkBytesPerS > 10 * cubic.linkBytesPerS, `${bbr.linkBytesPerS}`);
+});

@@ -6,7 +6,7 @@
  */
 import { parsePeerCard, TrustList, type TrustRole } from "../transport/mod.ts";
 import type { PeerAddress } from "./messages.ts";
-import { Node } from "./node.ts";
+import { Node, type NodeLinkOverrides } from "./node.ts";
 import { glibcTunablesWithHugePages } from "../ffi/huge_pages.ts";
 
 const MAIN = new URL("../main.ts", import.meta.url).pathname;
@@ -40,6 +40,8 @@ export interface LocalClusterOptions {
   args?: string[];
   prefillArgs?: string[];
   decodeArgs?: string[];
+  /** The client node's link options (a bench that measures the link as a worker sends). */
+  clientLink?: NodeLinkOverrides;
 }
 
 /**
@@ -59,6 +61,7 @@ export async function makeTrustingNodes(
   dir: string,
   names: string[],
   roles: Record<string, TrustRole[]> = {},
+  links: Record<string, NodeLinkOverrides> = {},
 ): Promise<Map<string, Node>> {
   const nodes = new Map<string, Node>();
   for (const name of names) nodes.set(name, await Node.open(`${dir}/${name}`));
@@ -77,7 +80,7 @@ export async function makeTrustingNodes(
     await trust.save();
   }
   // Reload so each node sees its saved trust list.
-  for (const name of names) nodes.set(name, await Node.open(`${dir}/${name}`));
+  for (const name of names) nodes.set(name, await Node.open(`${dir}/${name}`, links[name]));
   return nodes;
 }
 
@@ -148,7 +151,9 @@ export async function startWorker(
 
 export async function startLocalCluster(options: LocalClusterOptions = {}): Promise<LocalCluster> {
   const dir = await Deno.makeTempDir({ prefix: "skippy-cluster-" });
-  const nodes = await makeTrustingNodes(dir, ["prefill", "decode", "client"]);
+  const nodes = await makeTrustingNodes(dir, ["prefill", "decode", "client"], {}, {
+    client: options.clientLink ?? {},
+  });
   // Later flags win: a caller's own --link-probe-age-ms overrides this default.
   const args = ["--link-probe-age-ms", "0", ...(options.args ?? [])];
   const [decode, prefill] = await Promise.all([

@@ -146,6 +146,11 @@ export interface LinkLossReport {
   received: number;
   lossEvents: number;
   ageMs: number;
+  /**
+   * The controller the prefill worker sends to that decode worker with from now on (it may
+   * change with the probe under `serve --congestion-control auto`); absent: Cubic.
+   */
+  congestionControl?: "cubic" | "bbr";
 }
 
 /**

@@ -3,7 +3,7 @@
  * two ways it meets peers (listen, connect by node id with the certificate pin from the trust
  * list). Workers and the coordinator both start here.
  */
-import { PeerError } from "../core/mod.ts";
+import { type CongestionControl, PeerError } from "../core/mod.ts";
 import {
   type Capabilities,
   connectQuic,
@@ -22,6 +22,7 @@ import {
 } from "../transport/mod.ts";
 import { CONTROL_FRAME_LIMITS, type PeerAddress } from "./messages.ts";
 import { DEFAULT_PEER_LINKS, type PeerLinkOptions, PeerLinks } from "./peer_links.ts";
+import { type CongestionControlMode, DEFAULT_BBR_LOSS_FRACTION_MIN } from "./congestion_choice.ts";
 
 /** Transport bounds a node applies to every peer, each a named option with its unit. */
 export interface NodeLinkOptions {
@@ -30,6 +31,15 @@ export interface NodeLinkOptions {
   handshakeTimeoutMs: number;
   /** Bytes a handoff stream may have in flight (credit window). */
   inflightBytesMax: number;
+  /**
+   * The controller this node sends with: "cubic" (best on clean fast links), "bbr" (holds its
+   * rate under random loss), or "auto": Cubic, and BBR on a prefill worker's link to a decode
+   * worker whose loss probe found loss (serve/congestion_choice.ts). A prefill worker announces
+   * it; placement predicts a lossy link's rate by it.
+   */
+  congestionControl: CongestionControlMode;
+  /** `auto`: the loss fraction (loss events over probe datagrams) from which a link goes BBR. */
+  bbrLossFractionMin: number;
   /** The coordinator's shared links to its peers: connect bound and reconnect backoff. */
   peerLinks: PeerLinkOptions;
 }
@@ -43,6 +53,8 @@ export const DEFAULT_NODE_LINK: Readonly<NodeLinkOptions> = {
   maxIdleTimeoutMs: 2_000,
   handshakeTimeoutMs: 5_000,
   inflightBytesMax: 64 * 1024 * 1024,
+  congestionControl: "auto",
+  bbrLossFractionMin: DEFAULT_BBR_LOSS_FRACTION_MIN,
   peerLinks: DEFAULT_PEER_LINKS,
 };
 
@@ -122,13 +134,21 @@ export class Node {
       port,
       certificate: this.certificate,
       maxIdleTimeoutMs: this.link.maxIdleTimeoutMs,
+      congestionControl: this.link.congestionControl === "bbr" ? "bbr" : "cubic",
       ...this.peerOptions(capabilities),
       wrapRaw: this.faults.accept && ((raw) => this.faults.accept!(raw, this.#accepts++)),
     });
   }
 
-  /** Connects to a trusted peer; its certificate is pinned from the trust list. */
-  async connect(to: PeerAddress, capabilities?: Capabilities): Promise<PeerConnection> {
+  /**
+   * Connects to a trusted peer; its certificate is pinned from the trust list. `sendWith`: the
+   * controller for this connection (default: the node's, Cubic under `auto`).
+   */
+  async connect(
+    to: PeerAddress,
+    capabilities?: Capabilities,
+    sendWith?: CongestionControl,
+  ): Promise<PeerConnection> {
     const entry = this.trust.lookup(to.nodeId);
     if (!entry) {
       throw new PeerError(`Peer "${to.nodeId}" at ${to.host}:${to.port} is not in the trust list`, {
@@ -146,6 +166,7 @@ export class Node {
       port: to.port,
       serverCertificateSha256: parseFingerprint(entry.certificateSha256),
       maxIdleTimeoutMs: this.link.maxIdleTimeoutMs,
+      congestionControl: sendWith ?? (this.link.congestionControl === "bbr" ? "bbr" : "cubic"),
       expectedServerNodeId: to.nodeId,
       ...this.peerOptions(capabilities),
       wrapRaw: this.faults.connect && ((raw) => this.faults.connect!(raw, this.#connects++)),

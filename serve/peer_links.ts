@@ -124,6 +124,20 @@ export class PeerLinks {
     }
   }
 
+  /**
+   * Replaces the live links to the peer `nodeId` (its congestion controller changed): the next
+   * request connects afresh, and the requests on the old link finish there; it closes once the
+   * last of them ends. The peer's health is unchanged.
+   */
+  retire(nodeId: string): void {
+    for (const entry of this.#entries.values()) {
+      if (entry.health.nodeId !== nodeId || !entry.link) continue;
+      const old = entry.link;
+      entry.link = null;
+      old.closeWhenIdle();
+    }
+  }
+
   /** Drops every link without waiting (tests: the next request connects afresh). */
   dropAll(reason: string): void {
     for (const entry of this.#entries.values()) {
@@ -278,6 +292,7 @@ export interface Mailbox {
 export class PeerLink {
   readonly #mailboxes = new Map<string, BoundedQueue<LinkMessage>>();
   readonly #lost = new AbortController();
+  #closeWhenIdle = false;
 
   constructor(
     readonly conn: PeerConnection,
@@ -324,6 +339,18 @@ export class PeerLink {
   unsubscribe(id: string): void {
     this.#mailboxes.get(id)?.close();
     this.#mailboxes.delete(id);
+    if (this.#closeWhenIdle && this.#mailboxes.size === 0) this.close();
+  }
+
+  /** Replaced by a fresh link (`PeerLinks.retire`): it closes once no request runs on it. */
+  get retired(): boolean {
+    return this.#closeWhenIdle;
+  }
+
+  /** Closes gracefully once no request runs on the link (now, if none does). */
+  closeWhenIdle(): void {
+    this.#closeWhenIdle = true;
+    if (this.#mailboxes.size === 0) this.close();
   }
 
   async send(header: Record<string, unknown>, payload?: Uint8Array): Promise<void> {

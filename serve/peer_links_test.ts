@@ -164,3 +164,32 @@ Deno.test("forget() clears a dead peer's backoff; a trust error never marks a pe
     await cleanup(f);
   }
 });
+
+Deno.test("retire(): the next request connects afresh; the old link's requests finish there, then it closes", async () => {
+  const f = await fixture(60_000);
+  try {
+    const old = await f.links.get(f.address);
+    const box = old.subscribe("running");
+    f.links.retire(f.address.nodeId);
+    const fresh = await f.links.get(f.address);
+    assert.notEqual(fresh, old);
+    assert.equal(f.connects, 2);
+    // The running request still reads its answers on the old link.
+    await f.accepted[0].server.send({ type: "Progress", handoffId: "running", done: 4 });
+    assert.equal((await box.next()).header.done, 4);
+    assert.equal(old.lost.aborted, false);
+    assert.equal(old.retired, true);
+    assert.equal(fresh.retired, false);
+    old.unsubscribe("running"); // its last request ended: it closes
+    assert.equal(old.lost.aborted, true);
+    // Retiring is no failure: the peer stays alive on its fresh link.
+    assert.equal(f.links.health(f.address).state, "alive");
+    assert.equal(fresh.lost.aborted, false);
+    // A link with no request closes at once.
+    f.links.retire(f.address.nodeId);
+    assert.equal(fresh.lost.aborted, true);
+    assert.equal(f.links.health(f.address).state, "alive");
+  } finally {
+    await cleanup(f);
+  }
+});

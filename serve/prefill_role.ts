@@ -12,6 +12,7 @@
  * the answer is `busy` (the coordinator then recomputes colocated, a named fallback).
  */
 import type { DecoderLinkLoss } from "./link_loss.ts";
+import { CongestionChoice } from "./congestion_choice.ts";
 import { tokenizePrompt } from "./prompt_tokens.ts";
 import type { HandoffTiming } from "../core/mod.ts";
 import { deriveTelemetry, formatTelemetry } from "../core/telemetry.ts";
@@ -67,6 +68,8 @@ export class PrefillRole {
    * its own mailbox and handoff stream on it), with the peer's health and reconnect backoff.
    */
   readonly links: PeerLinks;
+  /** The congestion controller each decode worker's link sends with (`serve --congestion-control`). */
+  readonly congestion: CongestionChoice;
 
   constructor(
     readonly node: Node,
@@ -87,7 +90,31 @@ export class PrefillRole {
     readonly linkLoss: DecoderLinkLoss | null = null,
   ) {
     this.#queue = new PrefillQueue(queue, () => pool.tryAcquire(), (p) => pool.release(p));
-    this.links = new PeerLinks((to) => node.connect(to, capabilities), node.link.peerLinks);
+    this.congestion = new CongestionChoice(
+      node.link.congestionControl,
+      node.link.bbrLossFractionMin,
+    );
+    this.links = new PeerLinks(
+      (to) => node.connect(to, capabilities, this.congestion.for(to.nodeId)),
+      node.link.peerLinks,
+    );
+    if (linkLoss) linkLoss.onProbe = (to, sent, events) => this.#afterLossProbe(to, sent, events);
+  }
+
+  /**
+   * `auto`: a loss probe that changes the decoder link's controller replaces the link; the
+   * handoffs on it finish there, new ones go over the new one.
+   */
+  #afterLossProbe(decoderNodeId: string, sent: number, lossEvents: number): void {
+    const now = this.congestion.afterProbe(decoderNodeId, sent, lossEvents);
+    if (now === null) return;
+    this.log(
+      `link to decode worker ${decoderNodeId}: ${
+        now === "bbr" ? "loss measured" : "no loss measured"
+      } (${lossEvents} loss events in ${sent} datagrams, bbrLossFractionMin ${this.congestion.bbrLossFractionMin}): ` +
+        `new handoffs go over a ${now === "bbr" ? "BBR" : "Cubic"} connection`,
+    );
+    this.links.retire(decoderNodeId);
   }
 
   /** Closes the links to decode workers (each bounded by its close timeout). */
@@ -247,7 +274,11 @@ export class PrefillRole {
         draft: pooled.draft,
         identity: this.identity,
         connectDecoder: async (failed) => {
-          const next = first ?? await this.links.reconnect(request.decode, failed?.link ?? null);
+          // A link retired (its controller changed) and closed before this handoff subscribed
+          // to it is passed over for the live one.
+          const usable = first?.retired && first.lost.aborted ? null : first;
+          const next = usable ??
+            await this.links.reconnect(request.decode, failed?.link ?? null);
           first = null;
           decoder = new DecoderChannel(next, request.handoffId);
           return decoder;
@@ -269,7 +300,9 @@ export class PrefillRole {
       const outcome = await handoff.run();
       // The newest loss probe of this decoder's link rides with the outcome; a committed
       // handoff may start the next one, in the background.
-      outcome.linkLoss = this.linkLoss?.report(request.decode.nodeId) ?? null;
+      const report = this.linkLoss?.report(request.decode.nodeId) ?? null;
+      outcome.linkLoss = report &&
+        { ...report, congestionControl: this.congestion.for(request.decode.nodeId) };
       const used = (decoder as DecoderChannel | null)?.link.conn;
       if (outcome.outcome === "committed" && used) this.linkLoss?.afterHandoff(used);
       // The outcome follows the first token on the same stream, never overtakes it.

@@ -311,8 +311,11 @@ Deno.test("PrefillOutcome's link loss report is checked: counts within a probe, 
   const ok = { probe: 0xffffffff, sent: 10_000, received: 9_989, lossEvents: 11, ageMs: 12.5 };
   assert.deepEqual(parseMessage<PrefillOutcome>(withLoss(ok)).linkLoss, ok);
   assert.equal(parseMessage<PrefillOutcome>(withLoss(null)).linkLoss, null);
+  const bbr = { ...ok, congestionControl: "bbr" };
+  assert.deepEqual(parseMessage<PrefillOutcome>(withLoss(bbr)).linkLoss, bbr);
   for (
     const bad of [
+      { ...ok, congestionControl: "reno" },
       { ...ok, received: 10_001 },
       { ...ok, lossEvents: 12 }, // more loss events than datagrams lost
       { ...ok, sent: 0, received: 0, lossEvents: 0 },

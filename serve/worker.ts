@@ -125,7 +125,12 @@ export class Worker {
     const node = await Node.open(options.stateDir, options.link, hostnames, options.faults);
     const pool = await EnginePool.open(options.runtime, options.sessionsMax);
     const { identity, capture } = await probeIdentity(options, node, pool);
-    const capabilities = announcedCapabilities(options.role, identity, capture);
+    const capabilities = announcedCapabilities(
+      options.role,
+      identity,
+      capture,
+      node.link.congestionControl,
+    );
     const announced = options.announceCapabilities === false ? {} : capabilities;
     const listener = node.listen(options.hostname, options.port, announced);
     const log = options.log ?? ((line: string) => console.error(line));

@@ -50,6 +50,12 @@ export interface Capabilities {
    * the last chunk ends (once the last attention layer has written it).
    */
   lastPageCapture?: boolean;
+  /**
+   * The congestion controller this node sends handoff state with on its outgoing links
+   * ("auto": chosen per link from its loss; the node reports each link's with its loss
+   * probes): placement predicts a lossy link's rate by it (absent: "cubic").
+   */
+  congestionControl?: "cubic" | "bbr" | "auto";
 }
 
 /** Parsed capabilities plus notes about fields that were dropped. */
@@ -124,6 +130,11 @@ export function parseCapabilities(value: unknown): ParsedCapabilities {
     if (typeof raw.lastPageCapture === "boolean") {
       capabilities.lastPageCapture = raw.lastPageCapture;
     } else problems.push('"lastPageCapture" is not a boolean');
+  }
+  if (raw.congestionControl !== undefined) {
+    const cc = raw.congestionControl;
+    if (cc === "cubic" || cc === "bbr" || cc === "auto") capabilities.congestionControl = cc;
+    else problems.push('"congestionControl" is not "cubic", "bbr" or "auto"');
   }
   const identity = raw.numericalIdentity;
   if (identity !== undefined) {

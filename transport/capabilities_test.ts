@@ -91,3 +91,14 @@ Deno.test("parseCapabilities() keeps a boolean layerCapture and drops any other 
   assertEquals(badPage.capabilities, { layerCapture: true });
   assert(badPage.problems[0].includes("lastPageCapture"));
 });
+
+Deno.test("parseCapabilities() keeps a known congestion controller and drops any other with a note", () => {
+  for (const cc of ["cubic", "bbr", "auto"] as const) {
+    assertEquals(parseCapabilities({ congestionControl: cc }).capabilities, {
+      congestionControl: cc,
+    });
+  }
+  const bad = parseCapabilities({ congestionControl: "reno" });
+  assertEquals(bad.capabilities, {});
+  assert(bad.problems[0].includes("congestionControl"));
+});

@@ -38,8 +38,11 @@ export interface QuicTransportOptions {
   maxIdleTimeoutMs?: number;
   /** Keep-alive period; default a quarter of `maxIdleTimeoutMs`. */
   keepAliveIntervalMs?: number;
-  /** "default"/"throughput" = Cubic; "low-latency" = BBR (better under loss). */
-  congestionControl?: "default" | "throughput" | "low-latency";
+  /**
+   * This side's sending controller: "cubic" (Deno's "default" and "throughput") or "bbr"
+   * (Deno's "low-latency"; holds its rate under random loss). Default "cubic".
+   */
+  congestionControl?: "cubic" | "bbr" | "default" | "throughput" | "low-latency";
   /** Streams the peer may have open at once (control + handoff streams). */
   maxConcurrentBidirectionalStreams?: number;
 }
@@ -81,10 +84,17 @@ function _transportOptions(options: QuicTransportOptions): Deno.QuicTransportOpt
   return {
     maxIdleTimeout: idle,
     keepAliveInterval: options.keepAliveIntervalMs ?? Math.max(50, Math.floor(idle / 4)),
-    congestionControl: options.congestionControl ?? "default",
+    congestionControl: _denoCongestionControl(options.congestionControl),
     maxConcurrentBidirectionalStreams: options.maxConcurrentBidirectionalStreams ?? 32,
     maxConcurrentUnidirectionalStreams: 0,
   };
+}
+
+function _denoCongestionControl(
+  name: QuicTransportOptions["congestionControl"],
+): "default" | "throughput" | "low-latency" {
+  if (name === undefined || name === "cubic") return "default";
+  return name === "bbr" ? "low-latency" : name;
 }
 
 /** Adapts a QuicConn to RawConnection. */
