@@ -13,16 +13,14 @@
  */
 import { parseArgs } from "node:util";
 import { cacheDir } from "../cli/paths.ts";
-import { LlamaModel, loadLlama } from "../ffi/mod.ts";
 import { ensureModelFile } from "../models/mod.ts";
 import { runHandoff } from "../serve/coordinator.ts";
 import { type LocalCluster, startLocalCluster } from "../serve/local_cluster.ts";
 import { numberList } from "./cli_args.ts";
-import { baseHandoffRequest } from "./link_bench.ts";
+import { baseHandoffRequest, promptsOfTokens } from "./link_bench.ts";
 import { MATRIX_MODELS } from "./_matrix_point.ts";
 import { buildNativeRelay, measureNativeCeiling, openGridLink } from "./native_relay.ts";
 
-const SENTENCE = "the quick brown fox jumps over the lazy dog and ";
 /** How long to wait for the prefill worker's link measurement after the first handoff. */
 const PROBE_WAIT_MS = 60_000;
 
@@ -44,7 +42,7 @@ async function runLink(
   model: string,
   o: {
     promptTokens: number;
-    tokensPerSentence: number;
+    promptFor: (n: number) => string;
     rateBitsPerS: number;
     rttMs: number;
     handoffs: number;
@@ -68,7 +66,7 @@ async function runLink(
     const request = {
       ...baseHandoffRequest(cluster, 600_000),
       decode: via,
-      prompt: SENTENCE.repeat(Math.max(1, Math.floor((o.promptTokens - 8) / o.tokensPerSentence))),
+      prompt: o.promptFor(o.promptTokens),
     };
     const handoffs: Handoff[] = [];
     // A reported switch applies from the next handoff on (a new connection).
@@ -169,13 +167,9 @@ if (import.meta.main) {
   const binary = await buildNativeRelay();
   const ceiling = binary ? await measureNativeCeiling(binary) : null;
   const relay = { binary, ceilingBitsPerS: ceiling?.bitsPerS ?? 40e6 };
-  const tokensPerSentence = await (async () => {
-    using m = await LlamaModel.load(loadLlama(), model);
-    return m.vocab.tokenize(SENTENCE.repeat(100), false).length / 100;
-  })();
   const o = {
     promptTokens: numberList("--prompt-tokens", v["prompt-tokens"])[0],
-    tokensPerSentence,
+    promptFor: await promptsOfTokens(model),
     rateBitsPerS: numberList("--rate", v.rate)[0] * 1e6,
     rttMs: numberList("--rtt", v.rtt)[0],
     handoffs,

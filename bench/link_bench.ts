@@ -92,6 +92,16 @@ export const LINK_RTTS_MS = [0.2, 2, 10];
 export const LINK_LOSSES = [0, 0.001];
 
 const SENTENCE = "the quick brown fox jumps over the lazy dog and ";
+
+/**
+ * Prompts of about `n` tokens in `model`'s tokenizer (one sentence repeated, a few tokens of
+ * headroom for the template), for the link benches.
+ */
+export async function promptsOfTokens(model: string): Promise<(n: number) => string> {
+  using m = await LlamaModel.load(loadLlama(), model);
+  const perSentence = m.vocab.tokenize(SENTENCE.repeat(100), false).length / 100;
+  return (n) => SENTENCE.repeat(Math.max(1, Math.floor((n - 8) / perSentence)));
+}
 const MODEL = { family: "dense", preset: "super-mini", seed: 1 } as const;
 
 export async function runLinkBench(o: { modelDir: string; quick: boolean }) {
@@ -102,7 +112,7 @@ export async function runLinkBench(o: { modelDir: string; quick: boolean }) {
   const ceiling = relayBinary
     ? await measureNativeCeiling(relayBinary)
     : await measureRelayCeiling(5000);
-  const perSentence = await _tokensPerSentence(model);
+  const promptFor = await promptsOfTokens(model);
   const cluster = await startLocalCluster({ args: ["--model", model, "--ctx", "2048"] });
   const rows: LinkBenchRow[] = [];
   let degrade: DegradeResult | null = null;
@@ -115,8 +125,6 @@ export async function runLinkBench(o: { modelDir: string; quick: boolean }) {
       decoder: new RateRecorder(cluster.decode.peer.nodeId),
     };
     const costs = new HandoffCostRecorder();
-    const promptFor = (n: number) =>
-      SENTENCE.repeat(Math.max(1, Math.floor((n - 8) / perSentence)));
     const bytesPerToken = await _calibrate(cluster, base, prompts.map(promptFor), recorders, costs);
     const family = "dense";
     const build = llamaBuildOf(loadLlama());
@@ -384,11 +392,6 @@ async function _predictAndRun(
 async function _conn(x: _Ctx, via: PeerAddress, conns: PeerConnection[]): Promise<PeerConnection> {
   if (!conns[0]) conns[0] = await x.cluster.client.connect(via);
   return conns[0];
-}
-
-async function _tokensPerSentence(model: string): Promise<number> {
-  using m = await LlamaModel.load(loadLlama(), model);
-  return m.vocab.tokenize(SENTENCE.repeat(100), false).length / 100;
 }
 
 async function _certification() {

@@ -30,12 +30,11 @@
  */
 import { parseArgs } from "node:util";
 import { numberList } from "./cli_args.ts";
-import { baseHandoffRequest } from "./link_bench.ts";
+import { baseHandoffRequest, promptsOfTokens } from "./link_bench.ts";
 import { ensureModelFile } from "../models/mod.ts";
 import { runHandoff } from "../serve/coordinator.ts";
 import { RUNTIME_DEFAULTS } from "../serve/engine.ts";
 import type { HandoffRequest } from "../serve/coordinator.ts";
-import { LlamaModel, loadLlama } from "../ffi/mod.ts";
 import { cacheDir } from "../cli/paths.ts";
 import { buildNativeRelay, measureNativeCeiling, type NativeCeiling } from "./native_relay.ts";
 import type { ThreadPinner } from "./cpu_pin.ts";
@@ -71,8 +70,6 @@ export interface CalibrationRun {
   /** The unshaped handoff's TTFT on the client's clock. */
   clientTtftMs?: number;
 }
-
-const SENTENCE = "the quick brown fox jumps over the lazy dog and ";
 
 const MODELS = MATRIX_MODELS;
 
@@ -134,7 +131,7 @@ export async function runLinkMatrix(o: LinkMatrixOptions): Promise<LinkMatrixRes
   const binary = await buildNativeRelay();
   const ceiling = binary ? await measureNativeCeiling(binary) : null;
   const relayShared = await relaySharedCeiling(binary, o.pinWorkers);
-  const perSentence = await _tokensPerSentence(model);
+  const promptFor = await promptsOfTokens(model);
   const cluster = await startMatrixCluster(
     model,
     Math.max(...o.prompts),
@@ -157,8 +154,6 @@ export async function runLinkMatrix(o: LinkMatrixOptions): Promise<LinkMatrixRes
   const signals = onStopSignal(stop);
   try {
     const base = baseHandoffRequest(cluster, 600_000);
-    const promptFor = (n: number) =>
-      SENTENCE.repeat(Math.max(1, Math.floor((n - 8) / perSentence)));
     const x = matrixContext(o, cluster, binary, ceiling, relayShared);
     const chunk = RUNTIME_DEFAULTS.chunkTokens;
     if (Math.min(...o.prompts) > chunk) {
@@ -258,11 +253,6 @@ async function _writeRunFile(
       shallowCalibration: measured.shallowCalibration,
     }),
   );
-}
-
-async function _tokensPerSentence(model: string): Promise<number> {
-  using m = await LlamaModel.load(loadLlama(), model);
-  return m.vocab.tokenize(SENTENCE.repeat(100), false).length / 100;
 }
 
 if (import.meta.main) {

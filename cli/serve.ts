@@ -12,11 +12,8 @@ import type { RuntimeConfig } from "../serve/engine.ts";
 import { DEFAULT_PREFILL_QUEUE } from "../serve/prefill_queue.ts";
 import { DEFAULT_PREFIX_CACHE } from "../serve/prefix_cache.ts";
 import { CHUNK_BYTES_MIN, DEFAULT_EXPORT_LIMITS } from "../serve/exporter.ts";
-import {
-  CONGESTION_CONTROL_MODES,
-  type CongestionControlMode,
-  DEFAULT_BBR_LOSS_FRACTION_MIN,
-} from "../serve/congestion_choice.ts";
+import { CONGESTION_CONTROL_MODES, type CongestionControlMode } from "../core/mod.ts";
+import { DEFAULT_BBR_LOSS_FRACTION_MIN } from "../serve/congestion_choice.ts";
 import {
   addRuntimeOptions,
   intArg,

@@ -122,6 +122,19 @@ export type CongestionControl = "cubic" | "bbr";
 /** The controllers a node can send with, for option parsing and messages. */
 export const CONGESTION_CONTROLS: readonly CongestionControl[] = ["cubic", "bbr"];
 
+/** A node's setting: one controller for every link, or `auto` (chosen per link from its loss). */
+export type CongestionControlMode = CongestionControl | "auto";
+
+export const CONGESTION_CONTROL_MODES: readonly CongestionControlMode[] = ["auto", "cubic", "bbr"];
+
+/**
+ * The controller a link starts with under `mode` (and keeps, unless `auto` changes it): `auto`
+ * starts with Cubic.
+ */
+export function startingController(mode: CongestionControlMode | undefined): CongestionControl {
+  return mode === "bbr" ? "bbr" : "cubic";
+}
+
 /** Tail costs the nodes measured on handoffs they served, each with its unit last. */
 export interface HandoffCosts {
   /**

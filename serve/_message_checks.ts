@@ -3,7 +3,7 @@
  * first field of a received header that is missing or invalid. A check names the field, never
  * its content.
  */
-import { isAbortReason } from "../core/mod.ts";
+import { CONGESTION_CONTROLS, type CongestionControl, isAbortReason } from "../core/mod.ts";
 import { SPECULATION_MODES, type SpeculationMode } from "../core/speculation.ts";
 import { TOP_LOGPROBS_MAX } from "../core/logprobs.ts";
 import { COUNTER_FIELDS } from "./worker_counters.ts";
@@ -183,6 +183,6 @@ function linkLossOk(v: unknown): boolean {
     count(l.lossEvents, (l.sent as number) - (l.received as number)) &&
     typeof l.ageMs === "number" &&
     Number.isFinite(l.ageMs) && l.ageMs >= 0 &&
-    (l.congestionControl === undefined || l.congestionControl === "cubic" ||
-      l.congestionControl === "bbr");
+    (l.congestionControl === undefined ||
+      CONGESTION_CONTROLS.includes(l.congestionControl as CongestionControl));
 }

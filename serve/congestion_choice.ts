@@ -10,12 +10,11 @@
  *
  * @module
  */
-import type { CongestionControl } from "../core/mod.ts";
-
-/** A node's setting: one controller for every link, or `auto` (chosen per link). */
-export type CongestionControlMode = CongestionControl | "auto";
-
-export const CONGESTION_CONTROL_MODES: readonly CongestionControlMode[] = ["auto", "cubic", "bbr"];
+import {
+  type CongestionControl,
+  type CongestionControlMode,
+  startingController,
+} from "../core/mod.ts";
 
 /**
  * `auto`: a decode worker's link whose loss probe lost at least this fraction of its
@@ -35,7 +34,7 @@ export class CongestionChoice {
   /** The controller new handoffs to `decoderNodeId` go with. */
   for(decoderNodeId: string): CongestionControl {
     if (this.mode !== "auto") return this.mode;
-    return this.#chosen.get(decoderNodeId) ?? "cubic";
+    return this.#chosen.get(decoderNodeId) ?? startingController(this.mode);
   }
 
   /**

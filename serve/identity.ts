@@ -4,7 +4,7 @@
  * the GGUF, and every runtime setting that changes numerics.
  */
 import {
-  type CongestionControl,
+  type CongestionControlMode,
   identityDigest,
   type LayerKind,
   type ModelFamily,
@@ -88,7 +88,7 @@ export function announcedCapabilities(
   role: Role,
   identity: ResolvedIdentity,
   capture: { layerCapture: boolean; lastPageCapture: boolean },
-  congestionControl: CongestionControl | "auto" = "auto",
+  congestionControl: CongestionControlMode = "auto",
 ): Capabilities {
   const { nCtx: _perWorker, ...numerical } = identity.numerical;
   const exact = Object.fromEntries(

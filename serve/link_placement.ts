@@ -12,7 +12,12 @@ import type { LinkEstimator } from "../core/link_estimates.ts";
 import type { NodeRates } from "../core/node_rates.ts";
 import { type PlacementDecision, placeRequest } from "../core/placement.ts";
 import type { MeasuredHandoffCosts } from "../core/link_costs.ts";
-import type { CongestionControl, PlanOptions, StateSize } from "../core/planner.ts";
+import {
+  type CongestionControl,
+  type PlanOptions,
+  startingController,
+  type StateSize,
+} from "../core/planner.ts";
 import {
   canonicalJson,
   type Capabilities,
@@ -103,7 +108,6 @@ export function placeOverPeers(i: PeerPlacementInput): PlacementDecision {
     snapshotDuringLastChunk: i.snapshotDuringLastChunk,
     lastPageDuringLastChunk: i.lastPageDuringLastChunk,
     // Reported for this link by the prefill worker, or announced for all of its links.
-    congestionControl: i.congestionControl ??
-      (p.congestionControl === "bbr" ? "bbr" : "cubic"),
+    congestionControl: i.congestionControl ?? startingController(p.congestionControl),
   }, { links: i.links, nowMs: i.nowMs, certification: i.certification, options: i.options });
 }

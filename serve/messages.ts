@@ -6,7 +6,12 @@
  * Every message received is checked by `parseMessage` before use: unknown types and malformed
  * fields are a ProtocolError that says which field was wrong (never its content).
  */
-import { type AbortReason, isAbortReason, ProtocolError } from "../core/mod.ts";
+import {
+  type AbortReason,
+  type CongestionControl,
+  isAbortReason,
+  ProtocolError,
+} from "../core/mod.ts";
 import type { DecoderTelemetrySummary, PrefillerTelemetrySummary } from "../core/telemetry.ts";
 import type { SpeculationMode } from "../core/speculation.ts";
 import type { TokenLogprob } from "../core/logprobs.ts";
@@ -150,7 +155,7 @@ export interface LinkLossReport {
    * The controller the prefill worker sends to that decode worker with from now on (it may
    * change with the probe under `serve --congestion-control auto`); absent: Cubic.
    */
-  congestionControl?: "cubic" | "bbr";
+  congestionControl?: CongestionControl;
 }
 
 /**

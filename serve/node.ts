@@ -3,7 +3,12 @@
  * two ways it meets peers (listen, connect by node id with the certificate pin from the trust
  * list). Workers and the coordinator both start here.
  */
-import { type CongestionControl, PeerError } from "../core/mod.ts";
+import {
+  type CongestionControl,
+  type CongestionControlMode,
+  PeerError,
+  startingController,
+} from "../core/mod.ts";
 import {
   type Capabilities,
   connectQuic,
@@ -22,7 +27,7 @@ import {
 } from "../transport/mod.ts";
 import { CONTROL_FRAME_LIMITS, type PeerAddress } from "./messages.ts";
 import { DEFAULT_PEER_LINKS, type PeerLinkOptions, PeerLinks } from "./peer_links.ts";
-import { type CongestionControlMode, DEFAULT_BBR_LOSS_FRACTION_MIN } from "./congestion_choice.ts";
+import { DEFAULT_BBR_LOSS_FRACTION_MIN } from "./congestion_choice.ts";
 
 /** Transport bounds a node applies to every peer, each a named option with its unit. */
 export interface NodeLinkOptions {
@@ -134,7 +139,7 @@ export class Node {
       port,
       certificate: this.certificate,
       maxIdleTimeoutMs: this.link.maxIdleTimeoutMs,
-      congestionControl: this.link.congestionControl === "bbr" ? "bbr" : "cubic",
+      congestionControl: startingController(this.link.congestionControl),
       ...this.peerOptions(capabilities),
       wrapRaw: this.faults.accept && ((raw) => this.faults.accept!(raw, this.#accepts++)),
     });
@@ -166,7 +171,7 @@ export class Node {
       port: to.port,
       serverCertificateSha256: parseFingerprint(entry.certificateSha256),
       maxIdleTimeoutMs: this.link.maxIdleTimeoutMs,
-      congestionControl: sendWith ?? (this.link.congestionControl === "bbr" ? "bbr" : "cubic"),
+      congestionControl: sendWith ?? startingController(this.link.congestionControl),
       expectedServerNodeId: to.nodeId,
       ...this.peerOptions(capabilities),
       wrapRaw: this.faults.connect && ((raw) => this.faults.connect!(raw, this.#connects++)),

@@ -8,6 +8,7 @@
  * for everything else (the design's "explicit unsupported-capability fallback").
  */
 import { assert } from "../core/errors.ts";
+import { CONGESTION_CONTROL_MODES, type CongestionControlMode } from "../core/plan_types.ts";
 import { hex } from "./_encoding.ts";
 
 /**
@@ -55,7 +56,7 @@ export interface Capabilities {
    * ("auto": chosen per link from its loss; the node reports each link's with its loss
    * probes): placement predicts a lossy link's rate by it (absent: "cubic").
    */
-  congestionControl?: "cubic" | "bbr" | "auto";
+  congestionControl?: CongestionControlMode;
 }
 
 /** Parsed capabilities plus notes about fields that were dropped. */
@@ -132,9 +133,9 @@ export function parseCapabilities(value: unknown): ParsedCapabilities {
     } else problems.push('"lastPageCapture" is not a boolean');
   }
   if (raw.congestionControl !== undefined) {
-    const cc = raw.congestionControl;
-    if (cc === "cubic" || cc === "bbr" || cc === "auto") capabilities.congestionControl = cc;
-    else problems.push('"congestionControl" is not "cubic", "bbr" or "auto"');
+    const cc = raw.congestionControl as CongestionControlMode;
+    if (CONGESTION_CONTROL_MODES.includes(cc)) capabilities.congestionControl = cc;
+    else problems.push(`"congestionControl" is not one of ${CONGESTION_CONTROL_MODES.join(", ")}`);
   }
   const identity = raw.numericalIdentity;
   if (identity !== undefined) {
