@@ -224,7 +224,7 @@ export class LivePlacement {
     const now = performance.now();
     const clean = result.fallbacks.length === 0;
     if (result.placement === "disaggregated" && prefillNodeId && clean) {
-      if (t.prefillMs) this.#recorder(prefillNodeId).recordPrefill(t.promptTokens, t.prefillMs);
+      this.#recorder(prefillNodeId).recordHandoffPrefill(t);
       if (t.probeMs) this.#recorder(decodeNodeId).recordDecode(1, t.probeMs, t.promptTokens);
       const pair: PeerPair = { from: prefillNodeId, to: decodeNodeId };
       const rtt = this.monitor.estimate({ from: this.options.localNodeId, to: decodeNodeId });

@@ -15,7 +15,7 @@ import { placeRequest } from "../core/placement.ts";
 import { DEFAULT_LINK_MONITOR_OPTIONS, LinkMonitor } from "../transport/link_monitor.ts";
 import { countUdpReceiveDrops, type UdpDropCount } from "../transport/mod.ts";
 import { type EmulatedLink, NativeLinkRelay, openGridLink } from "./native_relay.ts";
-import { pinToCpu } from "./cpu_pin.ts";
+import { pinToCpu, unpinProcess } from "./cpu_pin.ts";
 import type { CertificationFile } from "../core/certification.ts";
 import { HandoffCostRecorder, type MeasuredHandoffCosts } from "../core/link_costs.ts";
 import type { CongestionControl, PlanOptions, StateSize } from "../core/planner.ts";
@@ -132,6 +132,14 @@ export interface MatrixContext {
    * relay's margin), and floats above it. Null: it always floats.
    */
   relayCpu: { cpu: number; bitsPerSMax: number } | null;
+  /**
+   * `--pin-workers split`: the CPU of the prefill worker's network thread. The bench sends
+   * each point's probe from it, so the probe crosses the CPUs the state's own sends do (sender,
+   * relay and decoder on one core); sent from a free core it read a 1 Gbit/s link at 78-118
+   * MB/s where the handoff's recurrent layers left at 63-66 (FINDINGS section 0000000000).
+   * Null: the probe floats.
+   */
+  probeCpu: number | null;
 }
 
 /** What a pair learns from its handoffs, live (`MatrixContext`) and in the replay alike. */
@@ -153,7 +161,7 @@ export function learnFrom(
   /** The link point it ran over (absent: the unshaped calibration). */
   point?: MatrixPoint,
 ): void {
-  if (t.prefillMs) x.prefillRates.recordPrefill(t.promptTokens, t.prefillMs);
+  x.prefillRates.recordHandoffPrefill(t);
   if (t.tpotMs) x.decodeRates.recordDecode(1, t.tpotMs, t.promptTokens);
   const facts = { ...t, rttMs: rttMs ?? t.rttMs, bandwidthBytesPerS: bandwidthBytesPerS ?? null };
   x.costs.record(facts, clientTtftMs, predictedLinkMs);
@@ -338,7 +346,12 @@ async function _measurePointLink(
   // MB/s in four tries of five, and 1 Gbit/s at up to 459; 8 MiB read 12.1-12.2 and at most
   // 125 (bench/link_probe_check.ts, FINDINGS section 000). Unshaped loopback: 16 MiB.
   const probeBytes = p.rateBitsPerS > 0 ? DEFAULT_LINK_MONITOR_OPTIONS.probeBytes : 16 << 20;
-  await monitor.measure(conn, probeBytes);
+  if (x.probeCpu !== null) await pinToCpu(Deno.pid, x.probeCpu);
+  try {
+    await monitor.measure(conn, probeBytes);
+  } finally {
+    if (x.probeCpu !== null) await unpinProcess(Deno.pid);
+  }
   await conn.close();
   const pair = { from: x.cluster.prefill.peer.nodeId, to: x.cluster.decode.peer.nodeId };
   // The row records its own probe; the planner reads it with the point's earlier ones.

@@ -147,5 +147,6 @@ export function matrixContext(
     relayCpu: relayShared
       ? { cpu: 1, bitsPerSMax: relayShared.bitsPerS * DEFAULT_CEILING_SHARE }
       : null,
+    probeCpu: o.pinWorkers === "split" ? 1 : null,
   };
 }

@@ -24,6 +24,15 @@ export async function pinToCpu(pid: number, cpu: number): Promise<string> {
   return `process ${pid} on CPU ${cpu}`;
 }
 
+/**
+ * Lets process `pid` (every thread) run on every online CPU again: the host's own list
+ * (`/sys/devices/system/cpu/online`), not this process's count, which a pin has narrowed.
+ */
+export async function unpinProcess(pid: number): Promise<void> {
+  const online = Deno.readTextFileSync("/sys/devices/system/cpu/online").trim();
+  await _taskset(["-a", "-p", "-c", online, String(pid)], `process ${pid}`, online);
+}
+
 /** Pins one thread `tid` (not the threads it creates later: they start where it is). */
 export async function pinThreadToCpu(tid: number, cpu: number): Promise<void> {
   await _taskset(["-p", "-c", String(_checkCpu(cpu)), String(tid)], `thread ${tid}`, cpu);
@@ -144,7 +153,7 @@ function _checkCpu(cpu: number): number {
   return cpu;
 }
 
-async function _taskset(args: string[], what: string, cpu: number): Promise<void> {
+async function _taskset(args: string[], what: string, cpu: number | string): Promise<void> {
   const out = await new Deno.Command("taskset", {
     args,
     stdout: "null",

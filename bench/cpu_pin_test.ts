@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { computeApart, pinToCpu, ThreadPinner, threadsOf } from "./cpu_pin.ts";
+import { computeApart, pinToCpu, ThreadPinner, threadsOf, unpinProcess } from "./cpu_pin.ts";
 
 Deno.test("pinToCpu refuses a CPU this machine does not have before running taskset", async () => {
   const cpus = navigator.hardwareConcurrency;
@@ -70,6 +70,24 @@ Deno.test({
       } finally {
         pinner.stop();
       }
+    } finally {
+      await stop(child);
+    }
+  },
+});
+
+Deno.test({
+  name: "unpinProcess gives a pinned process every online CPU again",
+  ignore: !hasTaskset || navigator.hardwareConcurrency < 2,
+  fn: async () => {
+    const child = await runningCat();
+    const allowed = () =>
+      Deno.readTextFileSync(`/proc/${child.pid}/status`).match(/Cpus_allowed_list:\s*(\S+)/)![1];
+    try {
+      await pinToCpu(child.pid, 1);
+      assert.equal(allowed(), "1");
+      await unpinProcess(child.pid);
+      assert.equal(allowed(), Deno.readTextFileSync("/sys/devices/system/cpu/online").trim());
     } finally {
       await stop(child);
     }

@@ -217,7 +217,7 @@ async function _calibrate(
       const c = await runHandoff(cluster.client, { ...base, prompt, colocated: true });
       if (k === 0) continue;
       const t = d.telemetry;
-      recorders.prefiller.recordPrefill(t.promptTokens, t.prefillMs ?? NaN);
+      recorders.prefiller.recordHandoffPrefill(t);
       recorders.decoder.recordPrefill(t.promptTokens, c.ttftMs);
       // The continuation probe is one decode step at this depth: the tail's own term.
       if (t.probeMs) recorders.decoder.recordDecode(1, t.probeMs, t.promptTokens);
@@ -372,7 +372,7 @@ async function _predictAndRun(
     row.measuredPrefillMs = r.telemetry.prefillMs;
     // The nodes report what they measured on every request they serve (rates, never constants).
     const t = r.telemetry;
-    if (t.prefillMs) x.recorders.prefiller.recordPrefill(t.promptTokens, t.prefillMs);
+    x.recorders.prefiller.recordHandoffPrefill(t);
     if (t.probeMs) x.recorders.decoder.recordDecode(1, t.probeMs, t.promptTokens);
     x.costs.record(
       t,

@@ -240,6 +240,8 @@ async function _writeRunFile(
       workerThreads: o.workerThreads ?? null,
       decodeCpuQuota: o.decodeCpuQuota ?? null,
       pinWorkers: o.pinWorkers ?? false,
+      // With `split`, each point's probe left from the prefill worker's network CPU.
+      probeCpu: o.pinWorkers === "split" ? 1 : null,
       relaySharedCeiling: run.relayShared,
       // The newest failure to keep a new prefill thread where `split` puts it.
       pinError: run.pinner?.lastError ?? null,

@@ -97,15 +97,48 @@ Deno.test("msPerTokenAt() holds below the first point, past twice the last, and 
   assert.equal(msPerTokenAt([{ contextTokens: 512, tokensPerS: 250 }], 8192), 4);
 });
 
-Deno.test("RateRecorder buckets measurements by depth and reports medians", () => {
+Deno.test("RateRecorder buckets measurements by depth and reports medians at their depth", () => {
   const r = new RateRecorder("n", 3);
   r.recordPrefill(1000, 1000);
   r.recordPrefill(1000, 2000);
   r.recordPrefill(1000, 500);
   r.recordDecode(10, 100, 4000);
+  r.recordDecode(10, 50, 3000);
   const rates = r.rates();
-  assert.deepEqual(rates.prefill, [{ contextTokens: 512, tokensPerS: 1000 }]);
-  assert.deepEqual(rates.decode, [{ contextTokens: 4096, tokensPerS: 100 }]);
+  assert.deepEqual(rates.prefill, [{ contextTokens: 500, tokensPerS: 1000 }]);
+  // 3000 and 4000 share the 4096 bucket: the point sits at their mean depth.
+  assert.deepEqual(rates.decode, [{ contextTokens: 3500, tokensPerS: 200 }]);
+});
+
+Deno.test("RateRecorder learns a handoff's last chunk at its own depth", () => {
+  const r = new RateRecorder("n");
+  // 4073 tokens in 91.2 s; the last 512 (depth 3561-4073) alone took 13.3 s.
+  r.recordHandoffPrefill({
+    promptTokens: 4073,
+    cachedTokens: 0,
+    prefillMs: 91_200,
+    lastChunkTokens: 512,
+    lastChunkMs: 13_300,
+  });
+  const rates = r.rates().prefill;
+  assert.deepEqual(rates.map((p) => p.contextTokens), [2036.5, 3817]);
+  assert.ok(Math.abs(rates[1].tokensPerS - 512 / 13.3) < 1e-9);
+  // The planner's last chunk of the next such prompt is that chunk's measured time.
+  assert.ok(Math.abs(prefillMsFor(rates, 3561, 4073) - 13_300) < 150);
+  // With a cached prefix only the computed tokens count, from where they start.
+  const c = new RateRecorder("c");
+  c.recordHandoffPrefill({ promptTokens: 3000, cachedTokens: 1000, prefillMs: 20_000 });
+  assert.deepEqual(c.rates().prefill, [{ contextTokens: 2000, tokensPerS: 100 }]);
+  // A last chunk that is the whole prefill, or untimed, adds nothing.
+  const one = new RateRecorder("one");
+  one.recordHandoffPrefill({
+    promptTokens: 400,
+    prefillMs: 4000,
+    lastChunkTokens: 400,
+    lastChunkMs: 3900,
+  });
+  one.recordHandoffPrefill({ promptTokens: 400, prefillMs: null, lastChunkMs: null });
+  assert.equal(one.rates().prefill.length, 1);
 });
 
 Deno.test("parseCalibration() reads nodes and names the first bad field", () => {

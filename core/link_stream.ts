@@ -4,7 +4,9 @@
  * recurrent state released while the last chunk computes, one recurrent layer at a time, all
  * in one FIFO at the measured bandwidth, starting once the reservation round trip is done.
  * The last chunk takes its own rate where the node's rates give one (deeper tokens cost more,
- * so it is longer than an average chunk, and the layers spread over more time). Pure.
+ * so it is longer than an average chunk, and the layers spread over more time). With layer
+ * capture the engine computes a prompt's remainder first, so the last chunk, which the capture
+ * hides behind, is a full one (serve/engine.ts); without it the remainder comes last. Pure.
  *
  * @module
  */
@@ -17,6 +19,8 @@ export interface StreamInput {
   prefillerPrefillTokensPerS: number;
   /** The rate over the last chunk alone (absent: the average); earlier chunks share the rest. */
   prefillerLastChunkTokensPerS?: number;
+  /** Layer capture: the remainder is computed first and the last chunk is a full one. */
+  snapshotDuringLastChunk?: boolean;
   state: { kvBytesPerToken: number };
 }
 
@@ -34,12 +38,35 @@ export interface ChunkTimes {
   computed: number;
   /** Chunks computed. */
   n: number;
+  firstTokens: number;
   lastTokens: number;
   prefillMs: number;
   /** The last chunk's compute, during which captured layers are released. */
   lastChunkMs: number;
   /** Tokens per ms of the chunks before the last. */
   earlyTps: number;
+  /** Tokens computed once chunk `j` (0..n) has: 0 before the first, `computed` after the last. */
+  tokensAfter: (j: number) => number;
+}
+
+/**
+ * Tokens in the last of the chunks that compute `computed` tokens, `chunkTokens` at a time: a
+ * full chunk when the remainder goes first (layer capture), else the remainder.
+ *
+ * @example
+ * ```ts
+ * lastChunkTokens(2036, 512, true); // 512: the first chunk takes the 500 left over
+ * lastChunkTokens(2036, 512, false); // 500
+ * ```
+ */
+export function lastChunkTokens(
+  computed: number,
+  chunkTokens: number,
+  remainderFirst: boolean,
+): number {
+  if (!(computed > 0)) return 0;
+  const n = Math.ceil(computed / chunkTokens);
+  return n > 1 && remainderFirst ? chunkTokens : computed - (n - 1) * chunkTokens;
 }
 
 /**
@@ -55,12 +82,16 @@ export function chunkTimes(i: StreamInput): ChunkTimes {
   const tps = i.prefillerPrefillTokensPerS / 1000;
   const computed = i.promptTokens - (i.prefillerCachedTokens ?? 0);
   const n = Math.ceil(computed / i.chunkTokens);
-  const lastTokens = n === 0 ? 0 : computed - (n - 1) * i.chunkTokens;
+  const remainderFirst = i.snapshotDuringLastChunk === true;
+  const lastTokens = lastChunkTokens(computed, i.chunkTokens, remainderFirst);
+  const firstTokens = n > 1 ? computed - lastTokens - (n - 2) * i.chunkTokens : computed;
   const prefillMs = computed / tps;
   const ownMs = lastTokens / ((i.prefillerLastChunkTokensPerS ?? 0) / 1000);
   const lastChunkMs = n === 0 ? 0 : n > 1 && ownMs < prefillMs ? ownMs : lastTokens / tps;
   const earlyTps = n > 1 ? (computed - lastTokens) / (prefillMs - lastChunkMs) : tps;
-  return { computed, n, lastTokens, prefillMs, lastChunkMs, earlyTps };
+  const tokensAfter = (j: number) =>
+    j <= 0 ? 0 : j >= n ? computed : firstTokens + (j - 1) * i.chunkTokens;
+  return { computed, n, firstTokens, lastTokens, prefillMs, lastChunkMs, earlyTps, tokensAfter };
 }
 
 /**
@@ -101,11 +132,11 @@ export function streamFinish(
 ): StreamFinish {
   const kv = i.state.kvBytesPerToken;
   const cached = i.prefillerCachedTokens ?? 0;
-  const { computed, n, lastTokens, prefillMs, lastChunkMs, earlyTps } = chunkTimes(i);
-  const firstChunkMs = Math.min(i.chunkTokens, computed) / earlyTps;
+  const { computed, n, firstTokens, lastTokens, prefillMs, lastChunkMs, earlyTps, tokensAfter } =
+    chunkTimes(i);
+  const firstChunkMs = firstTokens / earlyTps;
   const cachedBytes = cached * kv;
-  const chunkBytes = i.chunkTokens * kv;
-  const lastPageBytes = n === 0 ? Math.min(cachedBytes, chunkBytes) : lastTokens * kv;
+  const lastPageBytes = n === 0 ? Math.min(cachedBytes, i.chunkTokens * kv) : lastTokens * kv;
   const totalBytes = cachedBytes + computed * kv;
   // Nothing computes: nothing to capture.
   const pageInCapture = n > 0 && lastPageCaptured ? lastPageBytes : 0;
@@ -118,8 +149,8 @@ export function streamFinish(
   // The pieces are released over the last chunk less the lead (never before the chunk starts).
   const lead = piece > 0 ? Math.min(Math.max(0, lastPieceLeadMs), lastChunkMs) : 0;
   for (let j = 1; j <= n; j++) {
-    const atMs = j === n ? prefillMs : (j * i.chunkTokens) / earlyTps;
-    const pagesFrom = (computed - (j - 1) * i.chunkTokens) * kv - pageInCapture;
+    const atMs = j === n ? prefillMs : tokensAfter(j) / earlyTps;
+    const pagesFrom = (computed - tokensAfter(j - 1)) * kv - pageInCapture;
     // Before the last chunk's end every captured byte is still to leave; at it, the last piece
     // if it leaves then (no lead).
     const capturedLeft = j < n ? captured : lead === 0 ? piece : 0;
@@ -141,7 +172,7 @@ export function streamFinish(
       nonLastBytes,
       bwPerMs * Math.max(0, prefillMs - rttMs),
       n >= 2 ? cachedBytes + bwPerMs * (prefillMs - firstChunkMs) : Infinity,
-      n >= 2 ? nonLastBytes - chunkBytes + bwPerMs * lastChunkMs : Infinity,
+      n >= 2 ? tokensAfter(n - 2) * kv + cachedBytes + bwPerMs * lastChunkMs : Infinity,
     );
     overlapFraction = Math.max(0, sent) / nonLastBytes;
   }

@@ -108,9 +108,27 @@ export function averagePrefillTokensPerS(
   return ((tokens - fromTokens) / prefillMsFor(points, fromTokens, tokens)) * 1000;
 }
 
+/** A handoff record's prefill figures (core/telemetry.ts), what `recordHandoffPrefill` reads. */
+export interface PrefillTiming {
+  promptTokens: number;
+  cachedTokens?: number;
+  prefillMs: number | null;
+  lastChunkTokens?: number | null;
+  lastChunkMs?: number | null;
+}
+
+/** One measurement kept by a RateRecorder: its depth and rate. */
+interface _Sample {
+  depth: number;
+  rate: number;
+}
+
 /**
  * Accumulates a node's own measurements into rate points, bucketed by depth (powers of two),
- * keeping the newest `samplesPerBucketMax` per bucket.
+ * keeping the newest `samplesPerBucketMax` per bucket. A point sits at its samples' mean
+ * depth, not the bucket's: a prompt's last chunk (3,561-4,073) and a whole 4K prompt's middle
+ * (2,036) share no bucket edge, and where the time per token grows with depth a point placed at
+ * 4,096 for samples taken at 3,817 would read that depth's rate as 7% deeper.
  *
  * @example
  * ```ts
@@ -122,8 +140,8 @@ export function averagePrefillTokensPerS(
 export class RateRecorder {
   readonly nodeId: string;
   readonly samplesPerBucketMax: number;
-  readonly #prefill = new Map<number, number[]>();
-  readonly #decode = new Map<number, number[]>();
+  readonly #prefill = new Map<number, _Sample[]>();
+  readonly #decode = new Map<number, _Sample[]>();
 
   constructor(nodeId: string, samplesPerBucketMax = 8) {
     this.nodeId = nodeId;
@@ -136,6 +154,21 @@ export class RateRecorder {
     this.#add(this.#prefill, fromTokens + tokens / 2, (tokens / ms) * 1000);
   }
 
+  /**
+   * A handoff's prefill: the tokens it computed over its prefill time, and its last chunk,
+   * timed alone, at that chunk's own depth (the deepest tokens, the slowest, whose length the
+   * tail of the next handoff of that length depends on).
+   */
+  recordHandoffPrefill(t: PrefillTiming): void {
+    const cached = t.cachedTokens ?? 0;
+    const computed = t.promptTokens - cached;
+    if (t.prefillMs) this.recordPrefill(computed, t.prefillMs, cached);
+    const tokens = t.lastChunkTokens ?? 0, ms = t.lastChunkMs ?? 0;
+    if (tokens > 0 && tokens < computed && ms > 0) {
+      this.recordPrefill(tokens, ms, t.promptTokens - tokens);
+    }
+  }
+
   /** `tokens` decode steps at depth about `contextTokens` that took `ms` together. */
   recordDecode(tokens: number, ms: number, contextTokens: number): void {
     if (!(tokens > 0 && ms > 0)) return;
@@ -143,10 +176,10 @@ export class RateRecorder {
   }
 
   rates(): NodeRates {
-    const points = (m: Map<number, number[]>) =>
-      [...m.entries()].sort((a, b) => a[0] - b[0]).map(([depth, xs]) => ({
-        contextTokens: depth,
-        tokensPerS: [...xs].sort((a, b) => a - b)[xs.length >> 1],
+    const points = (m: Map<number, _Sample[]>) =>
+      [...m.entries()].sort((a, b) => a[0] - b[0]).map(([_bucket, xs]) => ({
+        contextTokens: xs.reduce((sum, x) => sum + x.depth, 0) / xs.length,
+        tokensPerS: xs.map((x) => x.rate).sort((a, b) => a - b)[xs.length >> 1],
       }));
     return {
       nodeId: this.nodeId,
@@ -156,11 +189,11 @@ export class RateRecorder {
     };
   }
 
-  #add(m: Map<number, number[]>, depth: number, rate: number): void {
+  #add(m: Map<number, _Sample[]>, depth: number, rate: number): void {
     const bucket = depth < 1 ? 0 : 2 ** Math.round(Math.log2(depth));
     if (!m.has(bucket) && m.size >= RATE_POINTS_MAX) return;
     const xs = m.get(bucket) ?? [];
-    xs.push(rate);
+    xs.push({ depth, rate });
     if (xs.length > this.samplesPerBucketMax) xs.shift();
     m.set(bucket, xs);
   }

@@ -14,6 +14,7 @@ import { isCertified } from "./certification.ts";
 import type { LinkEstimate, LinkEstimator } from "./link_estimates.ts";
 import type { MeasuredHandoffCosts } from "./link_costs.ts";
 import { averagePrefillTokensPerS, msPerTokenAt, type NodeRates } from "./node_rates.ts";
+import { lastChunkTokens } from "./link_stream.ts";
 import {
   type CongestionControl,
   type HandoffCosts,
@@ -170,6 +171,7 @@ export function planInputFor(
       r.promptTokens,
       cached,
       r.chunkTokens,
+      r.snapshotDuringLastChunk ?? false,
     ),
     decoderPrefillTokensPerS: averagePrefillTokensPerS(dr.prefill, r.promptTokens),
     prefillerQueueMs: r.prefiller.queueMs ?? 0,
@@ -191,16 +193,20 @@ export function planInputFor(
   };
 }
 
-/** The rate over the last chunk of `tokens` from `cached` (undefined: nothing computes). */
+/**
+ * The rate over the last chunk of `tokens` from `cached` (undefined: nothing computes); with
+ * layer capture the remainder is computed first and the last chunk is a full one.
+ */
 function _lastChunkTokensPerS(
   points: NodeRates["prefill"],
   tokens: number,
   cached: number,
   chunkTokens: number,
+  remainderFirst: boolean,
 ): number | undefined {
   const computed = tokens - cached;
   if (!(computed > 0 && chunkTokens > 0)) return undefined;
-  const last = computed - (Math.ceil(computed / chunkTokens) - 1) * chunkTokens;
+  const last = lastChunkTokens(computed, chunkTokens, remainderFirst);
   return averagePrefillTokensPerS(points, tokens, tokens - last);
 }
 

@@ -72,7 +72,8 @@ Deno.test("estimate() agrees with a brute-force FIFO simulation of the page stre
 // The same FIFO with layer capture: the recurrent bytes and the last chunk's page (the capture
 // sends it before the chunk ends) leave in `slices` equal pieces released evenly while the last
 // chunk computes, the last `leadMs` before its end. Without `pageCaptured` the pieces are the
-// recurrent bytes alone and the page leaves at the chunk's end, after them.
+// recurrent bytes alone and the page leaves at the chunk's end, after them. As the engine
+// computes with capture: the prompt's remainder first, every later chunk a full one.
 function simulateCapture(i: PlanInput, slices: number, leadMs = 0, pageCaptured = true) {
   const link = i.link!;
   const bw = link.bandwidthBytesPerS / 1000;
@@ -82,7 +83,9 @@ function simulateCapture(i: PlanInput, slices: number, leadMs = 0, pageCaptured 
   // chunks before it evenly over the rest.
   const computed = i.promptTokens - cached;
   const n = Math.ceil(computed / i.chunkTokens);
-  const lastTokens = computed - (n - 1) * i.chunkTokens;
+  const head = computed - (n - 1) * i.chunkTokens;
+  const sizes = [head, ...Array.from({ length: n - 1 }, () => i.chunkTokens)];
+  const lastTokens = sizes[n - 1];
   const prefillMs = computed / tps;
   const ownMs = lastTokens / ((i.prefillerLastChunkTokensPerS ?? 0) / 1000);
   const lastMs = n > 1 && ownMs < prefillMs ? ownMs : lastTokens / tps;
@@ -91,8 +94,7 @@ function simulateCapture(i: PlanInput, slices: number, leadMs = 0, pageCaptured 
   const releases: { at: number; bytes: number }[] = [];
   if (cached > 0) releases.push({ at: 0, bytes: cached * i.state.kvBytesPerToken });
   let done = 0;
-  for (let t = cached; t < i.promptTokens; t += i.chunkTokens) {
-    const tokens = Math.min(i.chunkTokens, i.promptTokens - t);
+  for (const tokens of sizes) {
     const start = endAt(done);
     done += tokens;
     const page = tokens * i.state.kvBytesPerToken;
@@ -149,7 +151,7 @@ Deno.test("estimate() with layer capture agrees with a FIFO simulation of pages 
     // most one slice's send time against the even release the model takes.
     const slices = 2000;
     const sim = simulateCapture(i, slices);
-    const lastTokens = (promptTokens - (i.prefillerCachedTokens ?? 0) - 1) % i.chunkTokens + 1;
+    const lastTokens = Math.min(i.chunkTokens, promptTokens - (i.prefillerCachedTokens ?? 0));
     const sliced = i.state.recurrentBytes + lastTokens * i.state.kvBytesPerToken;
     const sliceMs = sliced / slices / (i.link!.bandwidthBytesPerS / 1000);
     const modelled = e.uncoveredKvMs + e.snapshotTransferMs -

@@ -28,8 +28,10 @@ export type PrefillerTelemetryEvent =
    * The prompt's last chunk finished computing and the first token was sampled. With layer
    * capture this precedes that chunk's "prefill-chunk-done" (recorded when its page export
    * starts, after the captured layers were handed to the sink); the tail counts from here.
+   * `chunkTokens` and `chunkMs`: that chunk's tokens and its compute alone (the decode, not
+   * the sends around it), a prefill rate at the prompt's deepest chunk (absent: not timed).
    */
-  | { type: "prefill-computed"; atMs: number }
+  | { type: "prefill-computed"; atMs: number; chunkTokens?: number; chunkMs?: number }
   | { type: "export"; atMs: number; kind: ComponentKind; bytes: number; durationMs: number }
   | { type: "chunk-queued"; atMs: number; seq: number; kind: ComponentKind; bytes: number }
   /** The chunk's last byte was handed to the transport; `durationMs` is the write's duration. */
@@ -143,6 +145,13 @@ export interface HandoffTelemetry {
    * absent: not captured during the last chunk, or not measured.
    */
   captureLeadMs?: number | null;
+  /**
+   * Prefiller: the prompt's last computed chunk, its tokens and its compute alone (ms), the
+   * rate at the prompt's deepest tokens (node rates learn it at that depth); null or absent:
+   * not timed.
+   */
+  lastChunkTokens?: number | null;
+  lastChunkMs?: number | null;
   bandwidthBytesPerS: number | null;
   /** Bytes sent over the summed write time: what the handoff actually achieved. */
   achievedBytesPerS: number | null;
@@ -289,6 +298,8 @@ function _prefillerSide(s: PrefillerTelemetrySummary) {
     uncoveredTailMs: _sub(s.commitAckMs, _prefillEnd(s)),
     tailExportMs: s.prefillEndMs === null ? null : s.tailExportMs ?? null,
     captureLeadMs: _captureLead(s),
+    lastChunkTokens: s.lastChunkTokens ?? null,
+    lastChunkMs: s.lastChunkMs ?? null,
     achievedBytesPerS: s.wireMs > 0 ? (s.totalBytes / s.wireMs) * 1000 : null,
     retries: s.retries,
     retryReasons: [...s.retryReasons],

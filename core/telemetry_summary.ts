@@ -33,6 +33,9 @@ export interface PrefillerTelemetrySummary {
   prefillEndMs: number | null;
   /** When the last chunk's compute finished and the first token was sampled. */
   prefillComputedMs?: number | null;
+  /** That chunk's tokens and its compute alone (absent: not timed). */
+  lastChunkTokens?: number | null;
+  lastChunkMs?: number | null;
   /**
    * When the last recurrent piece (conv or SSM) came out of the exporter: with layer capture,
    * the last Mamba layer's capture, before compute end; without it, after.
@@ -218,6 +221,10 @@ export class PrefillerTelemetry {
         return;
       case "prefill-computed":
         s.prefillComputedMs = e.atMs;
+        if (e.chunkTokens !== undefined && e.chunkMs !== undefined) {
+          s.lastChunkTokens = e.chunkTokens;
+          s.lastChunkMs = e.chunkMs;
+        }
         // A last page captured during the last chunk was queued before its compute ended.
         this.#prefillEnd(e.atMs);
         return;

@@ -213,12 +213,15 @@ Deno.test("a last page captured during the last chunk: its end is the compute en
     { type: "export", atMs: 180, kind: "kv-page", bytes: MIB, durationMs: 0 },
     // A recurrent layer after the last attention layer, captured before the compute ended.
     { type: "export", atMs: 190, kind: "ssm", bytes: MIB, durationMs: 5 },
-    { type: "prefill-computed", atMs: 200 },
+    { type: "prefill-computed", atMs: 200, chunkTokens: 512, chunkMs: 95 },
     { type: "export", atMs: 203, kind: "positions", bytes: 64, durationMs: 3 },
   ];
   const t = deriveTelemetry({ prefiller: e, decoder: [] });
   assert.equal(t.prefillMs, 200);
   assert.equal(t.computedTokens, 1024);
+  // The last chunk's own compute, as the prefiller timed it (the rate at the deepest tokens).
+  assert.equal(t.lastChunkTokens, 512);
+  assert.equal(t.lastChunkMs, 95);
   assert.equal(t.tailExportMs, 3); // the positions only: the page and layer came before 200
   assert.equal(t.captureLeadMs, 10); // the last recurrent export at 190, compute end at 200
   assert.match(formatTelemetry(t), /last layer captured 10\.0 ms before compute end/);
@@ -239,6 +242,8 @@ Deno.test("captureLeadMs: the last recurrent export before compute end, null whe
   // Nothing recurrent (a dense model): no lead.
   const dense = events(0, 0).filter((e) => e.type !== "export" || e.kind === "sampler");
   assert.equal(deriveTelemetry({ prefiller: dense, decoder: [] }).captureLeadMs, null);
+  // Untimed last chunk: null, not 0.
+  assert.equal(deriveTelemetry({ prefiller: dense, decoder: [] }).lastChunkMs, null);
 });
 
 Deno.test("the tail and TTFT count from the last chunk's compute end when the prefiller reports it", () => {

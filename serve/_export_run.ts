@@ -64,9 +64,13 @@ export async function runExport(
       sampling,
       sampler,
       (chunk, exportMs) => _accept(sinks, chunk, exportMs),
-      (token, logits, prefillEndMs) => {
+      (token, logits, prefillEndMs, lastChunk) => {
         // The last chunk's compute is done: the tail is measured from here.
-        telemetry.push({ type: "prefill-computed", atMs: prefillEndMs });
+        telemetry.push({
+          type: "prefill-computed",
+          atMs: prefillEndMs,
+          ...(lastChunk ? { chunkTokens: lastChunk.tokens, chunkMs: lastChunk.computeMs } : {}),
+        });
         if (!input.onFirstToken) return;
         input.onFirstToken(token, logits, prefillEndMs);
         telemetry.push({ type: "first-token", atMs: performance.now() });

@@ -130,7 +130,18 @@ export const CHUNK_BYTES_MIN = 1024;
  * before the last page and the tail are exported, with the logits it was sampled from and when
  * that was (this process's clock). It must not block: the export waits for it to return.
  */
-export type FirstTokenHook = (token: number, logits: Float32Array, prefillEndMs: number) => void;
+export type FirstTokenHook = (
+  token: number,
+  logits: Float32Array,
+  prefillEndMs: number,
+  lastChunk?: LastChunkTiming,
+) => void;
+
+/** The prompt's last chunk: its tokens and its compute alone (the decode, not the sends). */
+export interface LastChunkTiming {
+  tokens: number;
+  computeMs: number;
+}
 
 export class StateExporter {
   readonly #chunks: ChunkMaker;
@@ -198,9 +209,9 @@ export class StateExporter {
     // The first token is sampled the moment the last chunk is computed, before that chunk's
     // page and the tail are exported, so the client can have it at once (onFirstToken).
     let firstToken = -1;
-    const sampleFirst = (logits: Float32Array) => {
+    const sampleFirst = (logits: Float32Array, lastChunk?: LastChunkTiming) => {
       firstToken = sampleToken(logits, sampling, sampler);
-      onFirstToken?.(firstToken, logits, performance.now());
+      onFirstToken?.(firstToken, logits, performance.now(), lastChunk);
     };
     const n = prompt.length;
     // Recurrent layers sent while the last chunk computed (layer capture), by index, and the
@@ -208,12 +219,14 @@ export class StateExporter {
     const captured = new Set<number>();
     let capturedPage = -1;
     const hooks = await this.#captureHooks(n, sink, captured, {
-      onLastComputed: () => sampleFirst(ctx.logits(-1)),
+      onLastComputed: (lastChunk) => sampleFirst(ctx.logits(-1), lastChunk),
       onPageSent: (p0) => capturedPage = p0,
     });
     const onChunk = async ({ p0, p1, computeMs }: ChunkDone) => {
       chunkMs.push(computeMs);
-      if (p1 === prompt.length && firstToken < 0) sampleFirst(ctx.logits(-1));
+      if (p1 === prompt.length && firstToken < 0) {
+        sampleFirst(ctx.logits(-1), { tokens: p1 - p0, computeMs });
+      }
       await this.draft?.catchUp(prompt.subarray(p0, p1), p0);
       const pageSent = p1 === n && p0 === capturedPage;
       if (!paged) prefix?.onUnpagedTokens?.(p1 - p0, false);
@@ -258,7 +271,7 @@ export class StateExporter {
     n: number,
     sink: ChunkSink,
     sent: Set<number>,
-    on: { onLastComputed: () => void; onPageSent: (p0: number) => void },
+    on: { onLastComputed: (chunk: LastChunkTiming) => void; onPageSent: (p0: number) => void },
   ): Promise<PrefillHooks> {
     const capture = this.limits.layerCapture ? await openLayerCapture(this.engine.ctx) : null;
     const kinds = this.identity.numerical.layerKinds;
@@ -269,8 +282,9 @@ export class StateExporter {
           capture,
           kinds,
           decode: async () => {
+            const t0 = performance.now();
             await decode();
-            on.onLastComputed();
+            on.onLastComputed({ tokens: finalPos + 1 - p0, computeMs: performance.now() - t0 });
           },
           finalPos,
           sink,

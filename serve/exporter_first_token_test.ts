@@ -9,23 +9,28 @@ import { loadLlama } from "../ffi/mod.ts";
 import { loadShim } from "../ffi/shim/shim.ts";
 import { testModel, testTokens } from "../testing/models.ts";
 import { Engine, RUNTIME_DEFAULTS } from "./engine.ts";
-import { type ExportedChunk, StateExporter } from "./exporter.ts";
+import {
+  DEFAULT_EXPORT_LIMITS,
+  type ExportedChunk,
+  type LastChunkTiming,
+  StateExporter,
+} from "./exporter.ts";
 import { resolveIdentity } from "./identity.ts";
 import { SKIPPY_SHIM_ABI_VERSION as SHIM_ABI } from "../ffi/shim/abi.ts";
 
 const shimOk = (await loadShim(loadLlama())).ok;
 
+/** The hybrid test model, prefilled in chunks of 128 tokens. */
+async function hybridEngine(): Promise<Engine> {
+  const modelPath = await testModel("hybrid");
+  return await Engine.open({ ...RUNTIME_DEFAULTS, modelPath, nCtx: 1024, chunkTokens: 128 });
+}
+
 Deno.test({
   name: "layer capture: the first token is sampled before the captured layers drain",
   ignore: !shimOk,
   fn: async () => {
-    const modelPath = await testModel("hybrid");
-    using engine = await Engine.open({
-      ...RUNTIME_DEFAULTS,
-      modelPath,
-      nCtx: 1024,
-      chunkTokens: 128,
-    });
+    using engine = await hybridEngine();
     const identity = await resolveIdentity(engine, { shimAbiVersion: SHIM_ABI });
     const exporter = new StateExporter(engine, identity, "h-first-token", null);
     // The decode in flight: a captured layer can only arrive during the last chunk's.
@@ -52,5 +57,36 @@ Deno.test({
     );
     assert.deepEqual(verdicts, [true], "first token sampled while a captured layer was held");
     assert.ok(result.firstToken >= 0);
+  },
+});
+
+Deno.test({
+  name: "the first-token hook hears the last chunk's tokens and compute: full with capture",
+  ignore: !shimOk,
+  fn: async () => {
+    using engine = await hybridEngine();
+    const identity = await resolveIdentity(engine, { shimAbiVersion: SHIM_ABI });
+    // 300 tokens in chunks of 128: with layer capture the 44 left over go first and the last
+    // chunk, which the capture hides behind, is a full one; without it they go last.
+    for (const layerCapture of [true, false]) {
+      await engine.wipe();
+      const exporter = new StateExporter(engine, identity, `h-last-chunk-${layerCapture}`, null, {
+        ...DEFAULT_EXPORT_LIMITS,
+        layerCapture,
+      });
+      let heard: LastChunkTiming | undefined;
+      const t0 = performance.now();
+      await exporter.run(
+        testTokens(300),
+        { temperature: 0 },
+        { seed: 0, draws: 0 },
+        () => Promise.resolve(),
+        (_token, _logits, _at, lastChunk) => void (heard = lastChunk),
+      );
+      const elapsedMs = performance.now() - t0;
+      assert.ok(heard, `capture ${layerCapture}: no last chunk timing`);
+      assert.equal(heard.tokens, layerCapture ? 128 : 44, `capture ${layerCapture}`);
+      assert.ok(heard.computeMs > 0 && heard.computeMs < elapsedMs, `capture ${layerCapture}`);
+    }
   },
 });
