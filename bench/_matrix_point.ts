@@ -15,7 +15,7 @@ import { placeRequest } from "../core/placement.ts";
 import { DEFAULT_LINK_MONITOR_OPTIONS, LinkMonitor } from "../transport/link_monitor.ts";
 import { countUdpReceiveDrops, type UdpDropCount } from "../transport/mod.ts";
 import { type EmulatedLink, NativeLinkRelay, openGridLink } from "./native_relay.ts";
-import { pinToCpu, unpinProcess } from "./cpu_pin.ts";
+import { pinToCpu, withProcessOn } from "./cpu_pin.ts";
 import type { CertificationFile } from "../core/certification.ts";
 import { HandoffCostRecorder, type MeasuredHandoffCosts } from "../core/link_costs.ts";
 import type { CongestionControl, PlanOptions, StateSize } from "../core/planner.ts";
@@ -133,11 +133,8 @@ export interface MatrixContext {
    */
   relayCpu: { cpu: number; bitsPerSMax: number } | null;
   /**
-   * `--pin-workers split`: the CPU of the prefill worker's network thread. The bench sends
-   * each point's probe from it, so the probe crosses the CPUs the state's own sends do (sender,
-   * relay and decoder on one core); sent from a free core it read a 1 Gbit/s link at 78-118
-   * MB/s where the handoff's recurrent layers left at 63-66 (FINDINGS section 0000000000).
-   * Null: the probe floats.
+   * `--pin-workers split`: the prefill worker's network CPU, which each point's probe is sent
+   * from, as the state is (FINDINGS section 0000000000). Null: the probe floats.
    */
   probeCpu: number | null;
 }
@@ -341,17 +338,10 @@ async function _measurePointLink(
     pingsPerMeasure: 10,
   });
   const conn = await x.cluster.client.connect(via);
-  // The probe a live node sends (8 MiB), whatever the emulated rate. A probe sized from the
-  // rate (a quarter second, at least 3 MiB) read a lossless 100 Mbit/s, 2 ms link at 52-63
-  // MB/s in four tries of five, and 1 Gbit/s at up to 459; 8 MiB read 12.1-12.2 and at most
-  // 125 (bench/link_probe_check.ts, FINDINGS section 000). Unshaped loopback: 16 MiB.
+  // The probe a live node sends (8 MiB), whatever the emulated rate: sized from the rate it
+  // read far over it (FINDINGS section 000). Unshaped loopback: 16 MiB.
   const probeBytes = p.rateBitsPerS > 0 ? DEFAULT_LINK_MONITOR_OPTIONS.probeBytes : 16 << 20;
-  if (x.probeCpu !== null) await pinToCpu(Deno.pid, x.probeCpu);
-  try {
-    await monitor.measure(conn, probeBytes);
-  } finally {
-    if (x.probeCpu !== null) await unpinProcess(Deno.pid);
-  }
+  await withProcessOn(x.probeCpu, () => monitor.measure(conn, probeBytes));
   await conn.close();
   const pair = { from: x.cluster.prefill.peer.nodeId, to: x.cluster.decode.peer.nodeId };
   // The row records its own probe; the planner reads it with the point's earlier ones.

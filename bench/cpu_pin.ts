@@ -33,6 +33,17 @@ export async function unpinProcess(pid: number): Promise<void> {
   await _taskset(["-a", "-p", "-c", online, String(pid)], `process ${pid}`, online);
 }
 
+/** Runs `work` with this process on `cpu` alone, then on every online CPU (null: as it is). */
+export async function withProcessOn<T>(cpu: number | null, work: () => Promise<T>): Promise<T> {
+  if (cpu === null) return await work();
+  await pinToCpu(Deno.pid, cpu);
+  try {
+    return await work();
+  } finally {
+    await unpinProcess(Deno.pid);
+  }
+}
+
 /** Pins one thread `tid` (not the threads it creates later: they start where it is). */
 export async function pinThreadToCpu(tid: number, cpu: number): Promise<void> {
   await _taskset(["-p", "-c", String(_checkCpu(cpu)), String(tid)], `thread ${tid}`, cpu);

@@ -69,7 +69,9 @@ export async function runExport(
         telemetry.push({
           type: "prefill-computed",
           atMs: prefillEndMs,
-          ...(lastChunk ? { chunkTokens: lastChunk.tokens, chunkMs: lastChunk.computeMs } : {}),
+          ...(lastChunk
+            ? { chunkTokens: lastChunk.p1 - lastChunk.p0, chunkMs: lastChunk.computeMs }
+            : {}),
         });
         if (!input.onFirstToken) return;
         input.onFirstToken(token, logits, prefillEndMs);

@@ -76,8 +76,6 @@ export interface ExportResult {
   probeLogits: Float32Array;
   /** SHA-256 of the prompt's last logits (the first token was sampled from them). */
   firstLogitsSha256: string;
-  /** Milliseconds each prefill chunk took, in order (telemetry). */
-  chunkMs: number[];
   /**
    * The last chunk's KV page left while that chunk still computed (layer capture), not after
    * it: exported when the last attention layer had written its rows.
@@ -134,14 +132,9 @@ export type FirstTokenHook = (
   token: number,
   logits: Float32Array,
   prefillEndMs: number,
-  lastChunk?: LastChunkTiming,
+  /** The last chunk's positions and its compute alone (the decode, not the sends around it). */
+  lastChunk?: ChunkDone,
 ) => void;
-
-/** The prompt's last chunk: its tokens and its compute alone (the decode, not the sends). */
-export interface LastChunkTiming {
-  tokens: number;
-  computeMs: number;
-}
 
 export class StateExporter {
   readonly #chunks: ChunkMaker;
@@ -203,13 +196,12 @@ export class StateExporter {
     onTailExported?: () => Promise<void> | void,
   ): Promise<ExportResult> {
     const ctx = this.engine.ctx;
-    const chunkMs: number[] = [];
     // A pure recurrent model has no attention cache: its whole state is the final snapshot.
     const paged = this.identity.numerical.family !== "recurrent";
     // The first token is sampled the moment the last chunk is computed, before that chunk's
     // page and the tail are exported, so the client can have it at once (onFirstToken).
     let firstToken = -1;
-    const sampleFirst = (logits: Float32Array, lastChunk?: LastChunkTiming) => {
+    const sampleFirst = (logits: Float32Array, lastChunk?: ChunkDone) => {
       firstToken = sampleToken(logits, sampling, sampler);
       onFirstToken?.(firstToken, logits, performance.now(), lastChunk);
     };
@@ -223,9 +215,8 @@ export class StateExporter {
       onPageSent: (p0) => capturedPage = p0,
     });
     const onChunk = async ({ p0, p1, computeMs }: ChunkDone) => {
-      chunkMs.push(computeMs);
       if (p1 === prompt.length && firstToken < 0) {
-        sampleFirst(ctx.logits(-1), { tokens: p1 - p0, computeMs });
+        sampleFirst(ctx.logits(-1), { p0, p1, computeMs });
       }
       await this.draft?.catchUp(prompt.subarray(p0, p1), p0);
       const pageSent = p1 === n && p0 === capturedPage;
@@ -254,7 +245,6 @@ export class StateExporter {
       probeLogitsSha256: probe.digest,
       probeLogits: probe.logits,
       firstLogitsSha256,
-      chunkMs,
       lastPageCaptured: capturedPage >= 0,
     };
   }
@@ -271,7 +261,7 @@ export class StateExporter {
     n: number,
     sink: ChunkSink,
     sent: Set<number>,
-    on: { onLastComputed: (chunk: LastChunkTiming) => void; onPageSent: (p0: number) => void },
+    on: { onLastComputed: (chunk: ChunkDone) => void; onPageSent: (p0: number) => void },
   ): Promise<PrefillHooks> {
     const capture = this.limits.layerCapture ? await openLayerCapture(this.engine.ctx) : null;
     const kinds = this.identity.numerical.layerKinds;
@@ -284,7 +274,7 @@ export class StateExporter {
           decode: async () => {
             const t0 = performance.now();
             await decode();
-            on.onLastComputed({ tokens: finalPos + 1 - p0, computeMs: performance.now() - t0 });
+            on.onLastComputed({ p0, p1: finalPos + 1, computeMs: performance.now() - t0 });
           },
           finalPos,
           sink,

@@ -8,13 +8,8 @@ import assert from "node:assert/strict";
 import { loadLlama } from "../ffi/mod.ts";
 import { loadShim } from "../ffi/shim/shim.ts";
 import { testModel, testTokens } from "../testing/models.ts";
-import { Engine, RUNTIME_DEFAULTS } from "./engine.ts";
-import {
-  DEFAULT_EXPORT_LIMITS,
-  type ExportedChunk,
-  type LastChunkTiming,
-  StateExporter,
-} from "./exporter.ts";
+import { type ChunkDone, Engine, RUNTIME_DEFAULTS } from "./engine.ts";
+import { DEFAULT_EXPORT_LIMITS, type ExportedChunk, StateExporter } from "./exporter.ts";
 import { resolveIdentity } from "./identity.ts";
 import { SKIPPY_SHIM_ABI_VERSION as SHIM_ABI } from "../ffi/shim/abi.ts";
 
@@ -74,7 +69,7 @@ Deno.test({
         ...DEFAULT_EXPORT_LIMITS,
         layerCapture,
       });
-      let heard: LastChunkTiming | undefined;
+      let heard: ChunkDone | undefined;
       const t0 = performance.now();
       await exporter.run(
         testTokens(300),
@@ -85,7 +80,7 @@ Deno.test({
       );
       const elapsedMs = performance.now() - t0;
       assert.ok(heard, `capture ${layerCapture}: no last chunk timing`);
-      assert.equal(heard.tokens, layerCapture ? 128 : 44, `capture ${layerCapture}`);
+      assert.equal(heard.p1 - heard.p0, layerCapture ? 128 : 44, `capture ${layerCapture}`);
       assert.ok(heard.computeMs > 0 && heard.computeMs < elapsedMs, `capture ${layerCapture}`);
     }
   },
