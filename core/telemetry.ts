@@ -388,6 +388,9 @@ export function formatTelemetry(
   parts.push(`tail ${_ms(t.uncoveredTailMs)}`);
   const lead = t.captureLeadMs ?? null;
   if (lead !== null) parts.push(`last layer captured ${_ms(lead)} before compute end`);
+  if (t.lastChunkMs != null && t.lastChunkTokens != null) {
+    parts.push(`last chunk ${t.lastChunkTokens} tok in ${_ms(t.lastChunkMs)}`);
+  }
   if (t.prediction) parts.push(`predicted tail ${_ms(t.prediction.commitTailMs)}`);
   parts.push(
     `overlap ${t.overlapFraction === null ? "n/a" : `${Math.round(t.overlapFraction * 100)}%`}`,

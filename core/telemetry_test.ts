@@ -222,6 +222,7 @@ Deno.test("a last page captured during the last chunk: its end is the compute en
   // The last chunk's own compute, as the prefiller timed it (the rate at the deepest tokens).
   assert.equal(t.lastChunkTokens, 512);
   assert.equal(t.lastChunkMs, 95);
+  assert.match(formatTelemetry(t), /last chunk 512 tok in 95\.0 ms/);
   assert.equal(t.tailExportMs, 3); // the positions only: the page and layer came before 200
   assert.equal(t.captureLeadMs, 10); // the last recurrent export at 190, compute end at 200
   assert.match(formatTelemetry(t), /last layer captured 10\.0 ms before compute end/);
