@@ -11,12 +11,11 @@
  *     deno run -A --unstable-net bench/cc_auto_check.ts [--model super-mini] [--prompt-tokens 512]
  *       [--rate 400] [--rtt 10] [--loss 0.001] [--handoffs 6]
  */
-import { parseArgs } from "node:util";
 import { cacheDir } from "../cli/paths.ts";
 import { ensureModelFile } from "../models/mod.ts";
 import { runHandoff } from "../serve/coordinator.ts";
 import { type LocalCluster, startLocalCluster } from "../serve/local_cluster.ts";
-import { numberList } from "./cli_args.ts";
+import { benchArgs, numberList } from "./cli_args.ts";
 import { baseHandoffRequest, promptsOfTokens } from "./link_bench.ts";
 import { MATRIX_MODELS } from "./_matrix_point.ts";
 import { buildNativeRelay, measureNativeCeiling, openGridLink } from "./native_relay.ts";
@@ -133,25 +132,14 @@ function _report(run: LinkRun): boolean {
 }
 
 if (import.meta.main) {
-  const { values: v } = parseArgs({
-    args: Deno.args,
-    options: {
-      model: { type: "string", default: "super-mini" },
-      "prompt-tokens": { type: "string", default: "512" },
-      rate: { type: "string", default: "400" },
-      rtt: { type: "string", default: "10" },
-      loss: { type: "string", default: "0.001" },
-      handoffs: { type: "string", default: "6" },
-      help: { type: "boolean", default: false },
-    },
+  const v = benchArgs("cc_auto_check.ts", {
+    model: { default: "super-mini", what: "super-mini|lab-state" },
+    "prompt-tokens": { default: "512" },
+    rate: { default: "400", what: "Mbit/s" },
+    rtt: { default: "10", what: "ms" },
+    loss: { default: "0.001" },
+    handoffs: { default: "6" },
   });
-  if (v.help) {
-    console.log(
-      "deno run -A --unstable-net bench/cc_auto_check.ts [--model super-mini|lab-state] " +
-        "[--prompt-tokens 512] [--rate 400 (Mbit/s)] [--rtt 10 (ms)] [--loss 0.001] [--handoffs 6]",
-    );
-    Deno.exit(0);
-  }
   const name = v.model as keyof typeof MATRIX_MODELS;
   if (!MATRIX_MODELS[name]) {
     console.error(`error: unknown --model ${v.model} (use super-mini or lab-state)`);

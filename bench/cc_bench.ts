@@ -4,8 +4,7 @@
  * with and without loss, repeats interleaved so machine load falls on both alike. Part of
  * `--only link`, and standalone: `deno run -A --unstable-net bench/cc_bench.ts --help`.
  */
-import { parseArgs } from "node:util";
-import { numberList } from "./cli_args.ts";
+import { benchArgs, numberList } from "./cli_args.ts";
 import { createEphemeralTlsCertificate } from "../transport/tls.ts";
 import { connectQuicRaw, listenQuicRaw } from "../transport/quic.ts";
 import { buildNativeRelay, measureNativeCeiling, openLink } from "./native_relay.ts";
@@ -125,24 +124,13 @@ async function _once(
 }
 
 if (import.meta.main) {
-  const { values: v } = parseArgs({
-    args: Deno.args,
-    options: {
-      rates: { type: "string", default: "100,400,1000" },
-      "rtt-ms": { type: "string", default: "2" },
-      losses: { type: "string", default: "0,0.001,0.01" },
-      mib: { type: "string", default: "32" },
-      repeats: { type: "string", default: "3" },
-      help: { type: "boolean", default: false },
-    },
+  const v = benchArgs("cc_bench.ts", {
+    rates: { default: "100,400,1000", what: "Mbit/s" },
+    "rtt-ms": { default: "2" },
+    losses: { default: "0,0.001,0.01" },
+    mib: { default: "32" },
+    repeats: { default: "3" },
   });
-  if (v.help) {
-    console.log(
-      "deno run -A --unstable-net bench/cc_bench.ts [--rates 100,400,1000 (Mbit/s)] " +
-        "[--rtt-ms 2] [--losses 0,0.001,0.01] [--mib 32] [--repeats 3]",
-    );
-    Deno.exit(0);
-  }
   const binary = await buildNativeRelay();
   const ceiling = binary ? await measureNativeCeiling(binary) : null;
   const load = await Deno.readTextFile("/proc/loadavg").catch(() => "?");

@@ -9,8 +9,7 @@
  *   deno run -A --unstable-net bench/link_transfer_check.ts [--mib 1,11,44]
  *     [--rates 100,400,1000] [--rtts 0.2,2,10] [--losses 0,0.001] [--out FILE.json]
  */
-import { parseArgs } from "node:util";
-import { numberList } from "./cli_args.ts";
+import { benchArgs, numberList } from "./cli_args.ts";
 import { createEphemeralTlsCertificate } from "../transport/tls.ts";
 import { connectQuicRaw, listenQuicRaw } from "../transport/quic.ts";
 import type { RawConnection } from "../transport/channel.ts";
@@ -197,24 +196,13 @@ async function _measureTransfers(
 }
 
 if (import.meta.main) {
-  const { values: v } = parseArgs({
-    args: Deno.args,
-    options: {
-      mib: { type: "string", default: "1,11,44" },
-      rates: { type: "string", default: "100,400,1000" },
-      rtts: { type: "string", default: "0.2,2,10" },
-      losses: { type: "string", default: "0,0.001" },
-      out: { type: "string", default: "" },
-      help: { type: "boolean", default: false },
-    },
+  const v = benchArgs("link_transfer_check.ts", {
+    mib: { default: "1,11,44" },
+    rates: { default: "100,400,1000", what: "Mbit/s" },
+    rtts: { default: "0.2,2,10" },
+    losses: { default: "0,0.001" },
+    out: { default: "", what: "FILE.json" },
   });
-  if (v.help) {
-    console.log(
-      "deno run -A --unstable-net bench/link_transfer_check.ts [--mib 1,11,44] " +
-        "[--rates 100,400,1000] [--rtts 0.2,2,10] [--losses 0,0.001] [--out FILE.json]",
-    );
-    Deno.exit(0);
-  }
   const r = await runTransferCheck({
     mib: numberList("--mib", v.mib),
     rates: numberList("--rates", v.rates).map((m) => m * 1e6),

@@ -21,6 +21,7 @@ import type { Node, NodeFaults } from "./node.ts";
 import { Worker, type WorkerOptions } from "./worker.ts";
 import { queryStats, withTimeout } from "./stats.ts";
 import { HANG_MS } from "../testing/bounds.ts";
+import { testModel } from "../testing/models.ts";
 
 export { queryStats, withTimeout };
 import type { PeerConnection } from "../transport/mod.ts";
@@ -88,6 +89,18 @@ export async function makeNodes(
 ): Promise<{ dir: string; nodes: Map<string, Node> }> {
   const dir = await Deno.makeTempDir({ prefix: "skippy-failures-" });
   return { dir, nodes: await makeTrustingNodes(dir, names, roles) };
+}
+
+/**
+ * The tiny hybrid test model and fresh prefill, decode and client identities (`makeNodes`):
+ * the setup most handoff tests start from; `client` is the test's own node.
+ */
+export async function hybridTrio(): Promise<
+  { model: string; dir: string; nodes: Map<string, Node>; client: Node }
+> {
+  const model = await testModel("hybrid");
+  const { dir, nodes } = await makeNodes(["prefill", "decode", "client"]);
+  return { model, dir, nodes, client: nodes.get("client")! };
 }
 
 /** Starts a worker in this process with the test timing. */

@@ -6,10 +6,9 @@
  * step is still held; afterwards the worker holds nothing.
  */
 import assert from "node:assert/strict";
-import { testModel } from "../testing/models.ts";
 import {
   HANG_MS,
-  makeNodes,
+  hybridTrio,
   promptOf,
   SAMPLING,
   startInProcess,
@@ -24,8 +23,7 @@ Deno.test({
   sanitizeOps: false,
   sanitizeResources: false,
   fn: async () => {
-    const model = await testModel("hybrid");
-    const { dir, nodes } = await makeNodes(["prefill", "decode", "client"]);
+    const { model, dir, client } = await hybridTrio();
     const prefill = await startInProcess("prefill", "prefill", `${dir}/prefill`, model);
     const decode = await startInProcess("decode", "decode", `${dir}/decode`, model, {
       sessionsMax: 2,
@@ -48,7 +46,7 @@ Deno.test({
         return await decodeRows(batch, rows);
       };
       const cancel = new AbortController();
-      const request = runHandoff(nodes.get("client")!, {
+      const request = runHandoff(client, {
         prefill: prefill.peer,
         decode: decode.peer,
         prompt: promptOf(40),

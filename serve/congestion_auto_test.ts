@@ -7,8 +7,7 @@
  * congestion_choice_test.ts's.
  */
 import assert from "node:assert/strict";
-import { testModel } from "../testing/models.ts";
-import { HANG_MS, makeNodes, promptOf, SAMPLING, startInProcess } from "./_failure_harness.ts";
+import { HANG_MS, hybridTrio, promptOf, SAMPLING, startInProcess } from "./_failure_harness.ts";
 import { runHandoff } from "./coordinator.ts";
 
 Deno.test({
@@ -17,9 +16,7 @@ Deno.test({
   sanitizeOps: false,
   sanitizeResources: false,
   fn: async () => {
-    const model = await testModel("hybrid");
-    const { dir, nodes } = await makeNodes(["prefill", "decode", "client"]);
-    const client = nodes.get("client")!;
+    const { model, dir, client } = await hybridTrio();
     const lines: string[] = [];
     // The prefill worker's outgoing connections, counted by the test hook (nothing altered).
     let connects = 0;

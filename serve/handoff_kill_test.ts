@@ -11,6 +11,7 @@ import { testModel } from "../testing/models.ts";
 import { type RawConnection, withFaults } from "../transport/mod.ts";
 import {
   HANG_MS,
+  hybridTrio,
   IDLE_MS,
   makeNodes,
   promptOf,
@@ -69,9 +70,7 @@ Deno.test({
   sanitizeOps: false,
   sanitizeResources: false,
   fn: async () => {
-    const model = await testModel("hybrid");
-    const { dir, nodes } = await makeNodes(["prefill", "decode", "client"]);
-    const client = nodes.get("client")!;
+    const { model, dir, client } = await hybridTrio();
     const slow = { on: false };
     const decode = await startChild("decode", "decode", `${dir}/decode`, model, client);
     const prefill = await startInProcess("prefill", "prefill", `${dir}/prefill`, model, {
@@ -115,9 +114,7 @@ Deno.test({
   sanitizeOps: false,
   sanitizeResources: false,
   fn: async () => {
-    const model = await testModel("hybrid");
-    const { dir, nodes } = await makeNodes(["prefill", "decode", "client"]);
-    const client = nodes.get("client")!;
+    const { model, dir, client } = await hybridTrio();
     const slow = { on: false };
     // A small credit window whose grants come late: the prefiller can only trickle pages.
     const decode = await startInProcess("decode", "decode", `${dir}/decode`, model, {

@@ -7,12 +7,11 @@
  * only waits are on the links' own backoff timer, never on compute.
  */
 import assert from "node:assert/strict";
-import { testModel } from "../testing/models.ts";
 import { CloseCode, type RawConnection } from "../transport/mod.ts";
 import { type HandoffRequest, runHandoff } from "./coordinator.ts";
 import {
   HANG_MS,
-  makeNodes,
+  hybridTrio,
   promptOf,
   RELEASE_BOUND_MS,
   SAMPLING,
@@ -29,15 +28,13 @@ Deno.test({
   sanitizeOps: false,
   sanitizeResources: false,
   fn: async () => {
-    const model = await testModel("hybrid");
-    const { dir, nodes } = await makeNodes(["prefill", "decode", "client"]);
+    const { model, dir, client } = await hybridTrio();
     const outgoing: RawConnection[] = [];
     const decode = await startInProcess("decode", "decode", `${dir}/decode`, model);
     const prefill = await startInProcess("prefill", "prefill", `${dir}/prefill`, model, {
       faults: { connect: (raw) => (outgoing.push(raw), raw) },
       link: { peerLinks: { reconnectBackoffMs: BACKOFF_MS, reconnectBackoffMsMax: BACKOFF_MS } },
     });
-    const client = nodes.get("client")!;
     const run = (over: Partial<HandoffRequest> = {}) =>
       runHandoff(client, {
         prefill: prefill.peer,

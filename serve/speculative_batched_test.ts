@@ -6,10 +6,9 @@
  * QUIC, tiny hybrid model; the routed context is gone when the request ends.
  */
 import assert from "node:assert/strict";
-import { testModel } from "../testing/models.ts";
 import {
   HANG_MS,
-  makeNodes,
+  hybridTrio,
   promptOf,
   RUNTIME,
   SAMPLING,
@@ -28,9 +27,7 @@ Deno.test({
   sanitizeOps: false,
   sanitizeResources: false,
   fn: async () => {
-    const model = await testModel("hybrid");
-    const { dir, nodes } = await makeNodes(["prefill", "decode", "client"]);
-    const client = nodes.get("client")!;
+    const { model, dir, client } = await hybridTrio();
     const prefill = await startInProcess("prefill", "prefill", `${dir}/prefill`, model);
     const decode = await startInProcess("decode", "decode", `${dir}/decode`, model);
     try {
