@@ -9,7 +9,7 @@ import type { HandoffRequest } from "../serve/coordinator.ts";
 import type { LocalCluster } from "../serve/local_cluster.ts";
 import type { PeerAddress } from "../serve/messages.ts";
 import { RUNTIME_DEFAULTS } from "../serve/engine.ts";
-import { LinkEstimator, type PeerPair } from "../core/link_estimates.ts";
+import { LinkEstimator } from "../core/link_estimates.ts";
 import type { RateRecorder } from "../core/node_rates.ts";
 import { placeRequest } from "../core/placement.ts";
 import { DEFAULT_LINK_MONITOR_OPTIONS, LinkMonitor } from "../transport/link_monitor.ts";
@@ -21,6 +21,13 @@ import { HandoffCostRecorder, type MeasuredHandoffCosts } from "../core/link_cos
 import type { CongestionControl, PlanOptions, StateSize } from "../core/planner.ts";
 import type { HandoffTelemetry } from "../core/telemetry.ts";
 import { expectedStateBytes, familySpec } from "../models/mod.ts";
+import {
+  earlierLossProbes,
+  type LinkPoint,
+  plannerLinks,
+  pointTransfers,
+  recordPointTransfer,
+} from "./_matrix_link.ts";
 
 /** The link matrix's models: what `--model` names. */
 export const MATRIX_MODELS = {
@@ -41,11 +48,7 @@ export function recurrentLayersOf(model: string): number | undefined {
     : undefined;
 }
 
-export interface MatrixPoint {
-  rateBitsPerS: number;
-  rttMs: number;
-  lossFraction: number;
-}
+export type MatrixPoint = LinkPoint;
 
 /** One handoff through one link point, predicted and measured (milliseconds, bytes). */
 export interface MatrixRow extends MatrixPoint {
@@ -96,7 +99,13 @@ export interface MatrixRow extends MatrixPoint {
   udp?: UdpDropCount;
   /** The handoff's whole record, so predictions can be replayed from what preceded it. */
   telemetry: HandoffTelemetry | null;
-  /** The link estimate the prediction used (pings and the probe through the relay). */
+  /**
+   * The bandwidth the prediction used: the point's earlier handoffs' own transfers where it
+   * had served any ("handoff"), else the row's probe (absent: a run from before 2026-12-05's
+   * third, which always planned from the probe).
+   */
+  planned?: { bandwidthBytesPerS: number; source: "handoff" | "probe" } | null;
+  /** The row's own link measurement (pings and the probe through the relay). */
   estimate:
     | { rttMs: number | null; bandwidthBytesPerS: number | null; lossFraction: number | null }
     | null;
@@ -117,6 +126,8 @@ export interface MatrixContext {
   linkCosts: Map<string, HandoffCostRecorder>;
   /** Each point's earlier loss probes (`earlierLossProbes`). */
   lossByPoint: Map<string, number[]>;
+  /** Each point's handoff bandwidth samples, bytes/s (`recordPointTransfer`). */
+  transfersByPoint: Map<string, number[]>;
   /** State sizes as the runtime exported them (largest seen). */
   state: StateSize;
   model: string;
@@ -142,10 +153,13 @@ export interface MatrixContext {
 /** What a pair learns from its handoffs, live (`MatrixContext`) and in the replay alike. */
 export type MatrixLearning = Pick<
   MatrixContext,
-  "prefillRates" | "decodeRates" | "costs" | "linkCosts" | "state"
+  "prefillRates" | "decodeRates" | "costs" | "linkCosts" | "state" | "transfersByPoint"
 >;
 
-/** What a served handoff teaches the nodes: rates, state sizes and the tail's fixed costs. */
+/**
+ * What a served handoff teaches the nodes: rates, state sizes, the tail's fixed costs, and
+ * over a link point, that link's bandwidth from the handoff's own transfer.
+ */
 export function learnFrom(
   x: MatrixLearning,
   t: HandoffTelemetry,
@@ -162,7 +176,10 @@ export function learnFrom(
   if (t.tpotMs) x.decodeRates.recordDecode(1, t.tpotMs, t.promptTokens);
   const facts = { ...t, rttMs: rttMs ?? t.rttMs, bandwidthBytesPerS: bandwidthBytesPerS ?? null };
   x.costs.record(facts, clientTtftMs, predictedLinkMs);
-  if (point) linkCostsAt(x.linkCosts, point).record(facts, clientTtftMs, predictedLinkMs);
+  if (point) {
+    linkCostsAt(x.linkCosts, point).record(facts, clientTtftMs, predictedLinkMs);
+    recordPointTransfer(x.transfersByPoint, point, t, facts.rttMs ?? 0);
+  }
   const b = t.bytesByComponent;
   x.state.kvBytesPerToken = Math.max(x.state.kvBytesPerToken, (b["kv-page"] ?? 0) / t.promptTokens);
   x.state.recurrentBytes = Math.max(x.state.recurrentBytes, (b.conv ?? 0) + (b.ssm ?? 0));
@@ -193,35 +210,6 @@ export function linkCostsAt(
   let c = byPoint.get(key);
   if (!c) byPoint.set(key, c = new HandoffCostRecorder());
   return c;
-}
-
-/** Loss probes a point's link keeps, as a live pair's window keeps its last minute's. */
-export const LOSS_PROBES_PER_POINT = 3;
-
-/**
- * The loss probes `p`'s link took before this row (up to `LOSS_PROBES_PER_POINT - 1`, oldest
- * first), then records this row's (`lossFraction`; null: none). Each row measures its link
- * afresh, but a live pair pools the probes of its window, so the planner reads them together.
- */
-export function earlierLossProbes(
-  byPoint: Map<string, number[]>,
-  p: MatrixPoint,
-  lossFraction: number | null,
-): number[] {
-  const key = `${p.rateBitsPerS}/${p.rttMs}/${p.lossFraction}`;
-  const earlier = byPoint.get(key) ?? [];
-  const kept = lossFraction === null ? earlier : [...earlier, lossFraction];
-  byPoint.set(key, kept.slice(-(LOSS_PROBES_PER_POINT - 1)));
-  return earlier;
-}
-
-/** Records loss fractions as loss probes of `pair` (a million datagrams each: 1e-6 steps). */
-export function recordLossFractions(
-  links: LinkEstimator,
-  pair: PeerPair,
-  fractions: readonly number[],
-): void {
-  for (const f of fractions) links.recordLossProbe(pair, 1e6, Math.round(f * 1e6), 0);
 }
 
 export async function loadAvg(): Promise<number> {
@@ -286,7 +274,7 @@ export async function runPoint(
       r.ttftMs,
       row.predicted?.transferMs ?? null,
       row.estimate?.rttMs,
-      row.estimate?.bandwidthBytesPerS,
+      row.planned?.bandwidthBytesPerS,
       p,
     );
     if (link instanceof NativeLinkRelay) row.relay = await _relayFigures(link);
@@ -325,7 +313,8 @@ async function _openPointLink(
 
 /**
  * Measures the link to `via` as a live node does (pings and one probe) into `row.estimate` and
- * `row.link`; the estimator the planner reads, with the point's earlier loss probes.
+ * `row.link`; the estimator the planner reads (`plannerLinks`: the point's handoff samples
+ * once it has any, its loss probes), and what it planned with in `row.planned`.
  */
 async function _measurePointLink(
   x: MatrixContext,
@@ -344,22 +333,32 @@ async function _measurePointLink(
   await withProcessOn(x.probeCpu, () => monitor.measure(conn, probeBytes));
   await conn.close();
   const pair = { from: x.cluster.prefill.peer.nodeId, to: x.cluster.decode.peer.nodeId };
-  // The row records its own probe; the planner reads it with the point's earlier ones.
-  const e = links.estimate(pair, performance.now());
+  const now = performance.now();
+  const e = links.estimate(pair, now);
   row.estimate = e
     ? { rttMs: e.rttMs, bandwidthBytesPerS: e.bandwidthBytesPerS, lossFraction: e.lossFraction }
     : null;
-  recordLossFractions(
-    links,
-    pair,
-    earlierLossProbes(x.lossByPoint, p, e?.lossFraction ?? null),
-  );
   row.link = {
     rttMs: e?.rttMs ?? null,
     bytesPerS: e?.bandwidthBytesPerS ?? null,
     source: e?.bandwidthSource ?? null,
   };
-  return links;
+  const earlierLoss = earlierLossProbes(x.lossByPoint, p, e?.lossFraction ?? null);
+  if (e?.rttMs == null || e.bandwidthBytesPerS === null) return links;
+  const transfers = pointTransfers(x.transfersByPoint, p);
+  const planned = plannerLinks(
+    pair,
+    { rttMs: e.rttMs, bandwidthBytesPerS: e.bandwidthBytesPerS, lossFraction: e.lossFraction },
+    transfers,
+    earlierLoss,
+    now,
+  );
+  const used = planned.estimate(pair, now)!;
+  row.planned = {
+    bandwidthBytesPerS: used.bandwidthBytesPerS!,
+    source: transfers.length ? "handoff" : "probe",
+  };
+  return planned;
 }
 
 /** The planner's decision and prediction from what the run has learned, into `row`. */

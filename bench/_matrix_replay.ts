@@ -1,9 +1,11 @@
 /**
  * The link matrix's replay (link_matrix_report.ts reports it): each row's prediction made again
  * with the planner as it now stands, from only what the run had measured before that row (the
- * same-run calibration, the handoffs served earlier, the row's own pings and probe).
+ * same-run calibration, the handoffs served earlier, the row's own pings and probe). A point's
+ * bandwidth is its earlier handoffs' own transfers once it has served one (`plannerLinks`), as
+ * the run planned it, also on runs from before the run planned so.
  */
-import { LinkEstimator } from "../core/link_estimates.ts";
+import type { LinkEstimator } from "../core/link_estimates.ts";
 import { HandoffCostRecorder, type MeasuredHandoffCosts } from "../core/link_costs.ts";
 import { RateRecorder } from "../core/node_rates.ts";
 import { placeRequest } from "../core/placement.ts";
@@ -11,14 +13,8 @@ import type { CongestionControl } from "../core/planner.ts";
 import type { HandoffTelemetry } from "../core/telemetry.ts";
 import { RUNTIME_DEFAULTS } from "../serve/engine.ts";
 import type { CalibrationRun, MatrixRow } from "./link_matrix.ts";
-import {
-  earlierLossProbes,
-  learnFrom,
-  type MatrixLearning,
-  pointCosts,
-  recordLossFractions,
-  recurrentLayersOf,
-} from "./_matrix_point.ts";
+import { learnFrom, type MatrixLearning, pointCosts, recurrentLayersOf } from "./_matrix_point.ts";
+import { earlierLossProbes, plannerLinks, pointTransfers } from "./_matrix_link.ts";
 
 /** A run file as bench/link_matrix.ts writes it (the fields the replay and the report read). */
 export interface RunFile {
@@ -56,6 +52,11 @@ export interface Replayed {
    */
   ready: [pred: number, meas: number] | null;
   probe: [pred: number, meas: number] | null;
+  /**
+   * Where the prediction's bandwidth came from: the point's earlier handoffs (a pair that has
+   * served one over this link) or the row's probe (the point's first handoff; null: no row).
+   */
+  bandwidthFrom: "handoff" | "probe" | null;
 }
 
 /** What a replay has learned so far: the nodes' rates, the pair's costs, the state's size. */
@@ -68,6 +69,7 @@ function _learned(run: RunFile): _Learned {
     decodeRates: new RateRecorder("d", 3),
     costs: new HandoffCostRecorder(),
     linkCosts: new Map<string, HandoffCostRecorder>(),
+    transfersByPoint: new Map<string, number[]>(),
     state: {
       kvBytesPerToken: 0,
       recurrentBytes: 0,
@@ -85,19 +87,14 @@ function _learnCalibration(l: _Learned, c: CalibrationRun) {
 
 type _Estimate = NonNullable<MatrixRow["estimate"]> & { rttMs: number; bandwidthBytesPerS: number };
 
-/** The link as the row's planner read it: its pings and probe, with the point's loss probes. */
-function _rowLinks(row: MatrixRow, e: _Estimate, lossByPoint: Map<string, number[]>) {
-  const links = new LinkEstimator();
-  const pair = { from: "p", to: "d" };
-  links.recordRtt(pair, e.rttMs, 0);
-  links.recordTransfer(pair, 1e12, 1e15 / e.bandwidthBytesPerS, 0, "probe");
-  // The row's loss probe with the point's earlier ones, as the run's planner read them.
+/**
+ * The link as the row's planner read it: its pings, the point's handoff samples (else its
+ * probe), the point's loss probes.
+ */
+function _rowLinks(row: MatrixRow, e: _Estimate, l: _Learned, lossByPoint: Map<string, number[]>) {
   const earlier = earlierLossProbes(lossByPoint, row, e.lossFraction ?? null);
-  recordLossFractions(links, pair, [
-    ...earlier,
-    ...(e.lossFraction === null ? [] : [e.lossFraction]),
-  ]);
-  return links;
+  const transfers = pointTransfers(l.transfersByPoint, row);
+  return plannerLinks({ from: "p", to: "d" }, e, transfers, earlier, 0);
 }
 
 /** The planner's decision for `row` from what the replay has learned before it. */
@@ -134,6 +131,7 @@ function _replayed(
   d: ReturnType<typeof placeRequest>,
   m: NonNullable<MatrixRow["measured"]>,
   e: _Estimate,
+  bandwidthFrom: Replayed["bandwidthFrom"],
 ): Replayed {
   const est = d.estimates!, p = d.prediction!;
   const predLink = est.handoffTailMs - est.importMs - est.commitRoundTripMs / 2;
@@ -149,6 +147,7 @@ function _replayed(
       ? null
       : [p.ttftDisaggregatedMs + p.commitTailMs, m.ttftMs + m.tailMs],
     probe: m.probeMs === null ? null : [est.probeMs ?? 0, m.probeMs],
+    bandwidthFrom,
   };
 }
 
@@ -169,12 +168,17 @@ export function replay(run: RunFile, without: readonly string[] = []): Replayed[
     }
     const t = row.telemetry, m = row.measured, e = row.estimate;
     if (row.refused || !t || !m || !e || e.rttMs === null || e.bandwidthBytesPerS === null) {
-      out.push({ row, ttft: null, tail: null, link: null, ready: null, probe: null });
+      const none = { ttft: null, tail: null, link: null, ready: null, probe: null };
+      out.push({ row, ...none, bandwidthFrom: null });
       continue;
     }
     const known = e as _Estimate;
-    const d = _placeRow(run, row, t, l, _rowLinks(row, known, lossByPoint), without);
-    out.push(_replayed(row, d, m, known));
+    const links = _rowLinks(row, known, l, lossByPoint);
+    const d = _placeRow(run, row, t, l, links, without);
+    const planned = links.estimate({ from: "p", to: "d" }, 0)!;
+    out.push(
+      _replayed(row, d, m, known, planned.bandwidthSource === "handoff" ? "handoff" : "probe"),
+    );
     const est = d.estimates!;
     learnFrom(
       l,
@@ -182,7 +186,7 @@ export function replay(run: RunFile, without: readonly string[] = []): Replayed[
       m.ttftMs,
       est.uncoveredKvMs + est.snapshotTransferMs,
       e.rttMs,
-      e.bandwidthBytesPerS,
+      planned.bandwidthBytesPerS,
       row,
     );
   }

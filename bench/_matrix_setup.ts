@@ -138,6 +138,7 @@ export function matrixContext(
     costs: new HandoffCostRecorder(),
     linkCosts: new Map(),
     lossByPoint: new Map(),
+    transfersByPoint: new Map(),
     state: { kvBytesPerToken: 0, recurrentBytes: 0, recurrentLayers: recurrentLayersOf(o.model) },
     model: o.model,
     certification: o.certification ?? null,

@@ -370,9 +370,9 @@ if (import.meta.main) {
               `rtt ${r.predicted?.rttMs?.toFixed(2)}/${
                 r.measured?.commitRoundTripMs?.toFixed(1)
               } ` +
-              `bw ${((r.link.bytesPerS ?? 0) / 1e6).toFixed(1)}MB/s wire ${
-                f(r.measured?.wireMs)
-              } ` +
+              `bw ${((r.link.bytesPerS ?? 0) / 1e6).toFixed(1)}MB/s planned ${
+                ((r.planned?.bandwidthBytesPerS ?? 0) / 1e6).toFixed(1)
+              }MB/s (${r.planned?.source ?? "-"}) wire ${f(r.measured?.wireMs)} ` +
               `bytes ${((r.measured?.totalBytes ?? 0) / 1e6).toFixed(1)}MB staged ${
                 r.measured?.stagedEarly?.toFixed(2) ?? "n/a"
               } ` +

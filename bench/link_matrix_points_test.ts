@@ -24,6 +24,7 @@ function row(
     link: tail ? [tail[0] / 2, tail[1] / 2] : null,
     ready: tail ? [ttft[0] + tail[0], ttft[1] + tail[1]] : null,
     probe: null,
+    bandwidthFrom: rep === 0 ? "probe" : "handoff",
   };
 }
 

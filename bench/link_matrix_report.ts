@@ -74,7 +74,27 @@ function runNote(file: string, run: RunFile, r: Replayed[]): string {
     within(r.map((x) => err(x.ready)))
   } within 15%. Noise floor (previous row's measurement, same prompt, as the prediction): TTFT ${
     within(prev((x) => x.ttft))
-  }, tail ${within(prev((x) => x.tail))}, link part ${within(prev((x) => x.link))}.`;
+  }, tail ${within(prev((x) => x.tail))}, link part ${within(prev((x) => x.link))}. ${
+    _bySource(r)
+  }`;
+}
+
+/**
+ * The tails by where their bandwidth came from: a point's first handoff plans from its probe,
+ * the later ones from the point's handoffs, as a live pair does once it has served one.
+ */
+function _bySource(r: Replayed[]): string {
+  const from = (s: Replayed["bandwidthFrom"]) => r.filter((x) => x.bandwidthFrom === s);
+  const warm = from("handoff");
+  if (warm.length === 0) return "Every row planned from its probe.";
+  const points = byPoint(warm);
+  return `Tails planned from the probe (each point's first handoff) ${
+    within(from("probe").map((x) => err(x.tail)))
+  }, from the point's own earlier handoffs ${
+    within(warm.map((x) => err(x.tail)))
+  } within 15%; per grid point over the latter alone (${points.length} points): tail ${
+    within(points.map((p) => err(p.tail)))
+  }, TTFT ${within(points.map((p) => err(p.ttft)))}.`;
 }
 
 /**

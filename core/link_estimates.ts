@@ -350,31 +350,46 @@ function _mbps(bytesPerS: number): string {
 export interface HandoffTransferFacts {
   totalBytes: number;
   wireMs: number;
+  /** Chunks written behind a backlog: bytes, and time (absent: an older prefiller). */
+  backlogBytes?: number;
+  backlogMs?: number;
   uncoveredTailMs: number | null;
   commitMs: number | null;
   stagedBeforePrefillEndFraction: number | null;
   overlapFraction: number | null;
+  /**
+   * The last recurrent layer's capture before compute end (absent or null: no layer capture):
+   * with capture, the recurrent state left during the last chunk, not after it.
+   */
+  captureLeadMs?: number | null;
 }
 
 /**
  * A bandwidth sample from a handoff's own transfer, or null when the record cannot give a
- * clean one. The sender's summed write time (`wireMs`) ends when the transport accepts the
- * bytes, not when they arrive: a stream's send window (~1.25 MB on Deno QUIC) can be ahead of
- * the wire, so it only counts for transfers of `wireSampleBytesMin` or more. Otherwise, when
- * nothing was staged before prefill ended (every byte crossed after it), the span from prefill
- * end to CommitAck, less the decoder's validate/import/probe and half a round trip, is the
- * delivery time of all the bytes.
+ * clean one. Where `wireSampleBytesMin` or more were written behind a backlog (each chunk
+ * exported before the previous write ended, so the send window was full as it began), those
+ * bytes over their time are the rate the link sustained: a long transfer's own, with its
+ * congestion controller's losses in it, which a short probe does not see (FINDINGS section
+ * 0000000000). Else the sender's summed write time (`wireMs`), which ends when the transport
+ * accepts the bytes, not when they arrive: a stream's send window (~1.25 MB on Deno QUIC) can
+ * be ahead of the wire (a chunk written to an idle link returns early), so it only counts for
+ * transfers of `wireSampleBytesMin` or more. Otherwise, when nothing was staged before prefill
+ * ended and no layer was captured during the last chunk (every byte crossed after it), the
+ * span from prefill end to CommitAck, less the decoder's validate/import/probe and half a
+ * round trip, is the delivery time of all the bytes.
  */
 export function handoffTransferSample(
   t: HandoffTransferFacts,
   rttMs: number,
   wireSampleBytesMin = 32 * 1024 * 1024,
 ): { bytes: number; ms: number } | null {
+  const backlog = t.backlogBytes ?? 0, backlogMs = t.backlogMs ?? 0;
+  if (backlog >= wireSampleBytesMin && backlogMs > 0) return { bytes: backlog, ms: backlogMs };
   if (t.totalBytes >= wireSampleBytesMin && t.wireMs > 0) {
     return { bytes: t.totalBytes, ms: t.wireMs };
   }
   const allAfterPrefill = (t.stagedBeforePrefillEndFraction ?? 0) === 0 &&
-    (t.overlapFraction ?? 0) === 0;
+    (t.overlapFraction ?? 0) === 0 && (t.captureLeadMs ?? null) === null;
   if (!allAfterPrefill || t.uncoveredTailMs === null) return null;
   const ms = t.uncoveredTailMs - (t.commitMs ?? 0) - rttMs / 2;
   return ms > 0 ? { bytes: t.totalBytes, ms } : null;

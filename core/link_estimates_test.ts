@@ -195,9 +195,36 @@ Deno.test("handoffTransferSample() uses delivery time, not write-acceptance time
   };
   assert.deepEqual(handoffTransferSample(t, 40), { bytes: 2 * MIB, ms: 2000 });
   assert.equal(handoffTransferSample({ ...t, stagedBeforePrefillEndFraction: 0.5 }, 40), null);
+  // Layers captured during the last chunk left before prefill ended: the tail is not their time.
+  assert.equal(handoffTransferSample({ ...t, captureLeadMs: 3 }, 40), null);
+  assert.deepEqual(handoffTransferSample({ ...t, captureLeadMs: null }, 40), {
+    bytes: 2 * MIB,
+    ms: 2000,
+  });
   assert.deepEqual(handoffTransferSample({ ...t, totalBytes: 64 * MIB }, 40), {
     bytes: 64 * MIB,
     ms: 500,
+  });
+});
+
+Deno.test("handoffTransferSample() prefers the backlog's rate where 32 MiB or more were written behind one", () => {
+  // 200 MB written; pages to an idle link returned early (wireMs short), 96 MiB of recurrent
+  // layers queued behind each other at the link's rate.
+  const t = {
+    totalBytes: 200e6,
+    wireMs: 15_000,
+    backlogBytes: 96 * MIB,
+    backlogMs: 9_300,
+    uncoveredTailMs: 1300,
+    commitMs: 80,
+    stagedBeforePrefillEndFraction: 0.2,
+    overlapFraction: 0.2,
+  };
+  assert.deepEqual(handoffTransferSample(t, 1), { bytes: 96 * MIB, ms: 9_300 });
+  // Too little behind a backlog to say: the summed write time.
+  assert.deepEqual(handoffTransferSample({ ...t, backlogBytes: 16 * MIB }, 1), {
+    bytes: 200e6,
+    ms: 15_000,
   });
 });
 

@@ -33,7 +33,15 @@ export type PrefillerTelemetryEvent =
    */
   | { type: "prefill-computed"; atMs: number; chunkTokens?: number; chunkMs?: number }
   | { type: "export"; atMs: number; kind: ComponentKind; bytes: number; durationMs: number }
-  | { type: "chunk-queued"; atMs: number; seq: number; kind: ComponentKind; bytes: number }
+  /** Handed to the stream's write; `readyAtMs`: when it was exported (absent: not known). */
+  | {
+    type: "chunk-queued";
+    atMs: number;
+    seq: number;
+    kind: ComponentKind;
+    bytes: number;
+    readyAtMs?: number;
+  }
   /** The chunk's last byte was handed to the transport; `durationMs` is the write's duration. */
   | {
     type: "chunk-sent";
@@ -155,6 +163,13 @@ export interface HandoffTelemetry {
   bandwidthBytesPerS: number | null;
   /** Bytes sent over the summed write time: what the handoff actually achieved. */
   achievedBytesPerS: number | null;
+  /**
+   * The chunks queued behind the previous write (the link the bottleneck): their bytes, and
+   * from the previous write's end to theirs, summed; what the link sustained under a backlog.
+   * Absent: an older prefiller.
+   */
+  backlogBytes?: number;
+  backlogMs?: number;
   rttMs: number | null;
   retries: number;
   retryReasons: AbortReason[];
@@ -301,6 +316,8 @@ function _prefillerSide(s: PrefillerTelemetrySummary) {
     lastChunkTokens: s.lastChunkTokens ?? null,
     lastChunkMs: s.lastChunkMs ?? null,
     achievedBytesPerS: s.wireMs > 0 ? (s.totalBytes / s.wireMs) * 1000 : null,
+    backlogBytes: s.backlogBytes ?? 0,
+    backlogMs: s.backlogMs ?? 0,
     retries: s.retries,
     retryReasons: [...s.retryReasons],
     fallbackReason: s.fallbackReason,

@@ -53,6 +53,13 @@ export interface PrefillerTelemetrySummary {
   exportMs: number;
   queueMs: number;
   wireMs: number;
+  /**
+   * The chunks exported before the previous chunk's write ended (the stream was the
+   * bottleneck): their bytes, and from the previous write's end to theirs, summed. Absent: an
+   * older prefiller.
+   */
+  backlogBytes?: number;
+  backlogMs?: number;
   manifestSentMs: number | null;
   commitAckMs: number | null;
   firstTokenMs: number | null;
@@ -145,6 +152,8 @@ export class PrefillerTelemetry {
     exportMs: 0,
     queueMs: 0,
     wireMs: 0,
+    backlogBytes: 0,
+    backlogMs: 0,
     manifestSentMs: null,
     commitAckMs: null,
     firstTokenMs: null,
@@ -161,9 +170,13 @@ export class PrefillerTelemetry {
   };
   /** Queue time of chunks queued and not yet sent, by seq. */
   readonly #queued = new Map<number, number>();
+  /** When chunks queued and not yet sent were exported, by seq. */
+  readonly #ready = new Map<number, number>();
   readonly #recentSent: { atMs: number; bytes: number }[] = [];
   readonly #recentStaged: { atMs: number; bytes: number }[] = [];
   #kvStagedBytes = 0;
+  /** When the previous chunk's write ended (null: none yet). */
+  #lastWriteEndMs: number | null = null;
 
   /** Prefill has run at least until `atMs`: the last chunk's end moves there if later. */
   #prefillEnd(atMs: number): void {
@@ -198,6 +211,15 @@ export class PrefillerTelemetry {
     this.#queued.delete(e.seq);
     // Queue time: from queued to the start of its write.
     if (q !== undefined) s.queueMs += Math.max(0, e.atMs - e.durationMs - q);
+    // Waiting when the previous write ended: the stream took its bytes as fast as the link
+    // drained them (the previous write ended with the send window full).
+    const prev = this.#lastWriteEndMs, ready = this.#ready.get(e.seq);
+    this.#ready.delete(e.seq);
+    this.#lastWriteEndMs = e.atMs;
+    if (ready !== undefined && prev !== null && ready <= prev && e.atMs > prev) {
+      s.backlogBytes = (s.backlogBytes ?? 0) + e.bytes;
+      s.backlogMs = (s.backlogMs ?? 0) + (e.atMs - prev);
+    }
     if (e.kind !== "kv-page") return;
     s.kvSentBytes += e.bytes;
     s.kvPagesSent++;
@@ -233,6 +255,7 @@ export class PrefillerTelemetry {
         return;
       case "chunk-queued":
         this.#queued.set(e.seq, e.atMs);
+        if (e.readyAtMs !== undefined) this.#ready.set(e.seq, e.readyAtMs);
         return;
       case "chunk-sent":
         this.#chunkSent(e);

@@ -259,3 +259,28 @@ Deno.test("the tail and TTFT count from the last chunk's compute end when the pr
   const old = deriveTelemetry({ prefiller: prefillerEvents(), decoder: decoderEvents() });
   assert.equal(old.prefillMs, 400); // an older prefiller: the last chunk-done stands in
 });
+
+Deno.test("deriveTelemetry(): chunks exported before the previous write ended are the backlog, timed end to end", () => {
+  const e: PrefillerTelemetryEvent[] = [{ type: "request-start", atMs: 0 }];
+  const sent = (seq: number, readyAtMs: number, startMs: number, endMs: number) => {
+    e.push({ type: "chunk-queued", atMs: startMs, seq, kind: "ssm", bytes: 4 * MIB, readyAtMs });
+    e.push({
+      type: "chunk-sent",
+      atMs: endMs,
+      seq,
+      kind: "ssm",
+      bytes: 4 * MIB,
+      durationMs: endMs - startMs,
+    });
+  };
+  sent(0, 0, 0, 300); // an idle link: not behind anything
+  sent(1, 250, 302, 700); // waited for write 0: 400 ms from its end (2 ms handing over)
+  sent(2, 690, 700, 1100); // waited for write 1: 400 ms
+  sent(3, 1500, 1500, 1800); // exported after write 2 ended: not a backlog
+  sent(4, 1900, 1900, 2200); // no readiness known (below): not counted
+  e.splice(-2, 1, { type: "chunk-queued", atMs: 1900, seq: 4, kind: "ssm", bytes: 4 * MIB });
+  const t = deriveTelemetry({ prefiller: e, decoder: [] });
+  assert.equal(t.backlogBytes, 8 * MIB);
+  assert.equal(t.backlogMs, 800);
+  assert.equal(t.wireMs, 300 + 398 + 400 + 300 + 300);
+});

@@ -13,6 +13,8 @@ interface Entry {
   chunk: ExportedChunk;
   /** Payload still held (end-of-prompt components, and KV pages not yet sent). */
   held: boolean;
+  /** When it was exported (`performance.now()`): from then on it waits to be sent. */
+  addedAtMs: number;
 }
 
 /** Thrown into the exporter once the handoff has ended: it stops prefilling. */
@@ -42,6 +44,11 @@ export class RetainedState {
     return this.#entries[seq].chunk.header;
   }
 
+  /** When chunk `seq` was exported, on this process's clock. */
+  addedAt(seq: number): number {
+    return this.#entries[seq].addedAtMs;
+  }
+
   headers(): ChunkHeader[] {
     return this.#entries.map((e) => e.chunk.header);
   }
@@ -69,7 +76,7 @@ export class RetainedState {
     }
     if (page) this.#unsentBytes += bytes;
     else this.#tailBytes += bytes;
-    this.#entries.push({ chunk, held: true });
+    this.#entries.push({ chunk, held: true, addedAtMs: performance.now() });
     onAdded();
     while (this.#unsentBytes > this.limits.exportQueueBytesMax && !this.#stopped) {
       if (this.#draining) return;

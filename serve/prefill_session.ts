@@ -361,13 +361,14 @@ export class PrefillHandoff {
     let fed = 0;
     while (prefillerCanExport(this.#state) && this.#feedIndex < this.#retained.length) {
       if (fed++ > 0 && this.#events.size > 0) return;
-      const header = this.#retained.header(this.#feedIndex++);
+      const header = this.#retained.header(this.#feedIndex);
       this.#telemetry.push({
         type: "chunk-queued",
         atMs: performance.now(),
         seq: header.seq,
         kind: header.kind,
         bytes: header.payloadBytes,
+        readyAtMs: this.#retained.addedAt(this.#feedIndex++),
       });
       await this.#feed({ type: "ChunkReady", header });
     }
