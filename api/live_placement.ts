@@ -9,10 +9,12 @@
  *   worker at most). It has no view of the prefill -> decode link itself.
  * - That link is **estimated from the handoffs' own transfers** (`handoffTransferSample()` on
  *   each disaggregated request's telemetry), and its RTT is stood in for by the coordinator's
- *   own RTT to the decode worker at the time of that handoff. Before the first such sample (or
- *   once the samples age out of the estimator's window) there is no estimate: "no link
- *   measurement yet", and the no-link rule decides (a long prompt disaggregates, which takes
- *   the next sample).
+ *   own RTT to the decode worker at the time of that handoff. A handoff whose state left
+ *   during its prefill (small, or streamed by layer capture) gives no rate; while no handoff
+ *   sample is fresh, the prefill worker's own bandwidth probe of that link (run after a
+ *   committed handoff, carried with its loss probe) stands in. Before either (or once they age
+ *   out of the estimator's window) there is no estimate: "no link measurement yet", and the
+ *   no-link rule decides (a long prompt disaggregates, which takes the next sample).
  * - Rates come from a calibration file (`bench calibrate`) or are learned from completed
  *   requests (`RateRecorder`): the prefill worker's prefill time from handoff telemetry, the
  *   decode worker's prefill rate from colocated requests' TTFT (which includes its queue: a
@@ -131,7 +133,8 @@ export class LivePlacement {
     const est = this.pairs.estimate({ from: pid, to: did }, now);
     if (!est || est.bandwidthBytesPerS === null || est.rttMs === null) {
       return rule(
-        "no link measurement yet (the prefill->decode link is estimated only from the handoffs' own transfers)",
+        "no link measurement yet (the prefill->decode link is estimated from the handoffs' own " +
+          "transfers, or the prefill worker's probe after a committed handoff)",
       );
     }
     const peers = { prefill: i.prefill, decode: i.decode };
@@ -198,7 +201,11 @@ export class LivePlacement {
     return {
       placement: d.placement === "disaggregated" ? "disaggregated" : "colocated",
       reason: `planner: ${messages} (prefill->decode link estimated from ${est.bandwidthSamples} ` +
-        `handoff transfers, ${mbps} Mbit/s; RTT stood in by the coordinator's ping to the decode ` +
+        `${
+          est.bandwidthSource === "handoff"
+            ? "handoff transfers"
+            : "bandwidth probes of the prefill worker (no handoff sample yet)"
+        }, ${mbps} Mbit/s; RTT stood in by the coordinator's ping to the decode ` +
         `worker; ${
           est.lossSource === "datagrams"
             ? `loss ${((est.lossFraction ?? 0) * 100).toFixed(2)}% of the prefill worker's ` +
@@ -228,10 +235,10 @@ export class LivePlacement {
       if (t.probeMs) this.#recorder(decodeNodeId).recordDecode(1, t.probeMs, t.promptTokens);
       const pair: PeerPair = { from: prefillNodeId, to: decodeNodeId };
       const rtt = this.monitor.estimate({ from: this.options.localNodeId, to: decodeNodeId });
-      const sample = handoffTransferSample(t, rtt?.rttMs ?? 0);
-      if (sample && rtt?.rttMs != null) {
-        this.pairs.recordTransfer(pair, sample.bytes, sample.ms, now, "handoff");
+      if (rtt?.rttMs != null) {
         this.pairs.recordRtt(pair, rtt.rttMs, now);
+        const sample = handoffTransferSample(t, rtt.rttMs);
+        if (sample) this.pairs.recordTransfer(pair, sample.bytes, sample.ms, now, "handoff");
       }
       this.#learnCosts(pair, result, now, predictedLinkMs);
     } else if (clean && result.completedBy.nodeId === decodeNodeId && result.promptTokens > 0) {
@@ -245,12 +252,16 @@ export class LivePlacement {
 
   /**
    * A loss probe the prefill worker measured on its link to the decode worker, as the pair's
-   * loss. Each probe once: outcomes repeat the newest probe until the next, and the caller (the
-   * API service) passes only a probe it has not passed before.
+   * loss, and the bandwidth probe before it as a "probe" rate sample (which the estimator reads
+   * only while no handoff sample is fresh). Each probe once: outcomes repeat the newest probe
+   * until the next, and the caller (the API service) passes only a probe it has not passed
+   * before.
    */
   recordLinkLoss(pair: PeerPair, loss: NonNullable<HandoffResult["linkLoss"]>): void {
     const at = Math.max(0, performance.now() - loss.ageMs);
     this.pairs.recordLossProbe(pair, loss.sent, loss.lossEvents, at);
+    const b = loss.bandwidthProbe;
+    if (b) this.pairs.recordTransfer(pair, b.bytes, b.receiveMs, at, "probe");
     this.#pairControllers.set(_pairKey(pair.from, pair.to), loss.congestionControl ?? "cubic");
   }
 

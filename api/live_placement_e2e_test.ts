@@ -35,7 +35,11 @@ async function lastRecordOf(server: ApiServer) {
 
 Deno.test("auto placement: the live decision reaches skippy.placement_reason and the record carries its prediction", async () => {
   const modelPath = await testModel("hybrid");
-  const cluster = await startLocalCluster({ args: ["--model", modelPath] });
+  // The prefill worker probes its link after a committed handoff, as `serve` does by default: the
+  // tiny model's state leaves during its prefill (layer capture), so no handoff gives a rate.
+  const cluster = await startLocalCluster({
+    args: ["--model", modelPath, "--link-probe-age-ms", "20000"],
+  });
   // Certify what the decode worker announces (family and llama.cpp build), as --certify would.
   const id = (await cluster.client.links.get(cluster.decode.peer)).peerCapabilities
     .numericalIdentity as Record<string, string>;
@@ -62,8 +66,6 @@ Deno.test("auto placement: the live decision reaches skippy.placement_reason and
     pingIntervalMs: 1_000,
     chunkTokens: RUNTIME_DEFAULTS.chunkTokens,
     promptTokensMin: 1,
-    // The tiny model's state is ~180 KB: under the default 1 MiB a handoff is no sample.
-    pairLinks: { bandwidthSampleBytesMin: 64 * 1024 },
   });
   const server = await startClusterApi(cluster, modelPath, {
     placement: "auto",
@@ -81,15 +83,22 @@ Deno.test("auto placement: the live decision reaches skippy.placement_reason and
     assert.equal(unmeasured.prediction, null);
     assert.equal(unmeasured.bandwidthBytesPerS, null, "no link facts before a measurement");
     // The coordinator's RTT to the decode worker (its pings) stands in for the pair's RTT; the
-    // next handoff's own transfer then is the link sample the planner reads.
+    // prefill worker's bandwidth probe, reported with a later outcome, is the rate the planner
+    // reads (waited for by event, each try one more request, never by a deadline).
     live.monitor.estimator.recordRtt(
       { from: cluster.client.identity.nodeId, to: cluster.decode.peer.nodeId },
       0.2,
       performance.now(),
     );
-    await complete();
-    const planned = await complete();
-    assert.match(planned.placement_reason, /^planner: .*estimated from \d+ handoff transfers/);
+    let planned = await complete();
+    for (let k = 0; k < 400 && !planned.placement_reason.startsWith("planner:"); k++) {
+      await new Promise((r) => setTimeout(r, 100));
+      planned = await complete();
+    }
+    assert.match(
+      planned.placement_reason,
+      /^planner: .*estimated from 1 bandwidth probes of the prefill worker \(no handoff sample yet\)/,
+    );
     // Whichever way the costs go (a loopback handoff of a tiny state is latency-bound), the
     // record holds the planner's prediction for the placement it chose.
     const record = await lastRecord();
@@ -168,6 +177,12 @@ Deno.test("a link's loss: the prefill worker's datagram probe reaches the handof
     assert.equal(e.lossSource, "datagrams");
     assert.equal(e.lossSamples, 10_000);
     assert.equal(e.lossFraction, loss.lossEvents / 10_000);
+    // With it, the bandwidth probe sent before it: the pair's rate while no handoff gives one
+    // (the tiny model's state leaves during its prefill).
+    const b = loss.bandwidthProbe;
+    assert.ok(b.bytes > 0 && b.receiveMs > 0, JSON.stringify(b));
+    assert.equal(e.bandwidthSource, "probe");
+    assert.ok(Math.abs(e.bandwidthBytesPerS! - (b.bytes / b.receiveMs) * 1000) < 1);
     // And /metrics shows it per pair, each probe counted once.
     const metrics = await (await fetch(`${server.url}/metrics`)).text();
     const labels =

@@ -116,6 +116,35 @@ Deno.test("LivePlacement: a handoff's own transfer feeds the planner, which pred
   assert.ok(d.prediction!.ttftDisaggregatedMs < d.prediction!.ttftColocatedMs);
 });
 
+Deno.test("LivePlacement: the prefill worker's bandwidth probe stands in until a handoff gives a rate", () => {
+  const p = live();
+  p.record(result("colocated", { tpotMs: 20 }), null, "d");
+  p.monitor.estimator.recordRtt({ from: "coord", to: "d" }, 0.3, performance.now());
+  // A handoff whose state left during its prefill (layer capture): rates and RTT, no link rate.
+  p.record(
+    result("disaggregated", { ...handoff, totalBytes: 8 * MIB, captureLeadMs: 4 }),
+    "p",
+    "d",
+  );
+  assert.match(p.decide(input()).reason, /^no link measurement yet/);
+  const probe = { bytes: 8 * MIB, receiveMs: 80 }; // ~105 MB/s
+  p.recordLinkLoss({ from: "p", to: "d" }, {
+    probe: 7,
+    sent: 10_000,
+    received: 10_000,
+    lossEvents: 0,
+    ageMs: 5,
+    bandwidthProbe: probe,
+  });
+  let d = p.decide(input());
+  assert.match(d.reason, /estimated from 1 bandwidth probes of the prefill worker/);
+  assert.ok(d.prediction);
+  // A handoff with a rate of its own (256 MiB in 100 ms of writes): it alone decides now.
+  p.record(result("disaggregated", handoff), "p", "d");
+  d = p.decide(input());
+  assert.match(d.reason, /estimated from 1 handoff transfers, 21475 Mbit\/s/);
+});
+
 Deno.test("LivePlacement: calibration rates by role name stand for unknown node ids", () => {
   const one = (tps: number) => [{ contextTokens: 0, tokensPerS: tps }];
   const p = live({

@@ -26,7 +26,8 @@ export const LOSS_PROBES_PER_POINT = 3;
 /** Handoff bandwidth samples a point's link keeps (bytes/s), newest last. */
 export const TRANSFERS_PER_POINT = 3;
 
-function _key(p: LinkPoint): string {
+/** A point's key in the per-point maps ("rate/rtt/loss"). */
+export function pointKey(p: LinkPoint): string {
   return `${p.rateBitsPerS}/${p.rttMs}/${p.lossFraction}`;
 }
 
@@ -40,9 +41,9 @@ export function earlierLossProbes(
   p: LinkPoint,
   lossFraction: number | null,
 ): number[] {
-  const earlier = byPoint.get(_key(p)) ?? [];
+  const earlier = byPoint.get(pointKey(p)) ?? [];
   const kept = lossFraction === null ? earlier : [...earlier, lossFraction];
-  byPoint.set(_key(p), kept.slice(-(LOSS_PROBES_PER_POINT - 1)));
+  byPoint.set(pointKey(p), kept.slice(-(LOSS_PROBES_PER_POINT - 1)));
   return earlier;
 }
 
@@ -68,8 +69,8 @@ export function recordPointTransfer(
 ): void {
   const s = handoffTransferSample(t, rttMs);
   if (!s) return;
-  const kept = [...(byPoint.get(_key(p)) ?? []), (s.bytes / s.ms) * 1000];
-  byPoint.set(_key(p), kept.slice(-TRANSFERS_PER_POINT));
+  const kept = [...(byPoint.get(pointKey(p)) ?? []), (s.bytes / s.ms) * 1000];
+  byPoint.set(pointKey(p), kept.slice(-TRANSFERS_PER_POINT));
 }
 
 /** What a row measured of its link: its pings' RTT, its probe's rate, its loss probe. */
@@ -80,9 +81,9 @@ export interface RowProbe {
 }
 
 /**
- * The estimator the row's planner reads at `atMs`: the row's RTT; the point's handoff samples
- * (`transfers`, bytes/s) where there are any, else the row's probe; the point's earlier loss
- * probes with the row's own.
+ * The estimator the row's planner reads at `atMs`: the row's RTT; the row's probe and the
+ * point's handoff samples (`transfers`, bytes/s), of which the estimator reads the latter where
+ * there are any; the point's earlier loss probes with the row's own.
  */
 export function plannerLinks(
   pair: PeerPair,
@@ -93,10 +94,9 @@ export function plannerLinks(
 ): LinkEstimator {
   const links = new LinkEstimator();
   links.recordRtt(pair, probe.rttMs, atMs);
-  // One "transfer" per sample, its bytes over the time that rate takes (1 TB: never too small).
-  if (transfers.length === 0) {
-    links.recordTransfer(pair, 1e12, 1e15 / probe.bandwidthBytesPerS, atMs, "probe");
-  }
+  // One "transfer" per sample, its bytes over the time that rate takes (1 TB: never too small);
+  // the estimator reads the probe only while no handoff sample is fresh.
+  links.recordTransfer(pair, 1e12, 1e15 / probe.bandwidthBytesPerS, atMs, "probe");
   for (const r of transfers) links.recordTransfer(pair, 1e12, 1e15 / r, atMs, "handoff");
   recordLossFractions(links, pair, [
     ...earlierLoss,
@@ -107,5 +107,5 @@ export function plannerLinks(
 
 /** The point's handoff samples so far (bytes/s, oldest first). */
 export function pointTransfers(byPoint: Map<string, number[]>, p: LinkPoint): number[] {
-  return byPoint.get(_key(p)) ?? [];
+  return byPoint.get(pointKey(p)) ?? [];
 }

@@ -25,6 +25,7 @@ import {
   earlierLossProbes,
   type LinkPoint,
   plannerLinks,
+  pointKey,
   pointTransfers,
   recordPointTransfer,
 } from "./_matrix_link.ts";
@@ -101,8 +102,8 @@ export interface MatrixRow extends MatrixPoint {
   telemetry: HandoffTelemetry | null;
   /**
    * The bandwidth the prediction used: the point's earlier handoffs' own transfers where it
-   * had served any ("handoff"), else the row's probe (absent: a run from before 2026-12-05's
-   * third, which always planned from the probe).
+   * had served any ("handoff"), else the row's probe (absent: a run from before this field,
+   * which always planned from the probe).
    */
   planned?: { bandwidthBytesPerS: number; source: "handoff" | "probe" } | null;
   /** The row's own link measurement (pings and the probe through the relay). */
@@ -206,7 +207,7 @@ export function linkCostsAt(
   byPoint: Map<string, HandoffCostRecorder>,
   p: MatrixPoint,
 ): HandoffCostRecorder {
-  const key = `${p.rateBitsPerS}/${p.rttMs}/${p.lossFraction}`;
+  const key = pointKey(p);
   let c = byPoint.get(key);
   if (!c) byPoint.set(key, c = new HandoffCostRecorder());
   return c;
@@ -356,7 +357,7 @@ async function _measurePointLink(
   const used = planned.estimate(pair, now)!;
   row.planned = {
     bandwidthBytesPerS: used.bandwidthBytesPerS!,
-    source: transfers.length ? "handoff" : "probe",
+    source: used.bandwidthSource === "handoff" ? "handoff" : "probe",
   };
   return planned;
 }

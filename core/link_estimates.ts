@@ -1,6 +1,7 @@
 /**
  * Per peer-pair link estimates: RTT samples (control-stream pings), bandwidth samples (the
- * handoffs' own bulk transfers, or a short probe), loss (datagram loss probes, else lost
+ * handoffs' own bulk transfers; a short probe or a stated figure only while no handoff sample
+ * is fresh), loss (datagram loss probes, else lost
  * pings), each in a bounded recent window with its age, and degradation detection (a
  * bandwidth drop or an RTT rise against the window's own earlier samples).
  *
@@ -69,7 +70,10 @@ export interface LinkDegradation {
 /** What the planner reads for one pair. */
 export interface LinkEstimate {
   pair: PeerPair;
-  /** Median of the recent bandwidth samples (after a drop: the newest ones). */
+  /**
+   * Median of the recent bandwidth samples (after a drop: the newest ones): the handoffs' own
+   * transfers where any is in the window, else the probes (or stated figures).
+   */
   bandwidthBytesPerS: number | null;
   /** Median of the recent RTT samples (after a rise: the newest ones). */
   rttMs: number | null;
@@ -84,9 +88,10 @@ export interface LinkEstimate {
   lossSamples: number;
   /** Age of the older of the newest bandwidth and newest RTT sample. */
   ageMs: number;
+  /** The bandwidth samples behind `bandwidthBytesPerS`. */
   bandwidthSamples: number;
   rttSamples: number;
-  /** Where the newest bandwidth sample came from. */
+  /** Where the newest of those samples came from. */
   bandwidthSource: BandwidthSource | null;
   degraded: LinkDegradation | null;
 }
@@ -94,12 +99,13 @@ export interface LinkEstimate {
 interface Sample {
   atMs: number;
   value: number;
+  /** A bandwidth sample's source. */
+  source?: BandwidthSource;
 }
 
 interface PairState {
   pair: PeerPair;
   bandwidth: Sample[];
-  bandwidthSource: BandwidthSource | null;
   rtt: Sample[];
   /** One entry per ping: 1 lost, 0 answered. */
   pings: Sample[];
@@ -204,12 +210,11 @@ export class LinkEstimator {
     _check("wireMs", wireMs, false);
     if (bytes < this.options.bandwidthSampleBytesMin || wireMs <= 0) return false;
     const s = this.#state(pair, atMs);
-    _push(s.bandwidth, { atMs, value: (bytes / wireMs) * 1000 }, this.options.samplesMax);
-    s.bandwidthSource = source;
+    _push(s.bandwidth, { atMs, value: (bytes / wireMs) * 1000, source }, this.options.samplesMax);
     return true;
   }
 
-  /** Age of the newest bandwidth sample of `pair` (null: none in the window). */
+  /** Age of the newest bandwidth sample of `pair`, of any source (null: none in the window). */
   bandwidthAgeMs(pair: PeerPair, atMs: number): number | null {
     const s = this.#pairs.get(_key(pair));
     const fresh = s ? _fresh(s.bandwidth, atMs, this.options.windowMsMax) : [];
@@ -221,7 +226,9 @@ export class LinkEstimator {
     const s = this.#pairs.get(_key(pair));
     if (!s) return null;
     const o = this.options;
-    const bw = _fresh(s.bandwidth, atMs, o.windowMsMax);
+    const bwAll = _fresh(s.bandwidth, atMs, o.windowMsMax);
+    const handoffs = bwAll.filter((x) => x.source === "handoff");
+    const bw = handoffs.length ? handoffs : bwAll;
     const rtt = _fresh(s.rtt, atMs, o.windowMsMax);
     const pings = _fresh(s.pings, atMs, o.windowMsMax);
     const probes = s.lossProbes.filter((x) => atMs - x.atMs <= o.windowMsMax);
@@ -255,7 +262,7 @@ export class LinkEstimator {
       ageMs: Number.isFinite(oldestNewest) ? atMs - oldestNewest : Infinity,
       bandwidthSamples: bw.length,
       rttSamples: rtt.length,
-      bandwidthSource: bw.length ? s.bandwidthSource : null,
+      bandwidthSource: bw.length ? bw[bw.length - 1].source ?? null : null,
       degraded,
     };
   }
@@ -307,7 +314,6 @@ export class LinkEstimator {
       s = {
         pair: { ...pair },
         bandwidth: [],
-        bandwidthSource: null,
         rtt: [],
         pings: [],
         lossProbes: [],

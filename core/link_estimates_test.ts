@@ -260,3 +260,19 @@ Deno.test("LinkEstimator: a stated loss is read as given and named stated", () =
   assert.throws(() => links.recordStatedLoss(pair, 1.5, 0), /a fraction from 0 to 1/);
   assert.throws(() => links.recordStatedLoss(pair, Number.NaN, 0), /a fraction from 0 to 1/);
 });
+
+Deno.test("LinkEstimator: the handoffs' own transfers, where any is fresh, decide the bandwidth; a probe only stands in", () => {
+  const links = new LinkEstimator({ windowMsMax: 10_000 });
+  const pair = { from: "p", to: "d" };
+  links.recordTransfer(pair, 8 * MIB, 655, 0, "probe"); // ~12.8 MB/s
+  let e = links.estimate(pair, 100)!;
+  assert.deepEqual([e.bandwidthSource, e.bandwidthSamples], ["probe", 1]);
+  links.recordTransfer(pair, 100e6, 9_260, 200, "handoff"); // 10.8 MB/s
+  links.recordTransfer(pair, 8 * MIB, 650, 300, "probe"); // a newer probe does not outvote it
+  e = links.estimate(pair, 400)!;
+  assert.deepEqual([e.bandwidthSource, e.bandwidthSamples], ["handoff", 1]);
+  assert.ok(Math.abs(e.bandwidthBytesPerS! - 100e6 / 9.26) < 1, `${e.bandwidthBytesPerS}`);
+  // Once the handoff sample leaves the window, the fresh probe stands in again.
+  e = links.estimate(pair, 10_250)!;
+  assert.deepEqual([e.bandwidthSource, e.bandwidthSamples], ["probe", 1]);
+});

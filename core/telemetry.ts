@@ -416,6 +416,10 @@ export function formatTelemetry(
     parts.push(`staged early ${Math.round(t.stagedBeforePrefillEndFraction * 100)}%`);
   }
   parts.push(`export ${_ms(t.exportMs)} queue ${_ms(t.queueMs)} send ${_ms(t.wireMs)}`);
+  if ((t.backlogBytes ?? 0) > 0 && (t.backlogMs ?? 0) > 0) {
+    const rate = (t.backlogBytes! / t.backlogMs!) * 1000;
+    parts.push(`backlog ${_mib(t.backlogBytes!)} at ${_gbps(rate)}`);
+  }
   if (t.bandwidthBytesPerS !== null) parts.push(`link ${_gbps(t.bandwidthBytesPerS)}`);
   if (t.rttMs !== null) parts.push(`rtt ${_ms(t.rttMs)}`);
   if (both) {

@@ -283,4 +283,6 @@ Deno.test("deriveTelemetry(): chunks exported before the previous write ended ar
   assert.equal(t.backlogBytes, 8 * MIB);
   assert.equal(t.backlogMs, 800);
   assert.equal(t.wireMs, 300 + 398 + 400 + 300 + 300);
+  assert.match(formatTelemetry(t), / backlog 8\.0 MiB at 0\.08 Gb\/s/);
+  assert.doesNotMatch(formatTelemetry({ ...t, backlogBytes: 0, backlogMs: 0 }), /backlog/);
 });

@@ -184,5 +184,14 @@ function linkLossOk(v: unknown): boolean {
     typeof l.ageMs === "number" &&
     Number.isFinite(l.ageMs) && l.ageMs >= 0 &&
     (l.congestionControl === undefined ||
-      CONGESTION_CONTROLS.includes(l.congestionControl as CongestionControl));
+      CONGESTION_CONTROLS.includes(l.congestionControl as CongestionControl)) &&
+    (l.bandwidthProbe === undefined || bandwidthProbeOk(l.bandwidthProbe));
+}
+
+/** A bandwidth probe's figures: bytes within a probe's bound, a positive finite receive time. */
+function bandwidthProbeOk(v: unknown): boolean {
+  if (typeof v !== "object" || v === null) return false;
+  const b = v as Record<string, unknown>;
+  return count(b.bytes, 2 ** 30) && (b.bytes as number) > 0 && typeof b.receiveMs === "number" &&
+    Number.isFinite(b.receiveMs) && b.receiveMs > 0;
 }

@@ -5,8 +5,9 @@
  * link has no recent loss probe, this worker measures it as a node does (`LinkMonitor`: pings,
  * a bandwidth probe, then a datagram loss probe paced under that rate), in the background: no
  * request waits for it. Every outcome it sends the coordinator carries the
- * newest loss probe of that decoder's link (`LinkLossReport`), which the coordinator's
- * placement reads as the pair's loss (api/live_placement.ts).
+ * newest loss probe of that decoder's link (`LinkLossReport`) and the bandwidth probe before
+ * it, which the coordinator's placement reads as the pair's loss, and as its rate while no
+ * handoff has given one (api/live_placement.ts).
  *
  * Bounds: one measurement per decoder at a time, none while one younger than
  * `lossProbeAgeMsMax` exists, and each probe within the monitor's bounds.
@@ -23,7 +24,14 @@ export class DecoderLinkLoss {
   readonly #monitor: LinkMonitor;
   readonly #latest = new Map<
     string,
-    { probe: number; sent: number; received: number; lossEvents: number; atMs: number }
+    {
+      probe: number;
+      sent: number;
+      received: number;
+      lossEvents: number;
+      atMs: number;
+      bandwidthProbe?: { bytes: number; receiveMs: number };
+    }
   >();
   readonly #running = new Set<string>();
   #closed = false;
@@ -49,7 +57,7 @@ export class DecoderLinkLoss {
     if (this.#closed || !conn.supportsLossProbe || fresh || this.#running.has(to)) return;
     this.#running.add(to);
     try {
-      await this.#monitor.measureRate(conn);
+      const rate = await this.#monitor.measureRate(conn);
       const r = await this.#monitor.probeLoss(conn);
       const e = this.#monitor.estimate(this.#monitor.pairTo(conn));
       if (!r || !e) {
@@ -58,7 +66,15 @@ export class DecoderLinkLoss {
       }
       const probe = crypto.getRandomValues(new Uint32Array(1))[0];
       const { sent, received, lossEvents } = r;
-      this.#latest.set(to, { probe, sent, received, lossEvents, atMs: performance.now() });
+      const atMs = performance.now();
+      this.#latest.set(to, {
+        probe,
+        sent,
+        received,
+        lossEvents,
+        atMs,
+        ...(rate ? { bandwidthProbe: rate } : {}),
+      });
       this.log(
         `link to decode worker ${to}: ${((e.bandwidthBytesPerS ?? 0) / 1e6).toFixed(1)} MB/s, ` +
           `RTT ${(e.rttMs ?? 0).toFixed(2)} ms, ${sent - received} of ${sent} datagrams lost ` +

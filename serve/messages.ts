@@ -156,6 +156,12 @@ export interface LinkLossReport {
    * change with the probe under `serve --congestion-control auto`); absent: Cubic.
    */
   congestionControl?: CongestionControl;
+  /**
+   * The bandwidth probe sent just before the loss probe: its bytes and their receive time in
+   * ms (absent: none was due, or an older prefill worker). What the coordinator reads the
+   * link's rate from while no handoff of the pair has given a sample.
+   */
+  bandwidthProbe?: { bytes: number; receiveMs: number };
 }
 
 /**

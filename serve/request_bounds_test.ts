@@ -313,8 +313,13 @@ Deno.test("PrefillOutcome's link loss report is checked: counts within a probe, 
   assert.equal(parseMessage<PrefillOutcome>(withLoss(null)).linkLoss, null);
   const bbr = { ...ok, congestionControl: "bbr" };
   assert.deepEqual(parseMessage<PrefillOutcome>(withLoss(bbr)).linkLoss, bbr);
+  const rate = { ...ok, bandwidthProbe: { bytes: 8 << 20, receiveMs: 655.5 } };
+  assert.deepEqual(parseMessage<PrefillOutcome>(withLoss(rate)).linkLoss, rate);
   for (
     const bad of [
+      { ...ok, bandwidthProbe: { bytes: 8 << 20, receiveMs: 0 } },
+      { ...ok, bandwidthProbe: { bytes: 2 ** 31, receiveMs: 10 } },
+      { ...ok, bandwidthProbe: "12 MB/s" },
       { ...ok, congestionControl: "reno" },
       { ...ok, received: 10_001 },
       { ...ok, lossEvents: 12 }, // more loss events than datagrams lost

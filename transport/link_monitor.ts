@@ -98,15 +98,21 @@ export class LinkMonitor {
     return this.estimate(this.pairTo(peer));
   }
 
-  /** `measure()` without the loss probe: a burst of pings, and a bandwidth probe if due. */
-  async measureRate(peer: PeerConnection, probeBytes = this.options.probeBytes): Promise<void> {
+  /**
+   * `measure()` without the loss probe: a burst of pings, and a bandwidth probe if due. Returns
+   * that probe's bytes and receive time (null: none was due).
+   */
+  async measureRate(
+    peer: PeerConnection,
+    probeBytes = this.options.probeBytes,
+  ): Promise<{ bytes: number; receiveMs: number } | null> {
     for (let k = 0; k < this.options.pingsPerMeasure; k++) await this.pingOnce(peer);
     const pair = this.pairTo(peer);
     const age = this.estimator.bandwidthAgeMs(pair, performance.now());
-    if (age === null || age > this.options.bandwidthAgeMsMax) {
-      const r = await peer.probeBandwidth(probeBytes);
-      this.estimator.recordTransfer(pair, r.bytes, r.receiveMs, performance.now(), "probe");
-    }
+    if (age !== null && age <= this.options.bandwidthAgeMsMax) return null;
+    const r = await peer.probeBandwidth(probeBytes);
+    this.estimator.recordTransfer(pair, r.bytes, r.receiveMs, performance.now(), "probe");
+    return { bytes: r.bytes, receiveMs: r.receiveMs };
   }
 
   /**
