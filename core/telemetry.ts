@@ -154,6 +154,18 @@ export interface HandoffTelemetry {
    */
   captureLeadMs?: number | null;
   /**
+   * Prefiller, with layer capture: the first recurrent layer's capture to the last's, in ms
+   * (how the capture spread over the last chunk); null or absent: not captured, or not measured.
+   */
+  captureSpanMs?: number | null;
+  /**
+   * Decoder: the recurrent pieces after the first, their bytes and the time from the first's
+   * arrival (staged) to the last's, in ms: while the sender was behind (`backlogBytes`), the
+   * rate the link delivered them at. Null or absent: not measured.
+   */
+  recurrentArrivalBytes?: number | null;
+  recurrentArrivalMs?: number | null;
+  /**
    * Prefiller: the prompt's last computed chunk, its tokens and its compute alone (ms), the
    * rate at the prompt's deepest tokens (node rates learn it at that depth); null or absent:
    * not timed.
@@ -313,6 +325,9 @@ function _prefillerSide(s: PrefillerTelemetrySummary) {
     uncoveredTailMs: _sub(s.commitAckMs, _prefillEnd(s)),
     tailExportMs: s.prefillEndMs === null ? null : s.tailExportMs ?? null,
     captureLeadMs: _captureLead(s),
+    captureSpanMs: _captureLead(s) === null || s.firstRecurrentExportMs == null
+      ? null
+      : s.lastRecurrentExportMs! - s.firstRecurrentExportMs,
     lastChunkTokens: s.lastChunkTokens ?? null,
     lastChunkMs: s.lastChunkMs ?? null,
     achievedBytesPerS: s.wireMs > 0 ? (s.totalBytes / s.wireMs) * 1000 : null,
@@ -378,6 +393,10 @@ function _decoderSide(s: DecoderTelemetrySummary) {
     parity: s.ready?.parity ?? null,
     parityFields: s.ready?.parityFields ?? [],
     mtpReady: s.ready ? s.ready.mtp : null,
+    recurrentArrivalBytes: s.recurrentArrival?.bytesAfterFirst ?? null,
+    recurrentArrivalMs: s.recurrentArrival
+      ? s.recurrentArrival.lastAtMs - s.recurrentArrival.firstAtMs
+      : null,
     tpotMs,
     ...(s.speculation ? { speculation: { ...s.speculation } } : {}),
   };
@@ -404,7 +423,13 @@ export function formatTelemetry(
   parts.push(`prefill ${_ms(t.prefillMs)}`);
   parts.push(`tail ${_ms(t.uncoveredTailMs)}`);
   const lead = t.captureLeadMs ?? null;
-  if (lead !== null) parts.push(`last layer captured ${_ms(lead)} before compute end`);
+  if (lead !== null) {
+    const span = t.captureSpanMs ?? null;
+    parts.push(
+      `${span === null ? "" : `layers captured over ${_ms(span)}, `}last ${_ms(lead)} ` +
+        `before compute end`,
+    );
+  }
   if (t.lastChunkMs != null && t.lastChunkTokens != null) {
     parts.push(`last chunk ${t.lastChunkTokens} tok in ${_ms(t.lastChunkMs)}`);
   }
@@ -424,6 +449,10 @@ export function formatTelemetry(
   if (t.rttMs !== null) parts.push(`rtt ${_ms(t.rttMs)}`);
   if (both) {
     parts.push(`import ${_ms(t.importMs)} commit ${_ms(t.commitMs)}`);
+    const arrived = t.recurrentArrivalBytes ?? 0, arrivalMs = t.recurrentArrivalMs ?? 0;
+    if (arrived > 0 && arrivalMs > 0) {
+      parts.push(`recurrent state arrived at ${_gbps((arrived / arrivalMs) * 1000)}`);
+    }
     parts.push(`TTFT ${_ms(t.ttftMs)} TPOT ${_ms(t.tpotMs)}`);
     if (t.firstTokenAfterPrefillMs !== null) {
       parts.push(`first token ${_ms(t.firstTokenAfterPrefillMs)} after prefill`);

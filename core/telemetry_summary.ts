@@ -41,6 +41,8 @@ export interface PrefillerTelemetrySummary {
    * the last Mamba layer's capture, before compute end; without it, after.
    */
   lastRecurrentExportMs?: number | null;
+  /** When the first recurrent piece came out of the exporter (with layer capture: layer 0's). */
+  firstRecurrentExportMs?: number | null;
   cachedTokens: number;
   computedTokens: number;
   bytesByComponent: Partial<Record<ComponentKind, number>>;
@@ -102,6 +104,11 @@ export interface DecoderTelemetrySummary {
     parityFields?: string[];
   } | null;
   tokens: number;
+  /**
+   * The recurrent pieces (conv, ssm) staged on arrival: the first's staging end, the last's,
+   * and the bytes of every piece after the first (absent: none arrived).
+   */
+  recurrentArrival?: { firstAtMs: number; lastAtMs: number; bytesAfterFirst: number };
   firstTokenAtMs: number | null;
   lastTokenAtMs: number | null;
   /** Speculative decoding's mode and acceptance per source (absent: none was reported). */
@@ -193,6 +200,7 @@ export class PrefillerTelemetry {
     s.exportMs += e.durationMs;
     if (e.kind === "conv" || e.kind === "ssm") {
       s.lastRecurrentExportMs = Math.max(s.lastRecurrentExportMs ?? -Infinity, e.atMs);
+      s.firstRecurrentExportMs = Math.min(s.firstRecurrentExportMs ?? Infinity, e.atMs);
     }
     // The last page's export starts exactly at the chunk's end (the same subtraction).
     if (s.prefillEndMs !== null && e.atMs - e.durationMs >= s.prefillEndMs - 1e-6) {
@@ -309,12 +317,22 @@ export class DecoderTelemetry {
     lastTokenAtMs: null,
   };
 
+  #recurrentArrived(e: { atMs: number; bytes: number }): void {
+    const a = this.#s.recurrentArrival;
+    if (!a) this.#s.recurrentArrival = { firstAtMs: e.atMs, lastAtMs: e.atMs, bytesAfterFirst: 0 };
+    else {
+      a.lastAtMs = Math.max(a.lastAtMs, e.atMs);
+      a.bytesAfterFirst += e.bytes;
+    }
+  }
+
   push(e: DecoderTelemetryEvent): void {
     const s = this.#s;
     switch (e.type) {
       case "import":
         s.importMs += e.durationMs;
         s.lastImportMs = e.durationMs;
+        if ((e.kind === "conv" || e.kind === "ssm") && e.bytes > 0) this.#recurrentArrived(e);
         return;
       case "probe":
         s.probeMs = e.durationMs;

@@ -211,7 +211,8 @@ Deno.test("a last page captured during the last chunk: its end is the compute en
     // The last page, exported by the capture at 180 while layers after it computed.
     { type: "prefill-chunk-done", atMs: 180, tokens: 512, cached: false },
     { type: "export", atMs: 180, kind: "kv-page", bytes: MIB, durationMs: 0 },
-    // A recurrent layer after the last attention layer, captured before the compute ended.
+    // Recurrent layers, the last after the last attention layer, captured before compute end.
+    { type: "export", atMs: 150, kind: "ssm", bytes: MIB, durationMs: 5 },
     { type: "export", atMs: 190, kind: "ssm", bytes: MIB, durationMs: 5 },
     { type: "prefill-computed", atMs: 200, chunkTokens: 512, chunkMs: 95 },
     { type: "export", atMs: 203, kind: "positions", bytes: 64, durationMs: 3 },
@@ -225,7 +226,27 @@ Deno.test("a last page captured during the last chunk: its end is the compute en
   assert.match(formatTelemetry(t), /last chunk 512 tok in 95\.0 ms/);
   assert.equal(t.tailExportMs, 3); // the positions only: the page and layer came before 200
   assert.equal(t.captureLeadMs, 10); // the last recurrent export at 190, compute end at 200
-  assert.match(formatTelemetry(t), /last layer captured 10\.0 ms before compute end/);
+  assert.equal(t.captureSpanMs, 40); // the first at 150
+  assert.match(
+    formatTelemetry(t),
+    /layers captured over 40\.0 ms, last 10\.0 ms before compute end/,
+  );
+});
+
+Deno.test("the decoder's recurrent arrivals: the pieces after the first, over the span from its arrival", () => {
+  const d: DecoderTelemetryEvent[] = [
+    { type: "import", atMs: 10, kind: "kv-page", bytes: 4 * MIB, durationMs: 1 },
+    { type: "import", atMs: 100, kind: "conv", bytes: MIB, durationMs: 1 },
+    { type: "import", atMs: 150, kind: "ssm", bytes: 4 * MIB, durationMs: 2 },
+    { type: "import", atMs: 500, kind: "ssm", bytes: 4 * MIB, durationMs: 2 },
+    { type: "import", atMs: 600, kind: "conv", bytes: 0, durationMs: 30 }, // the import step
+  ];
+  const t = deriveTelemetry({ prefiller: [], decoder: d });
+  assert.equal(t.recurrentArrivalBytes, 8 * MIB);
+  assert.equal(t.recurrentArrivalMs, 400);
+  assert.match(formatTelemetry(t), / recurrent state arrived at 0\.17 Gb\/s/);
+  const none = deriveTelemetry({ prefiller: [], decoder: [] });
+  assert.deepEqual([none.recurrentArrivalBytes, none.recurrentArrivalMs], [null, null]);
 });
 
 Deno.test("captureLeadMs: the last recurrent export before compute end, null when it came after", () => {
