@@ -112,6 +112,7 @@ function _checkInput(i: PlanInput): void {
     ["kvBytesPerToken", i.state.kvBytesPerToken],
     ["recurrentBytes", i.state.recurrentBytes],
     ["costs.captureLeadMs", i.costs?.captureLeadMs ?? 0],
+    ["costs.captureSpanFraction", i.costs?.captureSpanFraction ?? 0],
   ];
   if (i.prefillerLastChunkTokensPerS !== undefined) {
     positive.push(["prefillerLastChunkTokensPerS", i.prefillerLastChunkTokensPerS]);
@@ -337,7 +338,9 @@ function _combinedUncoveredMs(
 ): number {
   const pieces = i.state.recurrentLayers ?? 0;
   const lead = i.costs?.captureLeadMs ?? 0;
-  return streamFinish(i, bwPerMs, rttMs, capturedBytes, pageCaptured, pieces, lead).uncoveredMs;
+  const span = i.costs?.captureSpanFraction;
+  return streamFinish(i, bwPerMs, rttMs, capturedBytes, pageCaptured, pieces, lead, span)
+    .uncoveredMs;
 }
 
 /** The MTP draft state: sent with the snapshot, or reprimed on the decoder where that is sooner. */
