@@ -34,10 +34,6 @@ export interface HandoffCostFacts {
    * capture, or an older prefiller).
    */
   captureLeadMs?: number | null;
-  /** Prefiller: the first recurrent layer's capture to the last's (absent or null: none). */
-  captureSpanMs?: number | null;
-  /** Prefiller: the last chunk's compute alone (absent or null: not timed). */
-  lastChunkMs?: number | null;
   /** Decoder: manifest received to commit (absent or null: not measured). */
   commitMs?: number | null;
   /** The RTT the predictions use for this link (absent or null: not measured). */
@@ -79,7 +75,6 @@ export class HandoffCostRecorder {
   readonly #firstToken: number[] = [];
   readonly #prefillerPost: number[] = [];
   readonly #captureLead: number[] = [];
-  readonly #captureSpan: number[] = [];
   /**
    * (RTT, what the link part took beyond the model's transfer and one RTT, the link rate):
    * ms, ms, bytes/s (null: not measured).
@@ -119,10 +114,6 @@ export class HandoffCostRecorder {
     }
     const lead = t.captureLeadMs ?? null;
     if (lead !== null && lead >= 0) this.#push(this.#captureLead, lead);
-    const span = t.captureSpanMs ?? null, chunkMs = t.lastChunkMs ?? null;
-    if (span !== null && chunkMs !== null && span >= 0 && chunkMs > 0) {
-      this.#push(this.#captureSpan, Math.min(1, span / chunkMs));
-    }
     const rtt = t.rttMs ?? null, commit = t.commitMs ?? null;
     if (predictedLinkMs !== null && rtt !== null && commit !== null && t.uncoveredTailMs !== null) {
       // The tail less the decoder's part (import, probe) is the link's part.
@@ -152,7 +143,6 @@ export class HandoffCostRecorder {
     if (this.#firstToken.length) out.firstTokenOverheadMs = median(this.#firstToken);
     if (this.#prefillerPost.length) out.prefillerPostMs = median(this.#prefillerPost);
     if (this.#captureLead.length) out.captureLeadMs = median(this.#captureLead);
-    if (this.#captureSpan.length) out.captureSpanFraction = median(this.#captureSpan);
     if (this.#residual.length) {
       out.linkResidual = { samples: this.#residual.map(([r, ms, bw]) => [r, ms, bw]) };
     }

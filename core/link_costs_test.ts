@@ -71,18 +71,6 @@ Deno.test("HandoffCostRecorder learns how long before compute end the last layer
   assert.equal(r.costs().captureLeadMs, 15); // median of the newest three: 12, 18, 15
 });
 
-Deno.test("HandoffCostRecorder learns the capture's span as a share of the last chunk", () => {
-  const r = new HandoffCostRecorder(3);
-  r.record({ ...facts(40, 0), captureSpanMs: 3000, lastChunkMs: null }); // chunk not timed
-  r.record({ ...facts(40, 0), captureSpanMs: null, lastChunkMs: 15_000 }); // no capture
-  assert.equal(r.costs().captureSpanFraction, undefined);
-  const spans: [number, number][] = [[1000, 1000], [4500, 15_000], [3000, 12_000], [30, 100]];
-  for (const [span, chunk] of spans) {
-    r.record({ ...facts(40, 0), captureSpanMs: span, lastChunkMs: chunk });
-  }
-  assert.equal(r.costs().captureSpanFraction, 0.3); // median of 0.3, 0.25, 0.3
-});
-
 Deno.test("HandoffCostRecorder skips a term its record does not carry", () => {
   const r = new HandoffCostRecorder();
   r.record(facts(null, 0, 1000), null);

@@ -104,7 +104,6 @@ export function chunkTimes(i: StreamInput): ChunkTimes {
  * streamFinish(input, 125_000, 0.5, recurrentBytes, true); // the last page captured too
  * streamFinish(input, 125_000, 0.5, recurrentBytes, true, 40); // in 40 layers' pieces
  * streamFinish(input, 125_000, 0.5, recurrentBytes, true, 40, 12); // the last 12 ms early
- * streamFinish(input, 125_000, 0.5, recurrentBytes, true, 40, 12, 0.3); // over 30% of it
  * ```
  */
 // KV pages leave in FIFO order: the cached prefix at once, then one page per computed chunk,
@@ -120,11 +119,8 @@ export function chunkTimes(i: StreamInput): ChunkTimes {
 // leaves when its last write is computed, so the last piece leaves at compute end less
 // `lastPieceLeadMs` (the compute after the last recurrent layer, measured: HandoffCosts
 // .captureLeadMs; the pieces then spread over the chunk before it) and the rest of its send
-// time stays on the tail. With `spanFraction` (measured: HandoffCosts.captureSpanFraction) the
-// pieces spread evenly over that share of the last chunk before the last one instead (a
-// hybrid model's attention layers sit between them and can hold them back). Between pieces
-// the same function is linear in k, so the first and the last piece are the two more points
-// to evaluate. P = 0 is an even, continuous release.
+// time stays on the tail. Between pieces the same function is linear in k, so the first and
+// the last piece are the two more points to evaluate. P = 0 is an even, continuous release.
 export function streamFinish(
   i: StreamInput,
   bwPerMs: number,
@@ -133,7 +129,6 @@ export function streamFinish(
   lastPageCaptured = false,
   capturedPieces = 0,
   lastPieceLeadMs = 0,
-  spanFraction?: number,
 ): StreamFinish {
   const kv = i.state.kvBytesPerToken;
   const cached = i.prefillerCachedTokens ?? 0;
@@ -166,13 +161,8 @@ export function streamFinish(
     }
   }
   if (piece > 0) {
-    // The first piece leaves 1/P into the spread (or, with a measured span, that share of the
-    // last chunk before the last piece), with every piece and the last page after.
-    const evenSpanMs = ((lastChunkMs - lead) * (capturedPieces - 1)) / capturedPieces;
-    const spanMs = spanFraction === undefined
-      ? evenSpanMs
-      : Math.min(lastChunkMs - lead, Math.max(0, spanFraction) * lastChunkMs);
-    const firstAtMs = prefillMs - lead - spanMs;
+    // The first piece leaves 1/P into the spread, with every piece and the last page after.
+    const firstAtMs = prefillMs - lastChunkMs + (lastChunkMs - lead) / capturedPieces;
     finishMs = Math.max(finishMs, firstAtMs + (lastPageBytes - pageInCapture + captured) / bwPerMs);
   }
   const nonLastBytes = totalBytes - (n === 0 ? 0 : lastPageBytes);

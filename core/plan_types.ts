@@ -155,13 +155,6 @@ export interface HandoffCosts {
    */
   captureLeadMs?: number;
   /**
-   * Prefiller, with layer capture: the first recurrent layer's capture to the last's, as a
-   * share of the last chunk's compute (the layers do not leave evenly over the whole chunk: a
-   * hybrid model's attention layers, whose cost grows with depth, sit between them). Absent:
-   * the layers spread evenly over the chunk.
-   */
-  captureSpanFraction?: number;
-  /**
    * Link: what the tail's link part took beyond the model's `bytes / bandwidth` (or the
    * prefiller's tail export, if later) and one RTT, on served handoffs, each with the RTT and
    * rate it was measured at: the transfer right after compute end runs slower than a continuous

@@ -112,7 +112,6 @@ function _checkInput(i: PlanInput): void {
     ["kvBytesPerToken", i.state.kvBytesPerToken],
     ["recurrentBytes", i.state.recurrentBytes],
     ["costs.captureLeadMs", i.costs?.captureLeadMs ?? 0],
-    ["costs.captureSpanFraction", i.costs?.captureSpanFraction ?? 0],
   ];
   if (i.prefillerLastChunkTokensPerS !== undefined) {
     positive.push(["prefillerLastChunkTokensPerS", i.prefillerLastChunkTokensPerS]);
@@ -338,9 +337,7 @@ function _combinedUncoveredMs(
 ): number {
   const pieces = i.state.recurrentLayers ?? 0;
   const lead = i.costs?.captureLeadMs ?? 0;
-  const span = i.costs?.captureSpanFraction;
-  return streamFinish(i, bwPerMs, rttMs, capturedBytes, pageCaptured, pieces, lead, span)
-    .uncoveredMs;
+  return streamFinish(i, bwPerMs, rttMs, capturedBytes, pageCaptured, pieces, lead).uncoveredMs;
 }
 
 /** The MTP draft state: sent with the snapshot, or reprimed on the decoder where that is sooner. */
