@@ -15,6 +15,7 @@
  * @module
  */
 import type { HandoffCosts, LinkResidualSample } from "./planner.ts";
+import type { CaptureSchedule } from "./link_stream.ts";
 import { UsageError } from "./errors.ts";
 import { median } from "./median.ts";
 
@@ -34,6 +35,10 @@ export interface HandoffCostFacts {
    * capture, or an older prefiller).
    */
   captureLeadMs?: number | null;
+  /** Prefiller: each captured piece's [ms before compute end, bytes] (absent or null: none). */
+  captureSchedule?: readonly (readonly [number, number])[] | null;
+  /** Prefiller: the last chunk's compute alone, ms (absent or null: not timed). */
+  lastChunkMs?: number | null;
   /** Decoder: manifest received to commit (absent or null: not measured). */
   commitMs?: number | null;
   /** The RTT the predictions use for this link (absent or null: not measured). */
@@ -75,6 +80,8 @@ export class HandoffCostRecorder {
   readonly #firstToken: number[] = [];
   readonly #prefillerPost: number[] = [];
   readonly #captureLead: number[] = [];
+  /** The newest capture schedule, as shares of its last chunk and of its bytes. */
+  #schedule: CaptureSchedule | null = null;
   /**
    * (RTT, what the link part took beyond the model's transfer and one RTT, the link rate):
    * ms, ms, bytes/s (null: not measured).
@@ -114,6 +121,7 @@ export class HandoffCostRecorder {
     }
     const lead = t.captureLeadMs ?? null;
     if (lead !== null && lead >= 0) this.#push(this.#captureLead, lead);
+    this.#schedule = _scheduleShares(t) ?? this.#schedule;
     const rtt = t.rttMs ?? null, commit = t.commitMs ?? null;
     if (predictedLinkMs !== null && rtt !== null && commit !== null && t.uncoveredTailMs !== null) {
       // The tail less the decoder's part (import, probe) is the link's part.
@@ -143,6 +151,7 @@ export class HandoffCostRecorder {
     if (this.#firstToken.length) out.firstTokenOverheadMs = median(this.#firstToken);
     if (this.#prefillerPost.length) out.prefillerPostMs = median(this.#prefillerPost);
     if (this.#captureLead.length) out.captureLeadMs = median(this.#captureLead);
+    if (this.#schedule) out.captureSchedule = this.#schedule;
     if (this.#residual.length) {
       out.linkResidual = { samples: this.#residual.map(([r, ms, bw]) => [r, ms, bw]) };
     }
@@ -153,6 +162,18 @@ export class HandoffCostRecorder {
     xs.push(v);
     if (xs.length > this.samplesMax) xs.shift();
   }
+}
+
+/**
+ * A handoff's capture schedule as [share of its last chunk before compute end, share of the
+ * captured bytes] (null: none captured, or the chunk was not timed).
+ */
+function _scheduleShares(t: HandoffCostFacts): CaptureSchedule | null {
+  const s = t.captureSchedule ?? null, chunkMs = t.lastChunkMs ?? null;
+  if (s === null || s.length === 0 || chunkMs === null || !(chunkMs > 0)) return null;
+  const bytes = s.reduce((a, [, b]) => a + b, 0);
+  if (!(bytes > 0)) return null;
+  return s.map(([ms, b]) => [Math.min(1, Math.max(0, ms / chunkMs)), b / bytes] as const);
 }
 
 /**

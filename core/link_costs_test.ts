@@ -71,6 +71,18 @@ Deno.test("HandoffCostRecorder learns how long before compute end the last layer
   assert.equal(r.costs().captureLeadMs, 15); // median of the newest three: 12, 18, 15
 });
 
+Deno.test("HandoffCostRecorder keeps the newest capture schedule, as shares of its last chunk and bytes", () => {
+  const r = new HandoffCostRecorder();
+  r.record({ ...facts(40, 0), captureSchedule: [[900, 1], [100, 3]], lastChunkMs: null });
+  assert.equal(r.costs().captureSchedule, undefined); // the chunk was not timed
+  r.record({ ...facts(40, 0), captureSchedule: [[900, 1], [100, 3]], lastChunkMs: 1000 });
+  assert.deepEqual(r.costs().captureSchedule, [[0.9, 0.25], [0.1, 0.75]]);
+  r.record({ ...facts(40, 0), captureSchedule: null, lastChunkMs: 1000 }); // not captured
+  assert.deepEqual(r.costs().captureSchedule, [[0.9, 0.25], [0.1, 0.75]]);
+  r.record({ ...facts(40, 0), captureSchedule: [[3000, 2], [0, 2]], lastChunkMs: 2000 });
+  assert.deepEqual(r.costs().captureSchedule, [[1, 0.5], [0, 0.5]]); // clamped to the chunk
+});
+
 Deno.test("HandoffCostRecorder skips a term its record does not carry", () => {
   const r = new HandoffCostRecorder();
   r.record(facts(null, 0, 1000), null);

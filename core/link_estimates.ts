@@ -359,9 +359,6 @@ export interface HandoffTransferFacts {
   /** Chunks written behind a backlog: bytes, and time (absent: an older prefiller). */
   backlogBytes?: number;
   backlogMs?: number;
-  /** The decoder's recurrent arrivals after the first piece: bytes, and span (absent: none). */
-  recurrentArrivalBytes?: number | null;
-  recurrentArrivalMs?: number | null;
   uncoveredTailMs: number | null;
   commitMs: number | null;
   stagedBeforePrefillEndFraction: number | null;
@@ -375,11 +372,7 @@ export interface HandoffTransferFacts {
 
 /**
  * A bandwidth sample from a handoff's own transfer, or null when the record cannot give a
- * clean one. Where the recurrent pieces after the first (`wireSampleBytesMin` or more) were
- * written behind a backlog, the rate they arrived at the decoder is what the link delivered
- * while it was the bottleneck: the first choice (the sender's writes end when the transport
- * takes the bytes, which can run ahead of their arrival). Where `wireSampleBytesMin` or more
- * were written behind a backlog (each chunk
+ * clean one. Where `wireSampleBytesMin` or more were written behind a backlog (each chunk
  * exported before the previous write ended, so the send window was full as it began), those
  * bytes over their time are the rate the link sustained: a long transfer's own, with its
  * congestion controller's losses in it, which a short probe does not see (FINDINGS section
@@ -397,10 +390,6 @@ export function handoffTransferSample(
   wireSampleBytesMin = 32 * 1024 * 1024,
 ): { bytes: number; ms: number } | null {
   const backlog = t.backlogBytes ?? 0, backlogMs = t.backlogMs ?? 0;
-  const arrived = t.recurrentArrivalBytes ?? 0, arrivalMs = t.recurrentArrivalMs ?? 0;
-  if (arrived >= wireSampleBytesMin && arrivalMs > 0 && backlog >= arrived) {
-    return { bytes: arrived, ms: arrivalMs };
-  }
   if (backlog >= wireSampleBytesMin && backlogMs > 0) return { bytes: backlog, ms: backlogMs };
   if (t.totalBytes >= wireSampleBytesMin && t.wireMs > 0) {
     return { bytes: t.totalBytes, ms: t.wireMs };

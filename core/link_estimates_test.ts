@@ -221,15 +221,6 @@ Deno.test("handoffTransferSample() prefers the backlog's rate where 32 MiB or mo
     overlapFraction: 0.2,
   };
   assert.deepEqual(handoffTransferSample(t, 1), { bytes: 96 * MIB, ms: 9_300 });
-  // The decoder saw 90 MiB of recurrent pieces arrive behind that backlog over 9.9 s: the
-  // link's delivery, which the sender's writes ran ahead of.
-  const arrivals = { recurrentArrivalBytes: 90 * MIB, recurrentArrivalMs: 9_900 };
-  assert.deepEqual(handoffTransferSample({ ...t, ...arrivals }, 1), { bytes: 90 * MIB, ms: 9_900 });
-  // More arrived than was written behind a backlog: the capture, not the link, paced them.
-  assert.deepEqual(handoffTransferSample({ ...t, ...arrivals, backlogBytes: 64 * MIB }, 1), {
-    bytes: 64 * MIB,
-    ms: 9_300,
-  });
   // Too little behind a backlog to say: the summed write time.
   assert.deepEqual(handoffTransferSample({ ...t, backlogBytes: 16 * MIB }, 1), {
     bytes: 200e6,

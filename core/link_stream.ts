@@ -95,6 +95,13 @@ export function chunkTimes(i: StreamInput): ChunkTimes {
 }
 
 /**
+ * When, within the last chunk, each captured piece is released: a share of the last chunk's
+ * compute before its end, and a share of the captured bytes (HandoffCosts.captureSchedule, as
+ * a pair's handoffs measured it).
+ */
+export type CaptureSchedule = readonly (readonly [fractionBeforeEnd: number, byteShare: number])[];
+
+/**
  * The stream's finish after prefill end, in milliseconds (`bwPerMs`: bytes per millisecond).
  *
  * @example
@@ -104,23 +111,25 @@ export function chunkTimes(i: StreamInput): ChunkTimes {
  * streamFinish(input, 125_000, 0.5, recurrentBytes, true); // the last page captured too
  * streamFinish(input, 125_000, 0.5, recurrentBytes, true, 40); // in 40 layers' pieces
  * streamFinish(input, 125_000, 0.5, recurrentBytes, true, 40, 12); // the last 12 ms early
+ * streamFinish(input, 125_000, 0.5, recurrentBytes, true, 40, 12, schedule); // as measured
  * ```
  */
 // KV pages leave in FIFO order: the cached prefix at once, then one page per computed chunk,
-// and, with layer capture, `capturedBytes` released evenly while the last chunk computes, with
-// the last chunk's page among them when `lastPageCaptured` (a hybrid model's capture exports
-// it once the last attention layer has written, before the chunk's later layers finish). The
-// last byte leaves at max over release points r of (r + bytes released from r on / bw); that
-// function is linear between chunk ends, so evaluating it at the link start and at every chunk
-// end is exact. The link only starts once the reservation round trip is done.
-//
-// With `capturedPieces` P > 0 the captured bytes are P equal pieces (one per recurrent layer,
-// the captured page shared among them) released at k/P of the last chunk, k = 1..P: a layer
-// leaves when its last write is computed, so the last piece leaves at compute end less
-// `lastPieceLeadMs` (the compute after the last recurrent layer, measured: HandoffCosts
-// .captureLeadMs; the pieces then spread over the chunk before it) and the rest of its send
-// time stays on the tail. Between pieces the same function is linear in k, so the first and
-// the last piece are the two more points to evaluate. P = 0 is an even, continuous release.
+// and, with layer capture, `capturedBytes` released while the last chunk computes, with the
+// last chunk's page among them when `lastPageCaptured` (a hybrid model's capture exports it
+// once the last attention layer has written, before the chunk's later layers finish). The
+// last byte leaves at max over release points r of (r + bytes released from r on / bw), with
+// the link starting once the reservation round trip is done. Pages are released at chunk ends
+// (between them the function is linear, so the ends are exact), the captured bytes at their
+// own points:
+// - `capturedPieces` P > 0: P equal pieces (one per recurrent layer, the captured page shared
+//   among them) spread evenly, the k-th at k/P of the last chunk less `lastPieceLeadMs` (the
+//   compute after the last recurrent layer, measured: HandoffCosts.captureLeadMs), so the last
+//   leaves that much before compute end and the rest of its send time stays on the tail;
+// - `schedule`: each piece where the pair's handoffs measured it (a hybrid model's layers come
+//   in groups, the attention layers between them taking longer the deeper the prompt, so the
+//   last group can leave more bytes to the tail than an even spread would);
+// - neither: an even, continuous release over the last chunk.
 export function streamFinish(
   i: StreamInput,
   bwPerMs: number,
@@ -129,6 +138,7 @@ export function streamFinish(
   lastPageCaptured = false,
   capturedPieces = 0,
   lastPieceLeadMs = 0,
+  schedule?: CaptureSchedule,
 ): StreamFinish {
   const kv = i.state.kvBytesPerToken;
   const cached = i.prefillerCachedTokens ?? 0;
@@ -141,29 +151,29 @@ export function streamFinish(
   // Nothing computes: nothing to capture.
   const pageInCapture = n > 0 && lastPageCaptured ? lastPageBytes : 0;
   const captured = n === 0 ? 0 : capturedBytes + pageInCapture;
+  const releases = _captureReleases(captured, prefillMs, lastChunkMs, {
+    pieces: capturedPieces,
+    leadMs: lastPieceLeadMs,
+    schedule,
+  });
   let finishMs = rttMs + (totalBytes - pageInCapture + captured) / bwPerMs;
   // Chunk j (1..n) ends at its tokens at the early chunks' rate; at that point its page and
   // every later one, and the captured bytes not yet released (all of them before the last
-  // chunk), are to leave.
-  const piece = capturedPieces > 0 ? captured / capturedPieces : 0;
-  // The pieces are released over the last chunk less the lead (never before the chunk starts).
-  const lead = piece > 0 ? Math.min(Math.max(0, lastPieceLeadMs), lastChunkMs) : 0;
+  // chunk's end; at it, the pieces released then), are to leave.
   for (let j = 1; j <= n; j++) {
     const atMs = j === n ? prefillMs : tokensAfter(j) / earlyTps;
     const pagesFrom = (computed - tokensAfter(j - 1)) * kv - pageInCapture;
-    // Before the last chunk's end every captured byte is still to leave; at it, the last piece
-    // if it leaves then (no lead).
-    const capturedLeft = j < n ? captured : lead === 0 ? piece : 0;
+    const capturedLeft = j < n
+      ? captured
+      : releases.filter(([at]) => at >= prefillMs).reduce((a, [, b]) => a + b, 0);
     finishMs = Math.max(finishMs, atMs + (pagesFrom + capturedLeft) / bwPerMs);
-    // The last piece, `lead` before the chunk's end, with an uncaptured last page after it.
-    if (j === n && lead > 0) {
-      finishMs = Math.max(finishMs, atMs - lead + (pagesFrom + piece) / bwPerMs);
-    }
   }
-  if (piece > 0) {
-    // The first piece leaves 1/P into the spread, with every piece and the last page after.
-    const firstAtMs = prefillMs - lastChunkMs + (lastChunkMs - lead) / capturedPieces;
-    finishMs = Math.max(finishMs, firstAtMs + (lastPageBytes - pageInCapture + captured) / bwPerMs);
+  // Each piece released before compute end, with every later piece and the last page after it.
+  let after = lastPageBytes - pageInCapture;
+  for (let k = releases.length - 1; k >= 0; k--) {
+    const [atMs, bytes] = releases[k];
+    after += bytes;
+    if (atMs < prefillMs) finishMs = Math.max(finishMs, atMs + after / bwPerMs);
   }
   const nonLastBytes = totalBytes - (n === 0 ? 0 : lastPageBytes);
   let overlapFraction: number | null = null;
@@ -182,4 +192,35 @@ export function streamFinish(
     lastPageBytes,
     overlapFraction,
   };
+}
+
+/**
+ * The captured bytes' release points, [ms, bytes] in time order (empty: a continuous release,
+ * or nothing captured): the pieces at the schedule's points, or spread evenly.
+ */
+function _captureReleases(
+  captured: number,
+  prefillMs: number,
+  lastChunkMs: number,
+  o: { pieces: number; leadMs: number; schedule?: CaptureSchedule },
+): [number, number][] {
+  if (captured <= 0) return [];
+  const s = o.schedule ?? [];
+  const shares = s.reduce((a, [, share]) => a + Math.max(0, share), 0);
+  if (s.length > 0 && shares > 0) {
+    return s
+      .map(([f, share]): [number, number] => [
+        prefillMs - Math.min(1, Math.max(0, f)) * lastChunkMs,
+        (captured * Math.max(0, share)) / shares,
+      ])
+      .sort((a, b) => a[0] - b[0]);
+  }
+  if (o.pieces <= 0) return [];
+  // The pieces are released over the last chunk less the lead (never before the chunk starts).
+  const lead = Math.min(Math.max(0, o.leadMs), lastChunkMs);
+  const startMs = prefillMs - lastChunkMs;
+  return Array.from({ length: o.pieces }, (_, k): [number, number] => [
+    startMs + ((lastChunkMs - lead) * (k + 1)) / o.pieces,
+    captured / o.pieces,
+  ]);
 }

@@ -6,6 +6,7 @@
  * @module
  */
 import { DEFAULT_STATE_BOUNDS } from "./schema.ts";
+import type { CaptureSchedule } from "./link_stream.ts";
 
 /** State sizes of the model as measured from runtime export (not assumed). */
 export interface StateSize {
@@ -154,6 +155,14 @@ export interface HandoffCosts {
    * piece leaves that much before compute end; 0 when absent (it leaves at compute end).
    */
   captureLeadMs?: number;
+  /**
+   * Prefiller, with layer capture: when each captured piece was released, as [share of the
+   * last chunk's compute before its end, share of the captured bytes] (core/link_stream.ts
+   * `CaptureSchedule`), as the pair's newest handoff measured it. The layers do not leave
+   * evenly: a hybrid model's attention layers sit between groups of them, and their cost grows
+   * with depth. Absent: an even spread over the last chunk (less `captureLeadMs`).
+   */
+  captureSchedule?: CaptureSchedule;
   /**
    * Link: what the tail's link part took beyond the model's `bytes / bandwidth` (or the
    * prefiller's tail export, if later) and one RTT, on served handoffs, each with the RTT and

@@ -337,7 +337,9 @@ function _combinedUncoveredMs(
 ): number {
   const pieces = i.state.recurrentLayers ?? 0;
   const lead = i.costs?.captureLeadMs ?? 0;
-  return streamFinish(i, bwPerMs, rttMs, capturedBytes, pageCaptured, pieces, lead).uncoveredMs;
+  const schedule = i.costs?.captureSchedule;
+  return streamFinish(i, bwPerMs, rttMs, capturedBytes, pageCaptured, pieces, lead, schedule)
+    .uncoveredMs;
 }
 
 /** The MTP draft state: sent with the snapshot, or reprimed on the decoder where that is sooner. */

@@ -154,10 +154,12 @@ export interface HandoffTelemetry {
    */
   captureLeadMs?: number | null;
   /**
-   * Prefiller, with layer capture: the first recurrent layer's capture to the last's, in ms
-   * (how the capture spread over the last chunk); null or absent: not captured, or not measured.
+   * Prefiller, with layer capture: each recurrent piece captured during the last chunk, how
+   * long before compute end it came out of the exporter (ms) and its bytes, in capture order:
+   * when the state was ready to leave (a hybrid model's layers come in groups, its attention
+   * layers between them). Null or absent: none captured, or not measured.
    */
-  captureSpanMs?: number | null;
+  captureSchedule?: [msBeforeEnd: number, bytes: number][] | null;
   /**
    * Decoder: the recurrent pieces after the first, their bytes and the time from the first's
    * arrival (staged) to the last's, in ms: while the sender was behind (`backlogBytes`), the
@@ -294,6 +296,15 @@ function _fraction(s: PrefillerTelemetrySummary, early: number): number | null {
 }
 
 /** Compute end less the last recurrent export, where that export came first (layer capture). */
+/** The recurrent pieces exported before compute end: [ms before it, bytes] (null: none). */
+function _captureSchedule(s: PrefillerTelemetrySummary): [number, number][] | null {
+  const end = s.prefillComputedMs ?? null;
+  const kept = s.recurrentExports ?? null;
+  if (end === null || kept === null) return null;
+  const before = kept.filter(([at]) => at <= end).map(([at, b]): [number, number] => [end - at, b]);
+  return before.length ? before : null;
+}
+
 function _captureLead(s: PrefillerTelemetrySummary): number | null {
   const end = s.prefillComputedMs ?? null;
   const last = s.lastRecurrentExportMs ?? null;
@@ -325,9 +336,7 @@ function _prefillerSide(s: PrefillerTelemetrySummary) {
     uncoveredTailMs: _sub(s.commitAckMs, _prefillEnd(s)),
     tailExportMs: s.prefillEndMs === null ? null : s.tailExportMs ?? null,
     captureLeadMs: _captureLead(s),
-    captureSpanMs: _captureLead(s) === null || s.firstRecurrentExportMs == null
-      ? null
-      : s.lastRecurrentExportMs! - s.firstRecurrentExportMs,
+    captureSchedule: _captureSchedule(s),
     lastChunkTokens: s.lastChunkTokens ?? null,
     lastChunkMs: s.lastChunkMs ?? null,
     achievedBytesPerS: s.wireMs > 0 ? (s.totalBytes / s.wireMs) * 1000 : null,
@@ -424,7 +433,8 @@ export function formatTelemetry(
   parts.push(`tail ${_ms(t.uncoveredTailMs)}`);
   const lead = t.captureLeadMs ?? null;
   if (lead !== null) {
-    const span = t.captureSpanMs ?? null;
+    const first = t.captureSchedule?.[0]?.[0] ?? null;
+    const span = first === null ? null : first - lead;
     parts.push(
       `${span === null ? "" : `layers captured over ${_ms(span)}, `}last ${_ms(lead)} ` +
         `before compute end`,

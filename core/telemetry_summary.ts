@@ -41,8 +41,11 @@ export interface PrefillerTelemetrySummary {
    * the last Mamba layer's capture, before compute end; without it, after.
    */
   lastRecurrentExportMs?: number | null;
-  /** When the first recurrent piece came out of the exporter (with layer capture: layer 0's). */
-  firstRecurrentExportMs?: number | null;
+  /**
+   * Each recurrent piece as it came out of the exporter: [when, bytes], in order, at most
+   * `RECURRENT_EXPORTS_MAX` (more: null, the schedule is not kept).
+   */
+  recurrentExports?: [atMs: number, bytes: number][] | null;
   cachedTokens: number;
   computedTokens: number;
   bytesByComponent: Partial<Record<ComponentKind, number>>;
@@ -56,9 +59,9 @@ export interface PrefillerTelemetrySummary {
   queueMs: number;
   wireMs: number;
   /**
-   * The chunks exported before the previous chunk's write ended (the stream was the
-   * bottleneck): their bytes, and from the previous write's end to theirs, summed. Absent: an
-   * older prefiller.
+   * The chunks exported before the previous chunk's write ended while the stream was full
+   * (the link the bottleneck): their bytes, and from the previous write's end to theirs,
+   * summed. Absent: an older prefiller.
    */
   backlogBytes?: number;
   backlogMs?: number;
@@ -84,6 +87,18 @@ export interface PrefillerTelemetrySummary {
    */
   tailExportMs?: number;
 }
+
+/**
+ * More than a QUIC stream's send window takes at once (~1.25 MB on Deno QUIC, FINDINGS section
+ * 000): a write this large waits for room, so the window is full when it ends.
+ */
+export const SEND_WINDOW_BYTES_MAX = 2 * 1024 * 1024;
+
+/** A write that took this long waited for room: handing a chunk to a stream with room is a copy. */
+export const WRITE_WAITED_MS = 2;
+
+/** Recurrent pieces a handoff's summary keeps the export times of (two per layer on hybrids). */
+export const RECURRENT_EXPORTS_MAX = 1024;
 
 /** What the decoder's events add up to: fixed-size, whatever the generation length. */
 export interface DecoderTelemetrySummary {
@@ -184,6 +199,8 @@ export class PrefillerTelemetry {
   #kvStagedBytes = 0;
   /** When the previous chunk's write ended (null: none yet). */
   #lastWriteEndMs: number | null = null;
+  /** Whether the stream's send window was full when it ended. */
+  #lastWriteFull = false;
 
   /** Prefill has run at least until `atMs`: the last chunk's end moves there if later. */
   #prefillEnd(atMs: number): void {
@@ -200,7 +217,9 @@ export class PrefillerTelemetry {
     s.exportMs += e.durationMs;
     if (e.kind === "conv" || e.kind === "ssm") {
       s.lastRecurrentExportMs = Math.max(s.lastRecurrentExportMs ?? -Infinity, e.atMs);
-      s.firstRecurrentExportMs = Math.min(s.firstRecurrentExportMs ?? Infinity, e.atMs);
+      const kept = s.recurrentExports === undefined ? [] : s.recurrentExports;
+      if (kept !== null) kept.push([e.atMs, e.bytes]);
+      s.recurrentExports = kept === null || kept.length > RECURRENT_EXPORTS_MAX ? null : kept;
     }
     // The last page's export starts exactly at the chunk's end (the same subtraction).
     if (s.prefillEndMs !== null && e.atMs - e.durationMs >= s.prefillEndMs - 1e-6) {
@@ -219,15 +238,21 @@ export class PrefillerTelemetry {
     this.#queued.delete(e.seq);
     // Queue time: from queued to the start of its write.
     if (q !== undefined) s.queueMs += Math.max(0, e.atMs - e.durationMs - q);
-    // Waiting when the previous write ended: the stream took its bytes as fast as the link
-    // drained them (the previous write ended with the send window full).
+    // Waiting when the previous write ended with the send window full: the stream took its
+    // bytes as fast as the link drained them. A write ends with the window full when it had to
+    // wait for room: it was larger than the window, it took longer than a copy does, or it
+    // began full itself.
     const prev = this.#lastWriteEndMs, ready = this.#ready.get(e.seq);
     this.#ready.delete(e.seq);
-    this.#lastWriteEndMs = e.atMs;
-    if (ready !== undefined && prev !== null && ready <= prev && e.atMs > prev) {
+    const behind = ready !== undefined && prev !== null && ready <= prev && e.atMs > prev &&
+      this.#lastWriteFull;
+    if (behind) {
       s.backlogBytes = (s.backlogBytes ?? 0) + e.bytes;
-      s.backlogMs = (s.backlogMs ?? 0) + (e.atMs - prev);
+      s.backlogMs = (s.backlogMs ?? 0) + (e.atMs - prev!);
     }
+    this.#lastWriteEndMs = e.atMs;
+    this.#lastWriteFull = behind || e.bytes >= SEND_WINDOW_BYTES_MAX ||
+      e.durationMs >= WRITE_WAITED_MS;
     if (e.kind !== "kv-page") return;
     s.kvSentBytes += e.bytes;
     s.kvPagesSent++;
@@ -297,7 +322,14 @@ export class PrefillerTelemetry {
   /** A copy of the summary so far. */
   summary(): PrefillerTelemetrySummary {
     const s = this.#s;
-    return { ...s, bytesByComponent: { ...s.bytesByComponent }, retryReasons: [...s.retryReasons] };
+    return {
+      ...s,
+      bytesByComponent: { ...s.bytesByComponent },
+      retryReasons: [...s.retryReasons],
+      ...(s.recurrentExports
+        ? { recurrentExports: s.recurrentExports.map(([a, b]) => [a, b]) }
+        : {}),
+    };
   }
 }
 

@@ -226,7 +226,8 @@ Deno.test("a last page captured during the last chunk: its end is the compute en
   assert.match(formatTelemetry(t), /last chunk 512 tok in 95\.0 ms/);
   assert.equal(t.tailExportMs, 3); // the positions only: the page and layer came before 200
   assert.equal(t.captureLeadMs, 10); // the last recurrent export at 190, compute end at 200
-  assert.equal(t.captureSpanMs, 40); // the first at 150
+  // When each recurrent piece was ready to leave: 50 and 10 ms before compute end.
+  assert.deepEqual(t.captureSchedule, [[50, MIB], [10, MIB]]);
   assert.match(
     formatTelemetry(t),
     /layers captured over 40\.0 ms, last 10\.0 ms before compute end/,
@@ -306,4 +307,22 @@ Deno.test("deriveTelemetry(): chunks exported before the previous write ended ar
   assert.equal(t.wireMs, 300 + 398 + 400 + 300 + 300);
   assert.match(formatTelemetry(t), / backlog 8\.0 MiB at 0\.08 Gb\/s/);
   assert.doesNotMatch(formatTelemetry({ ...t, backlogBytes: 0, backlogMs: 0 }), /backlog/);
+});
+
+Deno.test("deriveTelemetry(): a chunk behind a small write is no backlog unless that write began full", () => {
+  const e: PrefillerTelemetryEvent[] = [{ type: "request-start", atMs: 0 }];
+  const sent = (seq: number, kind: "conv" | "ssm", bytes: number, ready: number, end: number) => {
+    e.push({ type: "chunk-queued", atMs: ready, seq, kind, bytes, readyAtMs: ready });
+    e.push({ type: "chunk-sent", atMs: end, seq, kind, bytes, durationMs: end - ready });
+  };
+  // An idle link: a layer's small conv piece, then its ssm piece, exported together. The conv
+  // write did not fill the window, so the ssm write's time is not the link's.
+  sent(0, "conv", 128 * 1024, 0, 1);
+  sent(1, "ssm", 4 * MIB, 0, 60);
+  // The next layer, exported before that ssm write ended (the window full): both pieces count.
+  sent(2, "conv", 128 * 1024, 50, 70);
+  sent(3, "ssm", 4 * MIB, 50, 400);
+  const t = deriveTelemetry({ prefiller: e, decoder: [] });
+  assert.equal(t.backlogBytes, 4 * MIB + 128 * 1024);
+  assert.equal(t.backlogMs, 340);
 });

@@ -1,5 +1,6 @@
 /**
- * The handoff record's backlog (core/telemetry_summary.ts): over a link slower than the export,
+ * The handoff record's backlog and capture schedule (core/telemetry_summary.ts): over a link
+ * slower than the export,
  * chunks wait behind each other's writes, and the record says how many bytes went out behind
  * a backlog and how long they took, the rate live placement learns a long transfer's link
  * from (`handoffTransferSample`). A slowed stream (injected write delay, a transport fault)
@@ -47,6 +48,13 @@ Deno.test({
         t.backlogMs! >= WRITE_DELAY_MS * Math.ceil(t.backlogBytes! / chunkBytesMax),
         `${t.backlogMs} ms for ${t.backlogBytes} bytes`,
       );
+      // The capture's schedule, as the planner learns it: every recurrent piece, in capture
+      // order, before compute end, the last one `captureLeadMs` before it.
+      const schedule = t.captureSchedule!;
+      const recurrent = (t.bytesByComponent.conv ?? 0) + (t.bytesByComponent.ssm ?? 0);
+      assert.equal(schedule.reduce((a, [, b]) => a + b, 0), recurrent);
+      assert.ok(schedule.every(([ms], k) => ms >= 0 && (k === 0 || ms <= schedule[k - 1][0])));
+      assert.equal(schedule[schedule.length - 1][0], t.captureLeadMs);
       // What live placement learns the link from: the backlog, where it is big enough.
       assert.deepEqual(handoffTransferSample(t, 0, t.backlogBytes), {
         bytes: t.backlogBytes,
