@@ -57,7 +57,8 @@ export function formatTelemetry(
     parts.push(`import ${_ms(t.importMs)} commit ${_ms(t.commitMs)}`);
     const arrived = t.recurrentArrivalBytes ?? 0, arrivalMs = t.recurrentArrivalMs ?? 0;
     if (arrived > 0 && arrivalMs > 0) {
-      parts.push(`recurrent state arrived at ${_gbps((arrived / arrivalMs) * 1000)}`);
+      // The capture's pace, or the link's where the sender was behind: a span, not a rate.
+      parts.push(`recurrent pieces arrived over ${_ms(arrivalMs)}`);
     }
     parts.push(`TTFT ${_ms(t.ttftMs)} TPOT ${_ms(t.tpotMs)}`);
     if (t.firstTokenAfterPrefillMs !== null) {
