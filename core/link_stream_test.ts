@@ -1,6 +1,17 @@
 import assert from "node:assert/strict";
 import { chunkTimes, lastChunkTokens, streamFinish, type StreamInput } from "./link_stream.ts";
 
+/** A stream input: one 512-token chunk at 512 tokens/s and no KV unless `over` says otherwise. */
+function input(over: Partial<StreamInput> = {}): StreamInput {
+  return {
+    promptTokens: 512,
+    chunkTokens: 512,
+    prefillerPrefillTokensPerS: 512,
+    state: { kvBytesPerToken: 0 },
+    ...over,
+  };
+}
+
 Deno.test("lastChunkTokens: a full chunk when the remainder goes first, else the remainder", () => {
   assert.equal(lastChunkTokens(2036, 512, true), 512);
   assert.equal(lastChunkTokens(2036, 512, false), 500);
@@ -10,12 +21,11 @@ Deno.test("lastChunkTokens: a full chunk when the remainder goes first, else the
 });
 
 Deno.test("chunkTimes: chunk ends follow the engine's layout, remainder first with capture", () => {
-  const base: StreamInput = {
+  const base = input({
     promptTokens: 1100,
-    chunkTokens: 512,
     prefillerPrefillTokensPerS: 1000,
     state: { kvBytesPerToken: 8192 },
-  };
+  });
   const captured = chunkTimes({ ...base, snapshotDuringLastChunk: true });
   assert.deepEqual([0, 1, 2, 3].map(captured.tokensAfter), [0, 76, 588, 1100]);
   assert.equal(captured.firstTokens, 76);
@@ -33,13 +43,7 @@ Deno.test("chunkTimes: chunk ends follow the engine's layout, remainder first wi
 
 Deno.test("streamFinish: a measured capture schedule, layers in groups, leaves more to the tail than an even spread", () => {
   // One 512-token chunk of 1 s; 8 layers of 4 MB (32 MB) over a 10 MB/s link (10,000 B/ms).
-  const i: StreamInput = {
-    promptTokens: 512,
-    chunkTokens: 512,
-    prefillerPrefillTokensPerS: 512,
-    state: { kvBytesPerToken: 0 },
-    snapshotDuringLastChunk: true,
-  };
+  const i = input({ snapshotDuringLastChunk: true });
   const bw = 10_000;
   const even = streamFinish(i, bw, 0, 32e6, false, 8, 0).uncoveredMs;
   // Evenly, the first layer leaves at 125 ms and the link is busy 3.2 s after it.
