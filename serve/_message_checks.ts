@@ -7,18 +7,16 @@ import { CONGESTION_CONTROLS, type CongestionControl, isAbortReason } from "../c
 import { SPECULATION_MODES, type SpeculationMode } from "../core/speculation.ts";
 import { TOP_LOGPROBS_MAX } from "../core/logprobs.ts";
 import { COUNTER_FIELDS } from "./worker_counters.ts";
-// messages.ts imports this file: its bounds are read only when a message is checked, never
-// while the modules load, so the cycle is harmless (as with request_payload.ts).
 import {
   GENERATE_TOKENS_MAX,
   PROMPT_BYTES_MAX,
   PROMPT_SPECIAL_SPANS_MAX,
   SENT_TOKENS_MAX,
-  type ServeMessage,
   TOKEN_BATCH_TEXT_BYTES_MAX,
   TOKEN_BATCH_TOKENS_MAX,
   TURN_ENDS_MAX,
-} from "./messages.ts";
+} from "./message_bounds.ts";
+import type { ServeMessage } from "./messages.ts";
 
 type Checker = (m: Record<string, unknown>) => string | null;
 

@@ -3,14 +3,13 @@
  * prompt's special-token spans and a resume's sent tokens in the frame's payload.
  */
 import { ProtocolError } from "../core/mod.ts";
+import type { GenerateRequest, PrefillRequest } from "./messages.ts";
 import {
-  type GenerateRequest,
-  type PrefillRequest,
   PROMPT_BYTES_MAX,
   PROMPT_SPECIAL_SPANS_MAX,
   SENT_TOKENS_HEADER_MAX,
   SENT_TOKENS_MAX,
-} from "./messages.ts";
+} from "./message_bounds.ts";
 
 const count = (v: unknown, max = Number.MAX_SAFE_INTEGER) =>
   Number.isSafeInteger(v) && (v as number) >= 0 && (v as number) <= max;
