@@ -4,7 +4,8 @@
  * constants: the decoder's continuation probe (a first decode in a freshly imported context,
  * which costs several decode steps), how long its result waits for the prefiller's probe
  * digest (the prefiller's own first decode after prefill, which starts after its manifest
- * leaves and can end later than the decoder's import and probe), the import that could not overlap the wire, the
+ * leaves and can end later than the decoder's import and probe), the import that could not
+ * overlap the wire, the rest of the decoder's commit (validate and the commit itself), the
  * prefiller's own work between prefill end and the manifest (its tail export), how long before
  * compute end the last recurrent layer was captured (layer capture), what the link
  * part took beyond the model's transfer (the link residual), and what the client waits for
@@ -76,6 +77,7 @@ export class HandoffCostRecorder {
   readonly samplesMax: number;
   readonly #probe: number[] = [];
   readonly #probeWait: number[] = [];
+  readonly #validate: number[] = [];
   readonly #importPerMiB: number[] = [];
   readonly #firstToken: number[] = [];
   readonly #prefillerPost: number[] = [];
@@ -133,6 +135,11 @@ export class HandoffCostRecorder {
     if (t.probeMs !== null && t.probeMs >= 0) this.#push(this.#probe, t.probeMs);
     const wait = t.probeWaitMs ?? null;
     if (wait !== null && wait >= 0) this.#push(this.#probeWait, wait);
+    // The decoder's commit less what is predicted apart: its validate and the commit itself.
+    if (commit !== null && t.probeMs !== null && t.lastImportMs >= 0) {
+      const validate = commit - t.lastImportMs - t.probeMs - (wait ?? 0);
+      if (validate >= 0) this.#push(this.#validate, validate);
+    }
     // What is left to import at commit: everything but the pages staged on arrival.
     const tailBytes = t.totalBytes - (t.bytesByComponent["kv-page"] ?? 0);
     if (tailBytes > 0 && t.lastImportMs >= 0) {
@@ -147,6 +154,7 @@ export class HandoffCostRecorder {
     const out: MeasuredHandoffCosts = { samples: this.#samples };
     if (this.#probe.length) out.probeMs = median(this.#probe);
     if (this.#probeWait.length) out.probeWaitMs = median(this.#probeWait);
+    if (this.#validate.length) out.validateMs = median(this.#validate);
     if (this.#importPerMiB.length) out.importMsPerMiB = median(this.#importPerMiB);
     if (this.#firstToken.length) out.firstTokenOverheadMs = median(this.#firstToken);
     if (this.#prefillerPost.length) out.prefillerPostMs = median(this.#prefillerPost);

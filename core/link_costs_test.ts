@@ -63,6 +63,19 @@ Deno.test("HandoffCostRecorder learns the decoder's wait for the prefiller's pro
   assert.equal(r.costs().probeWaitMs, 90); // median of the newest three: 0, 110, 90
 });
 
+Deno.test("HandoffCostRecorder learns the rest of the decoder's commit: validate and the commit itself", () => {
+  const r = new HandoffCostRecorder(3);
+  r.record(facts(40, 5)); // the commit not measured: no sample
+  assert.equal(r.costs().validateMs, undefined);
+  r.record({ ...facts(40, 5), commitMs: 44 }); // 44 < 40 + 5: a clock slip, not a sample
+  assert.equal(r.costs().validateMs, undefined);
+  // commit = last import + probe + digest wait + validate
+  r.record({ ...facts(40, 5), commitMs: 47, probeWaitMs: 0 }); // 2
+  r.record({ ...facts(40, 5), commitMs: 66, probeWaitMs: 20 }); // 1
+  r.record({ ...facts(30, 2), commitMs: 35.5 }); // 3.5
+  assert.equal(r.costs().validateMs, 2);
+});
+
 Deno.test("HandoffCostRecorder learns how long before compute end the last layer was captured", () => {
   const r = new HandoffCostRecorder(3);
   r.record({ ...facts(40, 0), captureLeadMs: null }); // no layer capture: no sample

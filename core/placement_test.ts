@@ -216,7 +216,7 @@ Deno.test("placeRequest() predicts with the pair's measured costs: probe, import
   assert.equal(measured.prediction!.commitTailMs, m.handoffTailMs + 300);
 });
 
-Deno.test("placeRequest() passes every measured cost term to the plan: capture lead, probe wait", () => {
+Deno.test("placeRequest() passes every measured cost term to the plan: capture lead, probe wait, validate", () => {
   // A 5 Gbit/s link keeps up with the 0.5 s last chunk but for the last 4.3 MB layer (6.9 ms).
   const links = new LinkEstimator();
   const pair = { from: "p", to: "d" };
@@ -229,7 +229,7 @@ Deno.test("placeRequest() passes every measured cost term to the plan: capture l
   });
   const without = placeRequest({ ...base, costs: { samples: 4 } }, ctx(links)).estimates!;
   const withCosts = placeRequest(
-    { ...base, costs: { samples: 4, captureLeadMs: 5, probeWaitMs: 7 } },
+    { ...base, costs: { samples: 4, captureLeadMs: 5, probeWaitMs: 7, validateMs: 2 } },
     ctx(links),
   ).estimates!;
   // The last layer leaves 5 ms before compute end: 5 ms less of it on the tail.
@@ -239,6 +239,8 @@ Deno.test("placeRequest() passes every measured cost term to the plan: capture l
   );
   assert.equal(withCosts.probeWaitMs, 7);
   assert.equal(without.probeWaitMs, 0);
+  assert.equal(withCosts.validateMs, 2);
+  assert.equal(without.validateMs, 0);
 });
 
 Deno.test("planInputFor() gives the last chunk its own rate where deeper tokens are slower", () => {

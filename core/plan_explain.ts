@@ -107,6 +107,9 @@ function _tail(e: PlanEstimates, add: Add): void {
     add("tail", "link residual", e.linkResidualMs, "measured on this link beyond bytes / rate");
   }
   add("tail", "import", e.importMs, "last page + snapshot into the decoder's context");
+  if (e.validateMs) {
+    add("tail", "validate", e.validateMs, "manifest checked against the staged state, commit");
+  }
   add("tail", "commit round trip", e.commitRoundTripMs, "CommitAck, one RTT");
   add("tail", "= handoff tail", e.handoffTailMs, "");
   if (e.probeMs) add("tail", "+ continuation probe", e.probeMs, "one decode step before CommitAck");

@@ -11,6 +11,7 @@ const INPUT = planInput({
     prefillerPostMs: 1e4,
     importMsPerMiB: 0.5,
     probeWaitMs: 80,
+    validateMs: 2,
     linkResidual: { samples: [[2, 30, 1.25e9]] },
   },
 });
@@ -27,6 +28,7 @@ Deno.test("explainPlan: the tail's terms add up to the handoff tail, then probe 
   assert.ok(Math.abs(commit - p.estimates!.commitTailMs!) < 1e-6);
   assert.ok(terms.some((t) => t.label === "prefiller work" && t.ms! > 0), "the slow sender shows");
   assert.equal(terms.find((t) => t.label === "link residual")?.ms, 30);
+  assert.equal(terms.find((t) => t.label === "validate")?.ms, 2);
 });
 
 Deno.test("explainPlan: a loss-limited link names its rate and the serial KV term uses it", () => {

@@ -144,6 +144,11 @@ export interface HandoffCosts {
    */
   importMsPerMiB?: number;
   /**
+   * Decoder: the rest of its commit, besides that import, its probe and the probe digest wait:
+   * the manifest's tag and hashes checked against what was staged, and the commit itself.
+   */
+  validateMs?: number;
+  /**
    * Prefiller: prefill end to the manifest leaving when the link is not what it waits for
    * (the tail export and its own probe step, which the manifest carries). The bytes flow
    * meanwhile, so the tail waits for the later of the two.
@@ -266,6 +271,8 @@ export interface PlanEstimates {
   snapshotTransferMs: number;
   mtpTransferMs: number;
   importMs: number;
+  /** The decoder's validate and commit besides the import (HandoffCosts.validateMs; 0 without). */
+  validateMs?: number;
   /** The prefiller's own work after prefill end beyond the transfer (0: the link is later). */
   manifestWaitMs?: number;
   /** The measured link residual at this RTT (HandoffCosts.linkResidual; 0 without one). */

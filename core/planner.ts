@@ -266,7 +266,9 @@ export function estimate(
     link.rttMs,
     link.bandwidthBytesPerS,
   );
-  const handoffTailMs = linkMs + manifestWaitMs + linkResidualMs + importMs + link.rttMs;
+  const validateMs = i.costs?.validateMs ?? 0;
+  const handoffTailMs = linkMs + manifestWaitMs + linkResidualMs + importMs + validateMs +
+    link.rttMs;
   const probeMs = i.probeMs ?? 0;
   const probeWaitMs = i.costs?.probeWaitMs ?? 0;
   const disaggregatedMs = (i.prefillerQueueMs ?? 0) + stream.prefillMs + handoffTailMs;
@@ -282,6 +284,7 @@ export function estimate(
     snapshotTransferMs,
     mtpTransferMs: mtp.mode === "reprime" ? 0 : mtp.bytes / bwPerMs,
     importMs,
+    validateMs,
     manifestWaitMs,
     linkResidualMs,
     commitRoundTripMs: link.rttMs,

@@ -324,6 +324,17 @@ Deno.test("estimate() adds the measured wait for the prefiller's probe digest af
   assert.ok(Math.abs(waited.commitTailMs! - (base.handoffTailMs + 40 + 120)) < 1e-9);
 });
 
+Deno.test("estimate() adds the decoder's measured validate to the handoff tail, beside the import", () => {
+  const i = input({ probeMs: 40 });
+  const base = estimate(i, i.link!);
+  const validated = estimate({ ...i, costs: { validateMs: 1.5 } }, i.link!);
+  assert.equal(base.validateMs, 0);
+  assert.equal(validated.validateMs, 1.5);
+  assert.equal(validated.importMs, base.importMs);
+  assert.ok(Math.abs(validated.handoffTailMs - base.handoffTailMs - 1.5) < 1e-9);
+  assert.ok(Math.abs(validated.commitTailMs! - base.commitTailMs! - 1.5) < 1e-9);
+});
+
 Deno.test("plan() refuses a predicted win smaller than benefitFractionMin of the recompute", () => {
   // A decoder 5% slower at prefill than the prefiller: the handoff is predicted to win by a
   // few percent, which measured rates on a loaded machine cannot tell from a tie.
