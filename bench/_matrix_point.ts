@@ -411,7 +411,7 @@ function _predictPoint(
       colocatedTtftMs: d.prediction.ttftColocatedMs,
       tailMs: d.prediction.commitTailMs,
       transferMs: est.uncoveredKvMs + est.snapshotTransferMs,
-      commitMs: est.importMs + (est.validateMs ?? 0) + (est.probeMs ?? 0),
+      commitMs: est.decoderCommitMs,
       rttMs: est.commitRoundTripMs,
       probeMs: est.probeMs ?? 0,
       firstTokenOverheadMs: x.costs.costs().firstTokenOverheadMs ?? 0,

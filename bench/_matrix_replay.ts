@@ -134,8 +134,7 @@ function _replayed(
   bandwidthFrom: Replayed["bandwidthFrom"],
 ): Replayed {
   const est = d.estimates!, p = d.prediction!;
-  const predLink = est.handoffTailMs - est.importMs - (est.validateMs ?? 0) -
-    est.commitRoundTripMs / 2;
+  const predLink = p.commitTailMs - est.decoderCommitMs - est.commitRoundTripMs / 2;
   const measLink = m.tailMs !== null && m.commitMs !== null
     ? m.tailMs - m.commitMs - e.rttMs / 2
     : null;

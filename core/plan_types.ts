@@ -293,6 +293,11 @@ export interface PlanEstimates {
   probeWaitMs?: number;
   /** Prefill end to CommitAck as the prefiller sees it: `handoffTailMs + probeMs + probeWaitMs`. */
   commitTailMs?: number;
+  /**
+   * The decoder's part of that tail, manifest received to CommitAck sent (telemetry's
+   * `commitMs`): `importMs + validateMs + probeMs + probeWaitMs`.
+   */
+  decoderCommitMs: number;
   /** Prefiller queue wait (contention) counted against the benefit. */
   prefillerQueueMs?: number;
 }

@@ -298,6 +298,7 @@ export function estimate(
     probeMs,
     probeWaitMs,
     commitTailMs: handoffTailMs + probeMs + probeWaitMs,
+    decoderCommitMs: importMs + validateMs + probeMs + probeWaitMs,
     prefillerQueueMs: i.prefillerQueueMs ?? 0,
   };
 }

@@ -314,25 +314,20 @@ Deno.test("estimate() adds the measured link residual to the tail", () => {
   assert.ok(Math.abs(withResidual.handoffTailMs - base.handoffTailMs - 35) < 1e-9);
 });
 
-Deno.test("estimate() adds the measured wait for the prefiller's probe digest after the probe", () => {
+Deno.test("estimate() adds the decoder's measured costs: validate beside the import, the digest wait after the probe", () => {
   const i = input({ probeMs: 40 });
   const base = estimate(i, i.link!);
-  const waited = estimate({ ...i, costs: { probeWaitMs: 120 } }, i.link!);
-  assert.equal(base.probeWaitMs, 0);
-  assert.equal(waited.probeWaitMs, 120);
-  assert.equal(waited.handoffTailMs, base.handoffTailMs); // the transfer part is unchanged
-  assert.ok(Math.abs(waited.commitTailMs! - (base.handoffTailMs + 40 + 120)) < 1e-9);
-});
-
-Deno.test("estimate() adds the decoder's measured validate to the handoff tail, beside the import", () => {
-  const i = input({ probeMs: 40 });
-  const base = estimate(i, i.link!);
-  const validated = estimate({ ...i, costs: { validateMs: 1.5 } }, i.link!);
+  const measured = estimate({ ...i, costs: { validateMs: 1.5, probeWaitMs: 120 } }, i.link!);
   assert.equal(base.validateMs, 0);
-  assert.equal(validated.validateMs, 1.5);
-  assert.equal(validated.importMs, base.importMs);
-  assert.ok(Math.abs(validated.handoffTailMs - base.handoffTailMs - 1.5) < 1e-9);
-  assert.ok(Math.abs(validated.commitTailMs! - base.commitTailMs! - 1.5) < 1e-9);
+  assert.equal(base.probeWaitMs, 0);
+  assert.equal(measured.validateMs, 1.5);
+  assert.equal(measured.probeWaitMs, 120);
+  assert.equal(measured.importMs, base.importMs);
+  // validate is in the handoff tail; the wait only in the commit tail, after the probe.
+  assert.ok(Math.abs(measured.handoffTailMs - base.handoffTailMs - 1.5) < 1e-9);
+  assert.ok(Math.abs(measured.commitTailMs! - (measured.handoffTailMs + 40 + 120)) < 1e-9);
+  // The decoder's part, as its telemetry's commitMs measures it.
+  assert.ok(Math.abs(measured.decoderCommitMs - (base.importMs + 1.5 + 40 + 120)) < 1e-9);
 });
 
 Deno.test("plan() refuses a predicted win smaller than benefitFractionMin of the recompute", () => {
