@@ -38,6 +38,7 @@ import type { HandoffRequest } from "../serve/coordinator.ts";
 import { cacheDir } from "../cli/paths.ts";
 import { buildNativeRelay, measureNativeCeiling, type NativeCeiling } from "./native_relay.ts";
 import type { ThreadPinner } from "./cpu_pin.ts";
+import type { LocalCluster } from "../serve/local_cluster.ts";
 import { type CertificationFile, parseCertification } from "../core/certification.ts";
 import { CONGESTION_CONTROLS, type CongestionControl, type PlanOptions } from "../core/planner.ts";
 import type { HandoffTelemetry } from "../core/telemetry.ts";
@@ -175,7 +176,7 @@ export async function runLinkMatrix(o: LinkMatrixOptions): Promise<LinkMatrixRes
           rows.push(row);
           o.log?.(row);
           if (o.outFile) {
-            await _writeRunFile(o.outFile, o, { ceiling, binary, relayShared, pinner }, {
+            await _writeRunFile(o.outFile, o, { ceiling, binary, relayShared, pinner, cluster }, {
               rows,
               calibration,
               shallowCalibration,
@@ -229,6 +230,7 @@ async function _writeRunFile(
     binary: string | null;
     relayShared: NativeCeiling | null;
     pinner: ThreadPinner | null;
+    cluster: LocalCluster;
   },
   measured: Pick<LinkMatrixResult, "rows" | "calibration" | "shallowCalibration">,
 ): Promise<void> {
@@ -250,6 +252,9 @@ async function _writeRunFile(
       // The prefill worker's default: its capture sends the last page during the
       // last chunk (runs before this field existed sent it after).
       lastPageCapture: true,
+      // How each worker's memory was paged (a worker where glibc did not take its huge-page
+      // tunable: "advised"; runs before this field existed drew that per process).
+      hugePages: { prefill: run.cluster.prefill.hugePages, decode: run.cluster.decode.hugePages },
       rows: measured.rows,
       calibration: measured.calibration,
       shallowCalibration: measured.shallowCalibration,

@@ -3,7 +3,7 @@
  * worker until interrupted. Prints one `ready` line (with the node id and address) once it
  * accepts connections, then one line per handoff; never prompt content.
  */
-import { MALLOC_HUGE_PAGES_TUNABLE, mallocHugePages } from "../ffi/mod.ts";
+import { MALLOC_HUGE_PAGES_TUNABLE, mallocHugePages, mallocHugePagesAsked } from "../ffi/mod.ts";
 import { type Command, Option } from "commander";
 import { DEFAULT_HANDOFF_TIMING } from "../core/handoff.ts";
 import { hostUdpBufferAdvice, type Role, ROLES } from "../transport/mod.ts";
@@ -268,6 +268,7 @@ async function runServe(flags: ServeFlags): Promise<void> {
     address: `${hostname}:${port}`,
     peer: `${worker.node.identity.nodeId}@${hostname}:${port}`,
     numerics: numericsOf(runtime, worker.pool.model.lib),
+    hugePages: hugePagesOf(runtime, worker.pool.model.weightsInHugePages),
   }));
   console.error(`serve: stopping (${await stop})`);
   await worker.close();
@@ -316,14 +317,26 @@ function workerOptionsFrom(flags: ServeFlags, runtime: RuntimeConfig): WorkerOpt
   };
 }
 
+/**
+ * How this worker's memory is paged, for its ready line: `malloc` (every buffer huge from its
+ * first touch: glibc took the tunable), `advised` (the weights and contexts advised and
+ * collapsed after allocation), `none` (turned off, or the kernel has none to give).
+ */
+function hugePagesOf(runtime: RuntimeConfig, weightsHuge: boolean): "malloc" | "advised" | "none" {
+  if (runtime.hugePages === false) return "none";
+  if (mallocHugePages()) return "malloc";
+  return weightsHuge ? "advised" : "none";
+}
+
 /** What the started worker says on stderr about its host and its costs: named, not silent. */
 async function adviseOnStart(runtime: RuntimeConfig): Promise<void> {
-  if (runtime.hugePages && Deno.build.os === "linux" && !mallocHugePages()) {
-    // Named, not silent: without the tunable only the contexts are advised, after allocation.
+  if (runtime.hugePages && Deno.build.os === "linux" && !mallocHugePagesAsked()) {
+    // Named, not silent: without the tunable only the weights and contexts are advised, after
+    // allocation. (With it, a process where glibc did not take it says so itself.)
     console.error(
-      "huge pages: contexts advised after they are allocated; start serve with " +
-        `GLIBC_TUNABLES=${MALLOC_HUGE_PAGES_TUNABLE} to have the weights and every buffer in ` +
-        "huge pages from their first touch (ffi/huge_pages.ts)",
+      "huge pages: the weights and contexts advised after they are allocated; start serve with " +
+        `GLIBC_TUNABLES=${MALLOC_HUGE_PAGES_TUNABLE} to have every buffer in huge pages from ` +
+        "its first touch (ffi/huge_pages.ts)",
     );
   }
   // Named, not silent: a small UDP receive buffer slows every handoff this worker receives.

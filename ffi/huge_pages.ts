@@ -9,9 +9,13 @@
  * - `adviseNewMappings` (`--huge-pages on`, without the tunable): `MADV_HUGEPAGE` on the
  *   mappings a context allocated, then `MADV_COLLAPSE` for the pages `llama_init_from_model`
  *   already touched. The first decode after a 485-token prefill: 81-100 ms instead of 257-262.
+ *   Since 2026-12-05 the weights too are read into memory and advised, and each 2 MiB unit is
+ *   collapsed on its own: the first decode after a 512-token prefill 36-38 ms, steady 33-45
+ *   (without huge pages 64-85 and 35-57; docs/bench-report/lab/, "Huge pages").
  * - `MALLOC_HUGE_PAGES_TUNABLE`, where the process started with it (workers this project starts
- *   get it): every buffer is huge from its first touch, and the weights are read into such
- *   memory instead of mapped from the file (`ModelLoadOptions.hugePages`): 34 ms, no penalty.
+ *   get it) and glibc took it (`mallocHugePages`, which checks): every buffer is huge from its
+ *   first touch, and the weights are read into such memory instead of mapped from the file
+ *   (`ModelLoadOptions.hugePages`): 34 ms, no penalty.
  *
  * Placement only: the bytes, and so the numerics, are the same; nothing here is part of the
  * numerical identity. Where the kernel has no THP, or it is off (`never`), or this is not Linux,
@@ -89,20 +93,28 @@ export function regionsNow(): Region[] | null {
 const LIBC = {
   // Collapsing copies pages (about 300 ms for lab-state's 380 MB here): off the JS thread.
   madvise: { parameters: ["usize", "usize", "i32"], result: "i32", nonblocking: true },
+  malloc: { parameters: ["usize"], result: "pointer" },
+  free: { parameters: ["pointer"], result: "void" },
 } as const;
 let libc: Deno.DynamicLibrary<typeof LIBC> | null | undefined;
 
-/** True when the kernel took the advice; false when it refused, or there is no glibc to ask. */
-async function madvise(span: Region, advice: number): Promise<boolean> {
+/** glibc, or null where there is none (nothing is advised, and the tunable does not apply). */
+function glibc(): Deno.DynamicLibrary<typeof LIBC> | null {
   if (libc === undefined) {
     try {
       libc = Deno.dlopen("libc.so.6", LIBC);
     } catch {
-      libc = null; // not glibc: nothing is advised (and the tunable does not apply either)
+      libc = null;
     }
   }
-  if (libc === null) return false;
-  return await libc.symbols.madvise(span.start, span.end - span.start, advice) === 0;
+  return libc;
+}
+
+/** True when the kernel took the advice; false when it refused, or there is no glibc to ask. */
+async function madvise(span: Region, advice: number): Promise<boolean> {
+  const c = glibc();
+  if (c === null) return false;
+  return await c.symbols.madvise(span.start, span.end - span.start, advice) === 0;
 }
 
 /**
@@ -115,9 +127,77 @@ async function madvise(span: Region, advice: number): Promise<boolean> {
 export const MALLOC_HUGE_PAGES_TUNABLE = "glibc.malloc.hugetlb=1";
 
 /** True when this process started with `MALLOC_HUGE_PAGES_TUNABLE` (Linux only). */
-export function mallocHugePages(): boolean {
+export function mallocHugePagesAsked(): boolean {
   if (Deno.build.os !== "linux") return false;
   return (Deno.env.get("GLIBC_TUNABLES") ?? "").split(":").includes(MALLOC_HUGE_PAGES_TUNABLE);
+}
+
+/**
+ * True when malloc asks for huge pages on what it maps in this process: it started with
+ * `MALLOC_HUGE_PAGES_TUNABLE`, and a mapping malloc makes carries the kernel's huge-page advice.
+ * The tunable alone does not say so: glibc decides once per process, at its first allocation,
+ * from the THP mode it reads, and glibc 2.36 compares that text in a buffer it never terminates,
+ * so with the tunable set six of ten worker processes here got no huge pages at all (workers of
+ * one cluster differed; docs/bench-report/lab/, "Huge pages"). Where it did not take, huge pages are asked
+ * for per mapping instead (`adviseNewMappings`, `ModelLoadOptions.hugePages`).
+ */
+export function mallocHugePages(): boolean {
+  if (!mallocHugePagesAsked()) return false;
+  mallocAdvises ??= mallocMapsHuge();
+  if (!mallocAdvises) {
+    sayOnce(
+      `huge pages: glibc did not take ${MALLOC_HUGE_PAGES_TUNABLE} in this process (glibc 2.36 ` +
+        "can misread the THP mode at its first allocation); each context and the weights are " +
+        "advised after they are allocated instead",
+    );
+  }
+  return mallocAdvises;
+}
+
+let mallocAdvises: boolean | undefined;
+
+/**
+ * The size of the allocation that tells whether malloc advises: above glibc's largest mmap
+ * threshold (32 MiB) and a thread arena's heap (64 MiB), so malloc maps it afresh. Never touched:
+ * it costs address space only.
+ */
+const MALLOC_PROBE_BYTES = 65 * 1024 * 1024;
+
+/** Whether a fresh malloc mapping of this process carries the huge-page advice. */
+function mallocMapsHuge(): boolean {
+  const c = glibc();
+  if (c === null) return false;
+  const ptr = c.symbols.malloc(BigInt(MALLOC_PROBE_BYTES));
+  if (ptr === null) return false;
+  try {
+    return advisedHuge(
+      Deno.readTextFileSync("/proc/self/smaps"),
+      BigInt(Deno.UnsafePointer.value(ptr)),
+    ) === true;
+  } catch {
+    return false;
+  } finally {
+    c.symbols.free(ptr);
+  }
+}
+
+/**
+ * Whether the mapping holding `address`, in `/proc/self/smaps` text, carries the huge-page
+ * advice (`hg` among its VmFlags); null where no mapping holds it.
+ *
+ * @example
+ * ```ts
+ * advisedHuge("7f00-7f80 rw-p 00000000 00:00 0\nVmFlags: rd wr mr mw me ac hg\n", 0x7f10n); // true
+ * ```
+ */
+export function advisedHuge(smaps: string, address: bigint): boolean | null {
+  for (const block of smaps.split(/\n(?=[0-9a-f]+-[0-9a-f]+ )/)) {
+    const m = block.match(/^([0-9a-f]+)-([0-9a-f]+) /);
+    if (!m || address < BigInt("0x" + m[1]) || address >= BigInt("0x" + m[2])) continue;
+    const flags = block.match(/^VmFlags:(.*)$/m)?.[1] ?? "";
+    return flags.split(/\s+/).includes("hg");
+  }
+  return null;
 }
 
 /** `GLIBC_TUNABLES` with `MALLOC_HUGE_PAGES_TUNABLE` added to what is already there. */
@@ -198,8 +278,15 @@ async function adviseHugePages(before: Region[] | null): Promise<HugePageAdvice>
     if (!await madvise(span, MADV_HUGEPAGE)) continue;
     const bytes = Number(span.end - span.start);
     advisedBytes += bytes;
-    // Synchronous where the kernel has it (Linux 6.1+); refused spans fill in as touched.
-    if (await madvise(span, MADV_COLLAPSE)) collapsedBytes += bytes;
+    // Synchronous where the kernel has it (Linux 6.1+), one huge page at a time: asked for a
+    // whole span, the kernel refused it as a whole and lab-state's worker (weights and context)
+    // ended with 274-342 MiB in huge pages; a unit at a time, 506-510 MiB, as many as with
+    // malloc asking from the start (502-506). Refused units fill in as touched.
+    for (let unit = span.start; unit < span.end; unit += HUGE) {
+      if (await madvise({ start: unit, end: unit + HUGE }, MADV_COLLAPSE)) {
+        collapsedBytes += 2 ** 21;
+      }
+    }
   }
   return { advisedBytes, collapsedBytes, reason: null };
 }

@@ -1,8 +1,10 @@
 import assert from "node:assert/strict";
 import {
+  advisedHuge,
   anonymousRegions,
   glibcTunablesWithHugePages,
   type HugePageAdvice,
+  hugePagesUnavailable,
   MALLOC_HUGE_PAGES_TUNABLE,
   newHugeSpans,
   thpModeReason,
@@ -42,6 +44,8 @@ Deno.test("newHugeSpans: only new regions, cut to whole 2 MiB units", () => {
 
 interface ChildResult {
   weights: boolean;
+  malloc: boolean;
+  fresh: boolean | null;
   advice: HugePageAdvice;
   logits: string;
 }
@@ -58,31 +62,62 @@ async function child(hugePages: "on" | "off", tunables = ""): Promise<ChildResul
   return JSON.parse(new TextDecoder().decode(out.stdout).trim().split("\n").at(-1)!);
 }
 
+const THP_ENABLED = "/sys/kernel/mm/transparent_hugepage/enabled";
+
 Deno.test("huge pages for weights and a new context's buffers change no logit", async () => {
   const huge = await child("on");
   const small = await child("off");
   const tuned = await child("on", glibcTunablesWithHugePages(""));
   assert.deepEqual(small.advice, { advisedBytes: 0, collapsedBytes: 0, reason: "turned off" });
   assert.equal(small.weights, false);
-  // Without glibc's tunable the weights stay mapped from the file.
-  assert.equal(huge.weights, false);
-  let thp = "";
-  try {
-    thp = Deno.readTextFileSync("/sys/kernel/mm/transparent_hugepage/enabled");
-  } catch { /* no THP: the reason says so */ }
-  if (Deno.build.os === "linux" && thp !== "" && !thp.includes("[never]")) {
-    assert.equal(tuned.weights, true, "with the tunable the weights are read into huge pages");
+  assert.equal(small.malloc, false);
+  // Without glibc's tunable malloc never asks: the weights and the context are advised after.
+  assert.equal(huge.malloc, false);
+  if (hugePagesUnavailable() === null) {
     assert.equal(huge.advice.reason, null);
     // The hybrid test model's recurrent and compute buffers span whole 2 MiB units.
     assert.ok(huge.advice.advisedBytes >= 2 * 1024 * 1024, JSON.stringify(huge.advice));
     assert.ok(huge.advice.collapsedBytes <= huge.advice.advisedBytes);
+    // The weights count as huge once a unit of theirs collapsed (Linux 6.1+ has the call).
+    if (huge.advice.collapsedBytes > 0) assert.equal(huge.weights, true);
+    // With the tunable: malloc asked (glibc took it in this process), or the same advice as
+    // without it.
+    assert.equal(tuned.weights || !tuned.malloc, true);
+    assert.equal(tuned.advice.reason === null, !tuned.malloc, JSON.stringify(tuned));
+    // What mallocHugePages says is what malloc does: memory it maps afresh is huge once
+    // written exactly when it says so (in `madvise` mode; `always` makes every page huge).
+    if (Deno.readTextFileSync(THP_ENABLED).includes("[madvise]")) {
+      assert.equal(tuned.fresh, tuned.malloc);
+      assert.equal(huge.fresh, false);
+    }
   } else {
     assert.equal(huge.advice.advisedBytes, 0);
     assert.notEqual(huge.advice.reason, null);
+    assert.equal(huge.weights, false);
   }
   assert.equal(huge.logits.length > 0, true);
   assert.equal(huge.logits, small.logits);
   assert.equal(tuned.logits, small.logits);
+});
+
+Deno.test("advisedHuge reads the huge-page advice of the mapping holding an address", () => {
+  const smaps = [
+    "7f00000-7f80000 rw-p 00000000 00:00 0 ",
+    "AnonHugePages:         0 kB",
+    "VmFlags: rd wr mr mw me ac sd ",
+    "7f80000-7fc0000 rw-p 00000000 00:00 0 ",
+    "THPeligible:    1",
+    "VmFlags: rd wr mr mw me ac sd hg ",
+    "",
+  ].join("\n");
+  assert.equal(advisedHuge(smaps, 0x7f10000n), false);
+  assert.equal(advisedHuge(smaps, 0x7f80000n), true);
+  assert.equal(advisedHuge(smaps, 0x7fbffffn), true);
+  // The end is not inside; an address no mapping holds says so.
+  assert.equal(advisedHuge(smaps, 0x7fc0000n), null);
+  assert.equal(advisedHuge(smaps, 0x100n), null);
+  // "nh" (no huge pages) is not "hg".
+  assert.equal(advisedHuge("1000-2000 rw-p 0 00:00 0 \nVmFlags: rd wr nh\n", 0x1800n), false);
 });
 
 Deno.test("glibc's huge-page tunable is added to the tunables already set, once", () => {

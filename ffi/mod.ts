@@ -72,4 +72,5 @@ export {
   type HugePageAdvice,
   MALLOC_HUGE_PAGES_TUNABLE,
   mallocHugePages,
+  mallocHugePagesAsked,
 } from "./huge_pages.ts";

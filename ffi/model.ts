@@ -6,7 +6,7 @@ import { InputFileError, ModelLoadError } from "../core/errors.ts";
 import { cString, type LlamaLibrary, readCString } from "./library.ts";
 import { LLAMA_LOAD_MODE, llama_model_params } from "./llama.ts";
 import { Vocab } from "./vocab.ts";
-import { hugePagesUnavailable, mallocHugePages } from "./huge_pages.ts";
+import { adviseNewMappings, hugePagesUnavailable, mallocHugePages } from "./huge_pages.ts";
 import { gpuLayersParam, type GpuLayersRequest, type Offload, resolveOffload } from "./devices.ts";
 
 export interface ModelLoadOptions {
@@ -22,11 +22,12 @@ export interface ModelLoadOptions {
   /** Load only the vocabulary (no weights): for tokenizing where no compute runs. */
   vocabOnly?: boolean;
   /**
-   * Where malloc gives huge pages from the start (Linux, THP, the process started with
-   * `MALLOC_HUGE_PAGES_TUNABLE`): read the weights into memory instead of mapping the file, so
-   * that they sit in huge pages too. Each process then holds its own copy rather than sharing the
-   * page cache; the bytes, and numerics, are the same. Elsewhere, or with `mmap: true`, the file
-   * is mapped as usual (read into 4 KiB pages it would be slower still). Default false.
+   * Where the kernel has huge pages (Linux, THP `madvise` or `always`): read the weights into
+   * memory instead of mapping the file, so that they sit in huge pages: from their first touch
+   * where malloc asks for them (`mallocHugePages`), else advised and collapsed once read
+   * (`adviseNewMappings`). Each process then holds its own copy rather than sharing the page
+   * cache; the bytes, and numerics, are the same. Elsewhere, or with `mmap: true`, the file is
+   * mapped as usual. Default false.
    */
   hugePages?: boolean;
 }
@@ -86,7 +87,9 @@ export class LlamaModel implements Disposable {
     const nGpuLayers = gpuLayersParam(lib, options.gpuLayers);
     llama_model_params.set(params, "n_gpu_layers", nGpuLayers);
     const huge = options.hugePages === true && options.mmap !== true && !options.vocabOnly &&
-      mallocHugePages() && hugePagesUnavailable() === null;
+      hugePagesUnavailable() === null;
+    // Where malloc does not ask for huge pages itself, the weights it read are advised after.
+    const advise = huge && !mallocHugePages() ? adviseNewMappings(true) : null;
     llama_model_params.set(
       params,
       "load_mode",
@@ -104,7 +107,8 @@ export class LlamaModel implements Disposable {
       options.loadMtp ?? false,
       (nLayer) => resolveOffload(lib, nGpuLayers, nLayer, options.gpuLayers),
     );
-    model.weightsInHugePages = huge;
+    const advice = await advise?.();
+    model.weightsInHugePages = huge && (advice === undefined || advice.collapsedBytes > 0);
     return model;
   }
 

@@ -20,6 +20,8 @@ export interface LocalWorker {
   /** Lines the worker printed on stderr (its log), most recent last, bounded. */
   log: string[];
   stateDir: string;
+  /** How its memory is paged, from its ready line (cli/serve.ts; null: not said). */
+  hugePages: string | null;
 }
 
 export interface LocalCluster {
@@ -146,6 +148,7 @@ export async function startWorker(
     process,
     log,
     stateDir,
+    hugePages: typeof ready.hugePages === "string" ? ready.hugePages : null,
   };
 }
 
