@@ -98,7 +98,7 @@ export function addRuntimeOptions(cmd: Command): Command {
     .addOption(
       new Option(
         "--huge-pages <on|off>",
-        "Linux: ask for transparent huge pages on the context's buffers (numerics unchanged)",
+        "Linux: weights and context buffers in transparent huge pages (numerics unchanged)",
       ).choices(["on", "off"]).default("on"),
     );
 }

@@ -35,9 +35,8 @@ export interface RuntimeConfig {
   /** Load the MTP layers (hybrid-moe-mtp models). */
   mtp?: boolean;
   /**
-   * Ask Linux for transparent huge pages on the contexts' buffers, and on the weights where the
-   * process started with glibc's huge-page tunable (default true; placement only, numerics
-   * unchanged: ffi/huge_pages.ts).
+   * Ask Linux for transparent huge pages on the weights (read into memory, not mapped) and the
+   * contexts' buffers (default true; placement only, numerics unchanged: ffi/huge_pages.ts).
    */
   hugePages?: boolean;
   /**
