@@ -1,4 +1,6 @@
 import { parseArgs } from "node:util";
+import { cacheDir } from "../cli/paths.ts";
+import { ensureModelFile } from "../models/mod.ts";
 /**
  * Flag values of the standalone bench scripts (parsed with `node:util` parseArgs, as the
  * other scripts are): a comma-separated list of numbers, refused with the flag's name when a
@@ -16,6 +18,42 @@ export function numberList(flag: string, text: string): number[] {
     throw new Error(`${flag} ${text}: expected comma-separated numbers, e.g. ${flag} 1,2,3`);
   }
   return out;
+}
+
+/**
+ * A whole-number flag within [min, max]; a value outside, or not a whole number, is refused with
+ * the flag's name and the range.
+ *
+ * @example
+ * ```ts
+ * wholeNumber("--repeats", "3", 1, 20); // 3
+ * ```
+ */
+export function wholeNumber(flag: string, text: string, min: number, max: number): number {
+  const n = Number(text);
+  if (!Number.isInteger(n) || n < min || n > max) {
+    throw new Error(`${flag} ${text}: use a whole number from ${min} to ${max}`);
+  }
+  return n;
+}
+
+/** `read()`, or where it refuses a flag, its message on stderr and exit status 2 (no stack). */
+export function orExit<T>(read: () => T): T {
+  try {
+    return read();
+  } catch (error) {
+    console.error(`error: ${(error as Error).message}`);
+    Deno.exit(2);
+  }
+}
+
+/** `--model`, or where it is not given, lab-state (seed 1), made on first use. */
+export function modelOrLabState(model: string | undefined): Promise<string> {
+  return model !== undefined ? Promise.resolve(model) : ensureModelFile(`${cacheDir()}/models`, {
+    family: "hybrid",
+    preset: "lab-state",
+    seed: 1,
+  });
 }
 
 /** A bench script's string flags: each one's default and, for the usage line, what it is. */

@@ -11,12 +11,11 @@
  * Prints counts and milliseconds only.
  */
 import { parseArgs } from "node:util";
-import { cacheDir } from "../cli/paths.ts";
-import { ensureModelFile } from "../models/mod.ts";
 import { Engine, RUNTIME_DEFAULTS } from "../serve/engine.ts";
 import { exportKvPage, exportRecurrent } from "../ffi/state.ts";
 import { StagedImport } from "../ffi/staged_import.ts";
 import { median } from "./stats.ts";
+import { modelOrLabState, orExit, wholeNumber } from "./cli_args.ts";
 
 const CHUNK = 256;
 
@@ -24,16 +23,8 @@ const { values } = parseArgs({
   args: Deno.args,
   options: { repeats: { type: "string" }, model: { type: "string" } },
 });
-const repeats = Number(values.repeats ?? 3);
-if (!Number.isInteger(repeats) || repeats < 1 || repeats > 20) {
-  console.error(`--repeats ${values.repeats}: use a whole number from 1 to 20`);
-  Deno.exit(2);
-}
-const modelPath = values.model ?? await ensureModelFile(`${cacheDir()}/models`, {
-  family: "hybrid",
-  preset: "lab-state",
-  seed: 1,
-});
+const repeats = orExit(() => wholeNumber("--repeats", values.repeats ?? "3", 1, 20));
+const modelPath = await modelOrLabState(values.model);
 const config = {
   ...RUNTIME_DEFAULTS,
   modelPath,

@@ -17,12 +17,11 @@
  * counts and milliseconds only. With `--out`, writes `huge-pages.json` and `huge-pages.svg`.
  */
 import { parseArgs } from "node:util";
-import { cacheDir } from "../cli/paths.ts";
 import { mallocHugePages } from "../ffi/mod.ts";
-import { ensureModelFile } from "../models/mod.ts";
 import { Engine, RUNTIME_DEFAULTS } from "../serve/engine.ts";
 import { barChart } from "./svg.ts";
 import { median } from "./stats.ts";
+import { modelOrLabState, orExit, wholeNumber } from "./cli_args.ts";
 
 const MODES = ["off", "advised", "tunable"] as const;
 type Mode = typeof MODES[number];
@@ -49,21 +48,9 @@ const { values } = parseArgs({
     child: { type: "string" },
   },
 });
-const repeats = Number(values.repeats);
-const tokens = Number(values.tokens);
-if (!Number.isInteger(repeats) || repeats < 1 || repeats > 20) {
-  console.error(`--repeats ${values.repeats}: use a whole number from 1 to 20`);
-  Deno.exit(2);
-}
-if (!Number.isInteger(tokens) || tokens < 1 || tokens > 8192) {
-  console.error(`--tokens ${values.tokens}: use a whole number from 1 to 8192`);
-  Deno.exit(2);
-}
-const modelPath = values.model ?? await ensureModelFile(`${cacheDir()}/models`, {
-  family: "hybrid",
-  preset: "lab-state",
-  seed: 1,
-});
+const repeats = orExit(() => wholeNumber("--repeats", values.repeats, 1, 20));
+const tokens = orExit(() => wholeNumber("--tokens", values.tokens, 1, 8192));
+const modelPath = await modelOrLabState(values.model);
 
 if (values.child) {
   console.log(JSON.stringify(await measure(values.child as Mode)));
