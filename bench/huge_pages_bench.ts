@@ -17,7 +17,7 @@
  * counts and milliseconds only. With `--out`, writes `huge-pages.json` and `huge-pages.svg`.
  */
 import { parseArgs } from "node:util";
-import { mallocHugePages } from "../ffi/mod.ts";
+import { memoryPaging } from "../ffi/mod.ts";
 import { Engine, RUNTIME_DEFAULTS } from "../serve/engine.ts";
 import { barChart } from "./svg.ts";
 import { median } from "./stats.ts";
@@ -80,13 +80,7 @@ async function measure(mode: Mode): Promise<Sample> {
   }
   const rollup = Deno.readTextFileSync("/proc/self/smaps_rollup");
   const anonHugeKiB = Number(rollup.match(/^AnonHugePages:\s+(\d+)/m)?.[1] ?? 0);
-  const paging = mode === "off"
-    ? "none"
-    : mallocHugePages()
-    ? "malloc"
-    : engine.model.weightsInHugePages
-    ? "advised"
-    : "none";
+  const paging = memoryPaging(mode !== "off", engine.model.weightsInHugePages);
   return {
     mode,
     paging,

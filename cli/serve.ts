@@ -3,7 +3,7 @@
  * worker until interrupted. Prints one `ready` line (with the node id and address) once it
  * accepts connections, then one line per handoff; never prompt content.
  */
-import { MALLOC_HUGE_PAGES_TUNABLE, mallocHugePages, mallocHugePagesAsked } from "../ffi/mod.ts";
+import { MALLOC_HUGE_PAGES_TUNABLE, mallocHugePagesAsked, memoryPaging } from "../ffi/mod.ts";
 import { type Command, Option } from "commander";
 import { DEFAULT_HANDOFF_TIMING } from "../core/handoff.ts";
 import { hostUdpBufferAdvice, type Role, ROLES } from "../transport/mod.ts";
@@ -268,7 +268,7 @@ async function runServe(flags: ServeFlags): Promise<void> {
     address: `${hostname}:${port}`,
     peer: `${worker.node.identity.nodeId}@${hostname}:${port}`,
     numerics: numericsOf(runtime, worker.pool.model.lib),
-    hugePages: hugePagesOf(runtime, worker.pool.model.weightsInHugePages),
+    hugePages: memoryPaging(runtime.hugePages !== false, worker.pool.model.weightsInHugePages),
   }));
   console.error(`serve: stopping (${await stop})`);
   await worker.close();
@@ -315,17 +315,6 @@ function workerOptionsFrom(flags: ServeFlags, runtime: RuntimeConfig): WorkerOpt
       prefixCheckpointsMax: flags.prefixCheckpointsMax,
     },
   };
-}
-
-/**
- * How this worker's memory is paged, for its ready line: `malloc` (every buffer huge from its
- * first touch: glibc took the tunable), `advised` (the weights and contexts advised and
- * collapsed after allocation), `none` (turned off, or the kernel has none to give).
- */
-function hugePagesOf(runtime: RuntimeConfig, weightsHuge: boolean): "malloc" | "advised" | "none" {
-  if (runtime.hugePages === false) return "none";
-  if (mallocHugePages()) return "malloc";
-  return weightsHuge ? "advised" : "none";
 }
 
 /** What the started worker says on stderr about its host and its costs: named, not silent. */

@@ -12,7 +12,7 @@ import { LlamaBatch } from "./batch.ts";
 import { LlamaContext } from "./context.ts";
 import { loadLlama } from "./library.ts";
 import { LlamaModel } from "./model.ts";
-import { mallocHugePages } from "./huge_pages.ts";
+import { mallocHugePages, smapsEntry } from "./huge_pages.ts";
 
 const hugePages = Deno.args[0] === "on";
 using model = await LlamaModel.load(loadLlama(), await testModel("hybrid"), { hugePages });
@@ -41,10 +41,6 @@ function freshMallocHuge(): boolean | null {
   const ptr = c.symbols.malloc(BigInt(size))!;
   c.symbols.memset(ptr, 1, BigInt(size));
   const at = BigInt(Deno.UnsafePointer.value(ptr));
-  for (const block of Deno.readTextFileSync("/proc/self/smaps").split(/\n(?=[0-9a-f]+-)/)) {
-    const m = block.match(/^([0-9a-f]+)-([0-9a-f]+) /);
-    if (!m || at < BigInt("0x" + m[1]) || at >= BigInt("0x" + m[2])) continue;
-    return Number(block.match(/^AnonHugePages:\s+(\d+)/m)?.[1] ?? 0) > 0;
-  }
-  return false;
+  const entry = smapsEntry(Deno.readTextFileSync("/proc/self/smaps"), at) ?? "";
+  return Number(entry.match(/^AnonHugePages:\s+(\d+)/m)?.[1] ?? 0) > 0;
 }

@@ -182,6 +182,23 @@ function mallocMapsHuge(): boolean {
 }
 
 /**
+ * The entry of the mapping holding `address` in `/proc/self/smaps` text (its header line and
+ * fields), or null where no mapping holds it.
+ *
+ * @example
+ * ```ts
+ * smapsEntry("7f00-7f80 rw-p 00000000 00:00 0\nAnonHugePages: 0 kB\n", 0x7f10n); // that entry
+ * ```
+ */
+export function smapsEntry(smaps: string, address: bigint): string | null {
+  for (const entry of smaps.split(/\n(?=[0-9a-f]+-[0-9a-f]+ )/)) {
+    const m = entry.match(/^([0-9a-f]+)-([0-9a-f]+) /);
+    if (m && address >= BigInt("0x" + m[1]) && address < BigInt("0x" + m[2])) return entry;
+  }
+  return null;
+}
+
+/**
  * Whether the mapping holding `address`, in `/proc/self/smaps` text, carries the huge-page
  * advice (`hg` among its VmFlags); null where no mapping holds it.
  *
@@ -191,13 +208,20 @@ function mallocMapsHuge(): boolean {
  * ```
  */
 export function advisedHuge(smaps: string, address: bigint): boolean | null {
-  for (const block of smaps.split(/\n(?=[0-9a-f]+-[0-9a-f]+ )/)) {
-    const m = block.match(/^([0-9a-f]+)-([0-9a-f]+) /);
-    if (!m || address < BigInt("0x" + m[1]) || address >= BigInt("0x" + m[2])) continue;
-    const flags = block.match(/^VmFlags:(.*)$/m)?.[1] ?? "";
-    return flags.split(/\s+/).includes("hg");
-  }
-  return null;
+  const entry = smapsEntry(smaps, address);
+  if (entry === null) return null;
+  return (entry.match(/^VmFlags:(.*)$/m)?.[1] ?? "").split(/\s+/).includes("hg");
+}
+
+/**
+ * How a process's memory is paged, as a worker reports it: `malloc` (every buffer huge from its
+ * first touch: glibc took the tunable), `advised` (the weights and contexts advised and
+ * collapsed after allocation), `none` (not asked, or the kernel gave none).
+ */
+export function memoryPaging(asked: boolean, weightsHuge: boolean): "malloc" | "advised" | "none" {
+  if (!asked) return "none";
+  if (mallocHugePages()) return "malloc";
+  return weightsHuge ? "advised" : "none";
 }
 
 /** `GLIBC_TUNABLES` with `MALLOC_HUGE_PAGES_TUNABLE` added to what is already there. */
@@ -284,7 +308,7 @@ async function adviseHugePages(before: Region[] | null): Promise<HugePageAdvice>
     // malloc asking from the start (502-506). Refused units fill in as touched.
     for (let unit = span.start; unit < span.end; unit += HUGE) {
       if (await madvise({ start: unit, end: unit + HUGE }, MADV_COLLAPSE)) {
-        collapsedBytes += 2 ** 21;
+        collapsedBytes += Number(HUGE);
       }
     }
   }

@@ -6,7 +6,10 @@ import {
   type HugePageAdvice,
   hugePagesUnavailable,
   MALLOC_HUGE_PAGES_TUNABLE,
+  mallocHugePagesAsked,
+  memoryPaging,
   newHugeSpans,
+  smapsEntry,
   thpModeReason,
 } from "./huge_pages.ts";
 
@@ -116,6 +119,8 @@ Deno.test("advisedHuge reads the huge-page advice of the mapping holding an addr
   // The end is not inside; an address no mapping holds says so.
   assert.equal(advisedHuge(smaps, 0x7fc0000n), null);
   assert.equal(advisedHuge(smaps, 0x100n), null);
+  assert.match(smapsEntry(smaps, 0x7f80000n) ?? "", /^7f80000-7fc0000 .*\nTHPeligible/);
+  assert.equal(smapsEntry(smaps, 0x100n), null);
   // "nh" (no huge pages) is not "hg".
   assert.equal(advisedHuge("1000-2000 rw-p 0 00:00 0 \nVmFlags: rd wr nh\n", 0x1800n), false);
 });
@@ -134,4 +139,12 @@ Deno.test("THP modes: madvise and always allow huge pages; never, none and other
   assert.equal(thpModeReason("always madvise [never]\n"), "transparent huge pages are off (never)");
   assert.equal(thpModeReason(null), "this kernel has no transparent huge pages");
   assert.match(thpModeReason("")!, /unknown THP mode/);
+});
+
+Deno.test("memoryPaging: none unless asked; without the tunable, advised where the weights are", () => {
+  assert.equal(memoryPaging(false, true), "none");
+  if (!mallocHugePagesAsked()) {
+    assert.equal(memoryPaging(true, true), "advised");
+    assert.equal(memoryPaging(true, false), "none");
+  }
 });

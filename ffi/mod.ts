@@ -73,4 +73,5 @@ export {
   MALLOC_HUGE_PAGES_TUNABLE,
   mallocHugePages,
   mallocHugePagesAsked,
+  memoryPaging,
 } from "./huge_pages.ts";
