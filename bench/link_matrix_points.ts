@@ -75,6 +75,29 @@ export function byPoint(rows: readonly Replayed[]): PointSummary[] {
 /** A prediction's error against its measurement (0.1: 10% over); null without a pair. */
 export const predictionError = (x: [number, number] | null) => (x ? x[0] / x[1] - 1 : null);
 
+/**
+ * The median tails against the points' own noise: of the points with two or more measured
+ * tails, those whose repeats all lie within `tolerance` of their median (`steady`) and how many
+ * of these the prediction meets, and how many points the prediction misses where the repeats
+ * themselves spread beyond `tolerance` (`missedNoisy`): a miss there says as much of the
+ * measurement as of the model.
+ */
+export function tailAgainstNoise(
+  points: readonly PointSummary[],
+  tolerance = 0.15,
+): { points: number; met: number; steady: number; steadyMet: number; missedNoisy: number } {
+  const measured = points.filter((p) => p.tail !== null && p.tailSpread !== null);
+  const met = (p: PointSummary) => Math.abs(predictionError(p.tail)!) <= tolerance;
+  const steady = measured.filter((p) => p.tailSpread! <= tolerance);
+  return {
+    points: measured.length,
+    met: measured.filter(met).length,
+    steady: steady.length,
+    steadyMet: steady.filter(met).length,
+    missedNoisy: measured.filter((p) => !met(p) && p.tailSpread! > tolerance).length,
+  };
+}
+
 /** The per-point table: medians over the repeats, and the spread of the measured tails. */
 export function pointSection(points: PointSummary[]): ReportSection {
   return {

@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
 import type { Replayed } from "./link_matrix_report.ts";
-import { byPoint } from "./link_matrix_points.ts";
+import { byPoint, tailAgainstNoise } from "./link_matrix_points.ts";
 import type { MatrixRow } from "./link_matrix.ts";
 
 /** A replayed row at one link point: only the fields byPoint reads are meaningful. */
@@ -59,4 +59,36 @@ Deno.test("byPoint() leaves a point's spread null below two measurements", () =>
   assert.deepEqual(p.tail, [50, 40]);
   assert.equal(p.tailSpread, null);
   assert.deepEqual(p.tailsMs, [40]);
+});
+
+Deno.test("tailAgainstNoise() splits the misses by whether the point's own repeats agree", () => {
+  const points = byPoint([
+    row(0.2, 0, [50, 48]), // steady (48, 52), met
+    row(0.2, 1, [50, 52]),
+    row(2, 0, [80, 50]), // steady (50, 52), missed: a model error
+    row(2, 1, [80, 52]),
+    row(10, 0, [100, 60]), // repeats 60 and 140 around 100: noisy, met by the median
+    row(10, 1, [100, 140]),
+  ]);
+  points.push(...byPoint([
+    { ...row(10, 0, [300, 100]), row: { ...row(10, 0, null).row, promptTokens: 2048 } },
+    { ...row(10, 1, [300, 200]), row: { ...row(10, 1, null).row, promptTokens: 2048 } },
+    { ...row(10, 2, [300, 150]), row: { ...row(10, 2, null).row, promptTokens: 2048 } },
+  ]));
+  points.push(...byPoint([{ ...row(2, 0, [10, 90]), row: { ...row(2, 0, null).row, rttMs: 5 } }]));
+  assert.deepEqual(tailAgainstNoise(points), {
+    points: 4, // the one-repeat point has no spread and is left out
+    met: 2,
+    steady: 2,
+    steadyMet: 1,
+    missedNoisy: 1, // 300 against a median of 150 whose repeats span 100-200
+  });
+  // At 50% every point's repeats agree, and both misses are the model's.
+  assert.deepEqual(tailAgainstNoise(points, 0.5), {
+    points: 4,
+    met: 2,
+    steady: 4,
+    steadyMet: 2,
+    missedNoisy: 0,
+  });
 });

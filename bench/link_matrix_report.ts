@@ -17,6 +17,7 @@ import {
   pointSection,
   type PointSummary,
   predictionError as err,
+  tailAgainstNoise,
 } from "./link_matrix_points.ts";
 import { table } from "./stats.ts";
 import { scatterChart } from "./svg.ts";
@@ -128,7 +129,15 @@ function pointsNote(r: Replayed[], points: PointSummary[]): string {
     steady(points.map((p) => p.ttftSpread))
   }); the same point's previous repeat, as a prediction of the next, within 15% for ${
     within(samePoint)
-  } tails.`;
+  } tails. ${noiseNote(points)}`;
+}
+
+/** Whether the tails the prediction misses are points the measurement itself cannot pin down. */
+function noiseNote(points: PointSummary[]): string {
+  const n = tailAgainstNoise(points);
+  return `Of the ${n.points} points with two or more tails, ${n.steady} have every repeat within 15% of their median, and the prediction is within 15% at ${n.steadyMet} of them; of its ${
+    n.points - n.met
+  } misses, ${n.missedNoisy} are at points whose own repeats spread beyond 15%.`;
 }
 
 /** The row table: every handoff's replayed prediction beside its measurement, and charts. */
@@ -228,6 +237,7 @@ if (import.meta.main) {
       notes.push(pointsNote(r, points));
     }
   }
+  if (allPoints.length) notes.push(`Every run together: ${noiseNote(allPoints)}`);
   notes.push(
     `Predictions replayed with the current planner from what each run had measured before the row${
       without.length ? `, without the measured ${without.join(", ")}` : ""

@@ -22,6 +22,8 @@ import { median } from "./median.ts";
 
 /** The telemetry fields `HandoffCostRecorder.record` reads (core/telemetry.ts). */
 export interface HandoffCostFacts {
+  /** The prompt's tokens: the depth the decoder's probe decoded at. */
+  promptTokens: number;
   totalBytes: number;
   bytesByComponent: Partial<Record<string, number>>;
   probeMs: number | null;
@@ -53,10 +55,16 @@ export interface HandoffCostFacts {
   probeWaitMs?: number | null;
 }
 
+/**
+ * One continuation probe: the depth it decoded at (the prompt's tokens) and how long it took.
+ * A decode step's cost grows with depth (super-mini 8 ms at 512 tokens, 37 at 32K).
+ */
+export type ProbeSample = readonly [promptTokens: number, ms: number];
+
 /** What the recorder has learned; a term with no sample is absent. */
 export interface MeasuredHandoffCosts extends HandoffCosts {
-  /** Decoder: the continuation probe before CommitAck. */
-  probeMs?: number;
+  /** Decoder: the continuation probes before CommitAck, oldest first (`probeMsAt` reads them). */
+  probes?: readonly ProbeSample[];
   /** Client: TTFT less the prefiller's prefill (setup and the first token's trip). */
   firstTokenOverheadMs?: number;
   /** Handoffs learned from. */
@@ -70,12 +78,12 @@ export interface MeasuredHandoffCosts extends HandoffCosts {
  * ```ts
  * const costs = new HandoffCostRecorder();
  * costs.record(record.telemetry, record.ttftMs);
- * planInput.costs = costs.costs(); // { probeMs: 41, importMsPerMiB: 0, ... }
+ * planInput.costs = costs.costs(); // { probes: [[512, 41]], importMsPerMiB: 0, ... }
  * ```
  */
 export class HandoffCostRecorder {
   readonly samplesMax: number;
-  readonly #probe: number[] = [];
+  readonly #probe: ProbeSample[] = [];
   readonly #probeWait: number[] = [];
   readonly #validate: number[] = [];
   readonly #importPerMiB: number[] = [];
@@ -132,7 +140,7 @@ export class HandoffCostRecorder {
       this.#residual.push([rtt, t.uncoveredTailMs - commit - own - rtt, rate]);
       if (this.#residual.length > this.samplesMax) this.#residual.shift();
     }
-    if (t.probeMs !== null && t.probeMs >= 0) this.#push(this.#probe, t.probeMs);
+    if (t.probeMs !== null && t.probeMs >= 0) this.#push(this.#probe, [t.promptTokens, t.probeMs]);
     const wait = t.probeWaitMs ?? null;
     if (wait !== null && wait >= 0) this.#push(this.#probeWait, wait);
     // The decoder's commit less what is predicted apart: its validate and the commit itself.
@@ -152,7 +160,7 @@ export class HandoffCostRecorder {
 
   costs(): MeasuredHandoffCosts {
     const out: MeasuredHandoffCosts = { samples: this.#samples };
-    if (this.#probe.length) out.probeMs = median(this.#probe);
+    if (this.#probe.length) out.probes = [...this.#probe];
     if (this.#probeWait.length) out.probeWaitMs = median(this.#probeWait);
     if (this.#validate.length) out.validateMs = median(this.#validate);
     if (this.#importPerMiB.length) out.importMsPerMiB = median(this.#importPerMiB);
@@ -166,7 +174,7 @@ export class HandoffCostRecorder {
     return out;
   }
 
-  #push(xs: number[], v: number): void {
+  #push<T>(xs: T[], v: T): void {
     xs.push(v);
     if (xs.length > this.samplesMax) xs.shift();
   }
@@ -207,4 +215,36 @@ export function linkResidualAt(
   const alike = atRtt.filter(([, , bw]) => bw == null || bytesPerS === null || near(bw, bytesPerS));
   const pick = alike.length ? alike : atRtt.length ? atRtt : samples;
   return Math.max(0, median(pick.map(([, y]) => y)));
+}
+
+/**
+ * The decoder's probe at a prompt of `promptTokens`, from the pair's own probes: those taken
+ * at a similar depth (within a factor of 2; with none, all of them), each carried to this depth
+ * by what the decoder's decode step costs there over its step at the probe's own depth
+ * (`stepMsAt`, from the node's rates), and their median. A pair that served only short prompts
+ * so predicts a deep one's probe from its own measurement and the node's depth curve, not as a
+ * short one. Carried by the difference, not the ratio: a probe is a step plus the first
+ * decode's own overhead, and on super-mini the difference carried 512 tokens' probes to 2K, 2K's
+ * to 8K and 8K's to 32K within 0%, -4% and -15% of the probes measured there, the ratio within
+ * +12%, +16% and 0%, and 512's to 32K within -16% against +30% (the matrix runs of 2026-12-05).
+ *
+ * @example
+ * ```ts
+ * probeMsAt([[512, 8], [512, 9], [2048, 10]], 512, (d) => 5 + d / 1000); // 8.5 (the 512s)
+ * probeMsAt([[512, 8]], 32768, (d) => 5 + d / 1000); // 8 + 32.256 = 40.256
+ * ```
+ */
+export function probeMsAt(
+  samples: readonly ProbeSample[],
+  promptTokens: number,
+  stepMsAt: (promptTokens: number) => number,
+): number | null {
+  if (samples.length === 0) return null;
+  const near = (d: number) => Math.max(d, promptTokens) <= 2 * Math.min(d, promptTokens);
+  const alike = samples.filter(([d]) => near(d));
+  const here = stepMsAt(promptTokens);
+  return Math.max(
+    0,
+    median((alike.length ? alike : samples).map(([d, ms]) => ms + (here - stepMsAt(d)))),
+  );
 }

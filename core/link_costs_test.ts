@@ -1,10 +1,11 @@
 import assert from "node:assert/strict";
-import { HandoffCostRecorder, linkResidualAt } from "./link_costs.ts";
+import { HandoffCostRecorder, linkResidualAt, probeMsAt } from "./link_costs.ts";
 
 const MIB = 2 ** 20;
 
 function facts(probeMs: number | null, lastImportMs: number, prefillMs = 1000) {
   return {
+    promptTokens: 512,
     totalBytes: 12 * MIB,
     bytesByComponent: { "kv-page": 2 * MIB, conv: MIB, ssm: 9 * MIB },
     probeMs,
@@ -27,7 +28,7 @@ Deno.test("HandoffCostRecorder keeps the median of the newest samples of each te
   r.record(facts(50, 20), 1040);
   const c = r.costs();
   assert.equal(c.samples, 4);
-  assert.equal(c.probeMs, 50);
+  assert.deepEqual(c.probes, [[512, 40], [512, 60], [512, 50]]); // with the depth each ran at
   assert.equal(c.importMsPerMiB, 1); // 10 ms over the 10 MiB not staged as pages
   assert.equal(c.firstTokenOverheadMs, 40);
   assert.equal(c.prefillerPostMs, undefined); // no predicted link time given: not learned
@@ -101,7 +102,7 @@ Deno.test("HandoffCostRecorder skips a term its record does not carry", () => {
   r.record(facts(null, 0, 1000), null);
   r.record({ ...facts(null, 0), prefillMs: null }, 900);
   const c = r.costs();
-  assert.equal(c.probeMs, undefined);
+  assert.equal(c.probes, undefined);
   assert.equal(c.firstTokenOverheadMs, undefined);
   assert.equal(c.importMsPerMiB, 0); // imports all staged on arrival: nothing left at commit
   assert.throws(() => new HandoffCostRecorder(0), /samplesMax/);
@@ -148,4 +149,24 @@ Deno.test("linkResidualAt() takes the median of the samples measured on a simila
   assert.equal(linkResidualAt(rated, 2, 4e8), 1530); // none within 2x: the RTT's four
   assert.equal(linkResidualAt(rated, 2), 1530); // the link's rate unknown: by RTT alone
   assert.equal(linkResidualAt([[2, 70, null], [2, 5000, 1e7]], 2, 1e8), 70);
+});
+
+Deno.test("probeMsAt() reads the probes at a similar depth, carried by the decoder's depth curve", () => {
+  const step = (d: number) => 5 + d / 1000; // the node's decode step at depth d, ms
+  const served: [number, number][] = [[512, 8], [512, 9], [2048, 10], [2048, 12]];
+  assert.equal(probeMsAt([], 512, step), null); // nothing measured: the caller uses the rates
+  // Each depth from its own probes (512: 8 and 9; 2048: 10 and 12), within a factor of 2.
+  assert.equal(probeMsAt(served, 512, step), 8.5);
+  assert.equal(probeMsAt(served, 2048, step), 11);
+  // 1024 is within 2x of both: all four, each carried to 1024 by the step's difference.
+  const carried = served.map(([d, ms]) => ms + step(1024) - step(d)).sort((a, b) => a - b);
+  assert.ok(Math.abs(probeMsAt(served, 1024, step)! - (carried[1] + carried[2]) / 2) < 1e-9);
+  // A 32K prompt on a pair that served only short ones: not the short probe, but the short
+  // probe plus the step's growth to 32K (the median of the four carried).
+  const deep = probeMsAt(served, 32768, step)!;
+  const growth = (d: number) => step(32768) - step(d);
+  assert.ok(Math.abs(deep - (9 + growth(512) + 10 + growth(2048)) / 2) < 1e-9, `${deep}`);
+  assert.ok(deep > 35); // the short probes themselves are 8-12 ms
+  // A curve that falls with depth (a noisy rate) never carries a probe below 0.
+  assert.equal(probeMsAt([[512, 5]], 32768, (d) => 100 - d / 1000), 0);
 });

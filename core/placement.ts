@@ -12,7 +12,7 @@
 import type { CertificationFile } from "./certification.ts";
 import { isCertified } from "./certification.ts";
 import type { LinkEstimate, LinkEstimator } from "./link_estimates.ts";
-import type { MeasuredHandoffCosts } from "./link_costs.ts";
+import { type MeasuredHandoffCosts, probeMsAt } from "./link_costs.ts";
 import { averagePrefillTokensPerS, msPerTokenAt, type NodeRates } from "./node_rates.ts";
 import { lastChunkTokens } from "./link_stream.ts";
 import {
@@ -177,8 +177,9 @@ export function planInputFor(
     prefillerQueueMs: r.prefiller.queueMs ?? 0,
     decoderFreeBytes: r.decoder.freeBytes,
     chunkTokens: r.chunkTokens,
-    // A measured probe (a first decode in a fresh context) over the decode rate's step.
-    probeMs: r.costs?.probeMs ?? msPerTokenAt(dr.decode, r.promptTokens),
+    // The pair's measured probes (a first decode in a fresh context) over the decode rate's step.
+    probeMs: probeMsAt(r.costs?.probes ?? [], r.promptTokens, (d) => msPerTokenAt(dr.decode, d)) ??
+      msPerTokenAt(dr.decode, r.promptTokens),
     snapshotDuringLastChunk: r.snapshotDuringLastChunk ?? false,
     lastPageDuringLastChunk: r.lastPageDuringLastChunk ?? false,
     congestionControl: r.congestionControl ?? "cubic",
@@ -221,6 +222,6 @@ function _source(n: NodeRates): string {
  */
 function handoffCostsOf(c: MeasuredHandoffCosts | undefined): HandoffCosts {
   if (!c) return {};
-  const { probeMs: _probe, firstTokenOverheadMs: _first, samples: _samples, ...costs } = c;
+  const { probes: _probes, firstTokenOverheadMs: _first, samples: _samples, ...costs } = c;
   return costs;
 }

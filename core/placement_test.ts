@@ -197,7 +197,7 @@ Deno.test("placeRequest() predicts with the pair's measured costs: probe, import
   const measured = placeRequest(
     request({
       snapshotDuringLastChunk: true,
-      costs: { samples: 4, probeMs: 300, importMsPerMiB: 0, firstTokenOverheadMs: 25 },
+      costs: { samples: 4, probes: [[32_768, 300]], importMsPerMiB: 0, firstTokenOverheadMs: 25 },
     }),
     ctx(),
   );
@@ -214,6 +214,23 @@ Deno.test("placeRequest() predicts with the pair's measured costs: probe, import
     plain.prediction!.ttftDisaggregatedMs + 25,
   );
   assert.equal(measured.prediction!.commitTailMs, m.handoffTailMs + 300);
+});
+
+Deno.test("placeRequest() carries a pair's probes to a deeper prompt by the decoder's depth curve", () => {
+  // The decoder's step: 25 ms at depth 0, 50 ms at 32K (twice the attention work).
+  const decode = [{ contextTokens: 0, tokensPerS: 40 }, { contextTokens: 32_768, tokensPerS: 20 }];
+  const decoder = { ...request().decoder, rates: { ...rates("d", 1000), decode } };
+  const at = (promptTokens: number, probes: [number, number][]) =>
+    placeRequest(request({ promptTokens, decoder, costs: { samples: 2, probes } }), ctx())
+      .estimates!.probeMs!;
+  // Served only 2K prompts (probes 60 and 64 ms, the step there 26.56 ms): a 32K prompt's probe
+  // is theirs plus the step's growth to 32K (23.44 ms), not 62.
+  const step2k = 1000 / 40 + (2048 / 32_768) * (50 - 25);
+  assert.ok(Math.abs(at(32_768, [[2048, 60], [2048, 64]]) - (62 + 50 - step2k)) < 1e-9);
+  // At the depth it served, the pair's own median.
+  assert.equal(at(2048, [[2048, 60], [2048, 64]]), 62);
+  // Probes at both depths: each prompt reads its own.
+  assert.equal(at(32_768, [[2048, 60], [32_768, 110], [32_768, 120]]), 115);
 });
 
 Deno.test("placeRequest() passes every measured cost term to the plan: capture lead, probe wait, validate", () => {
