@@ -224,9 +224,10 @@ export function linkResidualAt(
  * (`stepMsAt`, from the node's rates), and their median. A pair that served only short prompts
  * so predicts a deep one's probe from its own measurement and the node's depth curve, not as a
  * short one. Carried by the difference, not the ratio: a probe is a step plus the first
- * decode's own overhead, and on super-mini the difference carried 512 tokens' probes to 2K, 2K's
- * to 8K and 8K's to 32K within 0%, -4% and -15% of the probes measured there, the ratio within
- * +12%, +16% and 0%, and 512's to 32K within -16% against +30% (the matrix runs of 2026-12-05).
+ * decode's own overhead. On super-mini (the matrix runs of 2026-12-05, every probe at a depth
+ * pooled) the difference carried 512 tokens' probes to 2K, 2K's to 8K, 8K's to 32K and 512's to
+ * 32K to +3%, -4%, -10% and -11% of the probes measured there, the ratio to +15%, +15%, +7% and
+ * +41%; one median over the depths served would have said -12%, -39%, -58% and -77%.
  *
  * @example
  * ```ts
