@@ -251,3 +251,39 @@ Deno.test("LivePlacement: the controller the prefill worker reports with its los
   assert.equal(silent, cubic);
   assert.ok(bbr < cubic / 2, `${bbr} vs ${cubic}`);
 });
+
+Deno.test("LivePlacement: a pair's probes at one depth predict another's by the decoder's calibrated depth curve", () => {
+  // The decode worker's calibrated step: 10 ms at 512 tokens, 40 ms at 32K.
+  const step = (contextTokens: number, ms: number) => ({ contextTokens, tokensPerS: 1000 / ms });
+  const calibration = [
+    {
+      nodeId: "p",
+      source: "calibration" as const,
+      prefill: [step(0, 0.05)],
+      decode: [step(0, 10)],
+    },
+    {
+      nodeId: "d",
+      source: "calibration" as const,
+      prefill: [step(0, 0.25)],
+      decode: [step(512, 10), step(32_768, 40)],
+    },
+  ];
+  // Two coordinators whose pairs served one handoff each, at 512 tokens or at 32K.
+  const tailAt32k = (servedTokens: number, probeMs: number) => {
+    const p = live({ calibration });
+    p.monitor.estimator.recordRtt({ from: "coord", to: "d" }, 0.3, performance.now());
+    p.record(
+      result("disaggregated", { ...handoff, promptTokens: servedTokens, probeMs }),
+      "p",
+      "d",
+    );
+    return p.decide(input(32_768)).prediction!.commitTailMs;
+  };
+  // A 30 ms probe at 512 tokens predicts 60 ms at 32K (30 plus the step's 30 ms growth): the
+  // same tail as a pair that measured 60 ms at 32K, and 30 ms longer than one that measured 30
+  // there (one median over the depths served would have said 30 for both).
+  const shallow = tailAt32k(512, 30);
+  assert.ok(Math.abs(shallow - tailAt32k(32_768, 60)) < 1e-6, `${shallow}`);
+  assert.ok(Math.abs(shallow - tailAt32k(32_768, 30) - 30) < 1e-6, `${shallow}`);
+});
