@@ -135,9 +135,9 @@ function pointsNote(r: Replayed[], points: PointSummary[]): string {
 /** Whether the tails the prediction misses are points the measurement itself cannot pin down. */
 function noiseNote(points: PointSummary[]): string {
   const n = tailAgainstNoise(points);
-  return `Of the ${n.points} points with two or more tails, ${n.steady} have every repeat within 15% of their median, and the prediction is within 15% at ${n.steadyMet} of them; of its ${
+  return `Of the ${n.points} points with two or more tails, ${n.steady} had every repeat within 15% of their median, and the prediction is within 15% at ${n.steadyMet} of those; of the ${
     n.points - n.met
-  } misses, ${n.missedNoisy} are at points whose own repeats spread beyond 15%.`;
+  } points it misses, ${n.missedNoisy} are points whose own repeats spread beyond 15%.`;
 }
 
 /** The row table: every handoff's replayed prediction beside its measurement, and charts. */
@@ -237,7 +237,9 @@ if (import.meta.main) {
       notes.push(pointsNote(r, points));
     }
   }
-  if (allPoints.length) notes.push(`Every run together: ${noiseNote(allPoints)}`);
+  if (args.length > 1 && allPoints.length) {
+    notes.push(`Every run together: ${noiseNote(allPoints)}`);
+  }
   notes.push(
     `Predictions replayed with the current planner from what each run had measured before the row${
       without.length ? `, without the measured ${without.join(", ")}` : ""
