@@ -100,8 +100,8 @@ function _bySource(r: Replayed[]): string {
 
 /**
  * A run with repeats, per grid point: the medians within 15%, and the measurement's own noise
- * (every repeat within 15% of its point's median; the point's previous repeat as a prediction
- * of the next).
+ * (every repeat's TTFT within 15% of its point's median; the point's previous repeat as a
+ * prediction of the next; the tail's misses against the points' own spread, `noiseNote`).
  */
 function pointsNote(r: Replayed[], points: PointSummary[]): string {
   const samePoint = r.map((x, k) => {
@@ -123,11 +123,9 @@ function pointsNote(r: Replayed[], points: PointSummary[]): string {
     within(points.map((p) => err(p.link)))
   }, TTFT + tail ${
     within(points.map((p) => err(p.ready)))
-  } within 15%. The measurement's own noise: every repeat's tail within 15% of its point's median at ${
-    steady(points.map((p) => p.tailSpread))
-  } points (TTFT ${
+  } within 15%. The measurement's own noise: every repeat's TTFT within 15% of its point's median at ${
     steady(points.map((p) => p.ttftSpread))
-  }); the same point's previous repeat, as a prediction of the next, within 15% for ${
+  } points; the same point's previous repeat, as a prediction of the next, within 15% for ${
     within(samePoint)
   } tails. ${noiseNote(points)}`;
 }

@@ -210,9 +210,10 @@ export function linkResidualAt(
   bytesPerS: number | null = null,
 ): number {
   if (samples.length === 0) return 0;
-  const near = (a: number, b: number) => Math.max(a, b) <= 2 * Math.min(a, b);
-  const atRtt = samples.filter(([r]) => near(r, rttMs));
-  const alike = atRtt.filter(([, , bw]) => bw == null || bytesPerS === null || near(bw, bytesPerS));
+  const atRtt = samples.filter(([r]) => _withinFactor2(r, rttMs));
+  const alike = atRtt.filter(([, , bw]) =>
+    bw == null || bytesPerS === null || _withinFactor2(bw, bytesPerS)
+  );
   const pick = alike.length ? alike : atRtt.length ? atRtt : samples;
   return Math.max(0, median(pick.map(([, y]) => y)));
 }
@@ -241,11 +242,15 @@ export function probeMsAt(
   stepMsAt: (promptTokens: number) => number,
 ): number | null {
   if (samples.length === 0) return null;
-  const near = (d: number) => Math.max(d, promptTokens) <= 2 * Math.min(d, promptTokens);
-  const alike = samples.filter(([d]) => near(d));
+  const alike = samples.filter(([d]) => _withinFactor2(d, promptTokens));
   const here = stepMsAt(promptTokens);
   return Math.max(
     0,
     median((alike.length ? alike : samples).map(([d, ms]) => ms + (here - stepMsAt(d)))),
   );
+}
+
+/** Whether two measures are alike: the larger at most twice the smaller (an RTT, rate, depth). */
+function _withinFactor2(a: number, b: number): boolean {
+  return Math.max(a, b) <= 2 * Math.min(a, b);
 }
