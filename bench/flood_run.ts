@@ -8,7 +8,6 @@
  * `deno run -A --unstable-net bench/flood_run.ts [--connections 200] [--handoffs 3]`
  * (127.0.0.1 only: it floods nothing but the workers it started.)
  */
-import { parseArgs } from "node:util";
 import { runHandoff } from "../serve/coordinator.ts";
 import { clusterRequest } from "./cluster_request.ts";
 import { type LocalCluster, type LocalWorker, startLocalCluster } from "../serve/local_cluster.ts";
@@ -16,9 +15,10 @@ import { queryStats } from "../serve/stats.ts";
 import { ALPN_PROTOCOL } from "../transport/quic.ts";
 import { ensureModelFile } from "../models/mod.ts";
 import { cacheDir } from "../cli/paths.ts";
+import { benchArgs, orExit, wholeNumber } from "./cli_args.ts";
+import { median } from "./stats.ts";
 
 const FLOOD_CONCURRENCY = 40;
-const USAGE = "usage: flood_run.ts [--connections N (default 200)] [--handoffs N (default 3)]";
 
 /** Flooder mode (a child process): `--flood host:port:sha256hex,...`. */
 async function flood(targets: string[], connections: number): Promise<void> {
@@ -57,11 +57,6 @@ async function flood(targets: string[], connections: number): Promise<void> {
   endpoint.close();
 }
 
-function median(values: number[]): number {
-  const s = [...values].sort((a, b) => a - b);
-  return s[Math.floor(s.length / 2)];
-}
-
 function alive(worker: LocalWorker): Promise<boolean> {
   return Promise.race([
     worker.process.status.then(() => false),
@@ -70,19 +65,13 @@ function alive(worker: LocalWorker): Promise<boolean> {
 }
 
 async function main(): Promise<void> {
-  const { values } = parseArgs({
-    args: Deno.args,
-    options: {
-      connections: { type: "string", default: "200" },
-      handoffs: { type: "string", default: "3" },
-      flood: { type: "string" },
-      help: { type: "boolean", short: "h" },
-    },
+  const values = benchArgs("flood_run.ts", {
+    connections: { default: "200" },
+    handoffs: { default: "3" },
+    flood: { default: "", what: "host:port:sha256hex,... (internal: the flooder process)" },
   });
-  if (values.help) return console.log(USAGE);
-  const connections = Number(values.connections);
-  const handoffs = Number(values.handoffs);
-  if (!(connections > 0) || !(handoffs > 0)) throw new Error(`bad flag value; ${USAGE}`);
+  const connections = orExit(() => wholeNumber("--connections", values.connections, 1, 10_000));
+  const handoffs = orExit(() => wholeNumber("--handoffs", values.handoffs, 1, 100));
   if (values.flood) return await flood(values.flood.split(","), connections);
 
   const model = await ensureModelFile(`${cacheDir()}/models`, {

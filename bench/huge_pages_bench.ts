@@ -16,12 +16,11 @@
  * Not a test: numbers move between runs; medians over the repeats, every repeat printed. Prints
  * counts and milliseconds only. With `--out`, writes `huge-pages.json` and `huge-pages.svg`.
  */
-import { parseArgs } from "node:util";
 import { memoryPaging } from "../ffi/mod.ts";
 import { Engine, RUNTIME_DEFAULTS } from "../serve/engine.ts";
 import { barChart } from "./svg.ts";
 import { median } from "./stats.ts";
-import { modelOrLabState, orExit, wholeNumber } from "./cli_args.ts";
+import { benchArgs, modelOrLabState, orExit, wholeNumber } from "./cli_args.ts";
 
 const MODES = ["off", "advised", "tunable"] as const;
 type Mode = typeof MODES[number];
@@ -38,19 +37,16 @@ interface Sample {
   stepMs: number;
 }
 
-const { values } = parseArgs({
-  args: Deno.args,
-  options: {
-    repeats: { type: "string", default: "3" },
-    tokens: { type: "string", default: "512" },
-    model: { type: "string" },
-    out: { type: "string" },
-    child: { type: "string" },
-  },
+const values = benchArgs("huge_pages_bench.ts", {
+  repeats: { default: "3" },
+  tokens: { default: "512" },
+  model: { default: "", what: "GGUF (default: lab-state, made once)" },
+  out: { default: "", what: "DIR" },
+  child: { default: "", what: "MODE (internal: the process one repeat starts)" },
 });
 const repeats = orExit(() => wholeNumber("--repeats", values.repeats, 1, 20));
 const tokens = orExit(() => wholeNumber("--tokens", values.tokens, 1, 8192));
-const modelPath = await modelOrLabState(values.model);
+const modelPath = await modelOrLabState(values.model || undefined);
 
 if (values.child) {
   console.log(JSON.stringify(await measure(values.child as Mode)));

@@ -98,6 +98,33 @@ export function tailAgainstNoise(
   };
 }
 
+/**
+ * The measurement against itself: at each point with four or more measured tails, the median
+ * of its odd repeats (first, third, ...) beside the median of its even ones, alternating so
+ * that a drift over the run falls in both halves. `halvesAgree` counts the points whose two
+ * halves lie within `tolerance` of each other (the most any prediction of a point's median can
+ * be expected to meet where the measurement repeats no better), `predictionMeetsHalf` the
+ * halves the point's median prediction is within `tolerance` of (two per point), and
+ * `predictionMeets` the points where it is within `tolerance` of the median of all the tails.
+ */
+export function tailSplitHalves(
+  points: readonly PointSummary[],
+  tolerance = 0.15,
+): { points: number; halvesAgree: number; predictionMeetsHalf: number; predictionMeets: number } {
+  const within = (a: number, b: number) => Math.abs(a / b - 1) <= tolerance;
+  const out = { points: 0, halvesAgree: 0, predictionMeetsHalf: 0, predictionMeets: 0 };
+  for (const p of points) {
+    if (p.tail === null || p.tailsMs.length < 4) continue;
+    const odd = median(p.tailsMs.filter((_, i) => i % 2 === 0));
+    const even = median(p.tailsMs.filter((_, i) => i % 2 === 1));
+    out.points++;
+    if (within(odd, even)) out.halvesAgree++;
+    out.predictionMeetsHalf += [odd, even].filter((h) => within(p.tail![0], h)).length;
+    if (within(p.tail[0], p.tail[1])) out.predictionMeets++;
+  }
+  return out;
+}
+
 /** The per-point table: medians over the repeats, and the spread of the measured tails. */
 export function pointSection(points: PointSummary[]): ReportSection {
   return {

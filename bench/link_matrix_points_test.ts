@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
 import type { Replayed } from "./link_matrix_report.ts";
-import { byPoint, tailAgainstNoise } from "./link_matrix_points.ts";
+import { byPoint, tailAgainstNoise, tailSplitHalves } from "./link_matrix_points.ts";
 import type { MatrixRow } from "./link_matrix.ts";
 
 /** A replayed row at one link point: only the fields byPoint reads are meaningful. */
@@ -91,4 +91,27 @@ Deno.test("tailAgainstNoise() splits the misses by whether the point's own repea
     steadyMet: 2,
     missedNoisy: 0,
   });
+});
+
+Deno.test("tailSplitHalves() sets the odd repeats' median beside the even ones'", () => {
+  const at = (rttMs: number, tails: [number, number][]) =>
+    byPoint(tails.map((t, rep) => row(rttMs, rep, t)));
+  const points = [
+    // Odd repeats 100, 104 (median 102), even 98, 101 (99.5): the halves agree; the
+    // prediction 110 meets both and the median of all (100.5).
+    ...at(0.2, [[110, 100], [110, 98], [110, 104], [110, 101]]),
+    // Odd 50, 52, 54 (52), even 90, 94 (92): the halves disagree. The prediction 88 meets the
+    // even half only, and misses the median of all (54).
+    ...at(2, [[88, 50], [88, 90], [88, 52], [88, 94], [88, 54]]),
+    // Three tails: too few to split, left out.
+    ...at(10, [[10, 10], [10, 10], [10, 10]]),
+  ];
+  assert.deepEqual(tailSplitHalves(points), {
+    points: 2,
+    halvesAgree: 1,
+    predictionMeetsHalf: 3,
+    predictionMeets: 1,
+  });
+  // At 80% the second point's halves (52 against 92) agree too.
+  assert.equal(tailSplitHalves(points, 0.8).halvesAgree, 2);
 });

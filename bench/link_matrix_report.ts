@@ -18,6 +18,7 @@ import {
   type PointSummary,
   predictionError as err,
   tailAgainstNoise,
+  tailSplitHalves,
 } from "./link_matrix_points.ts";
 import { table } from "./stats.ts";
 import { scatterChart } from "./svg.ts";
@@ -101,7 +102,8 @@ function _bySource(r: Replayed[]): string {
 /**
  * A run with repeats, per grid point: the medians within 15%, and the measurement's own noise
  * (every repeat's TTFT within 15% of its point's median; the point's previous repeat as a
- * prediction of the next; the tail's misses against the points' own spread, `noiseNote`).
+ * prediction of the next; the tail's misses against the points' own spread and the measurement
+ * split in halves, `noiseNote`).
  */
 function pointsNote(r: Replayed[], points: PointSummary[]): string {
   const samePoint = r.map((x, k) => {
@@ -135,7 +137,18 @@ function noiseNote(points: PointSummary[]): string {
   const n = tailAgainstNoise(points);
   return `Of the ${n.points} points with two or more tails, ${n.steady} had every repeat within 15% of their median, and the prediction is within 15% at ${n.steadyMet} of those; of the ${
     n.points - n.met
-  } points it misses, ${n.missedNoisy} are points whose own repeats spread beyond 15%.`;
+  } points it misses, ${n.missedNoisy} are points whose own repeats spread beyond 15%.${
+    _halvesNote(points)
+  }`;
+}
+
+/** The measurement against itself (`tailSplitHalves`), where points have four or more tails. */
+function _halvesNote(points: PointSummary[]): string {
+  const h = tailSplitHalves(points);
+  if (h.points === 0) return "";
+  return ` Split in halves (odd repeats against even) at the ${h.points} points with four or more tails, the measurement agrees with itself within 15% at ${h.halvesAgree}; the prediction is within 15% of a half at ${h.predictionMeetsHalf} of the ${
+    2 * h.points
+  } halves, and of all the tails at ${h.predictionMeets} points.`;
 }
 
 /** The row table: every handoff's replayed prediction beside its measurement, and charts. */
