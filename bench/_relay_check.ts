@@ -21,14 +21,6 @@ import {
   openGridLink,
 } from "./native_relay.ts";
 
-/** `--repeats` as a positive integer, or an error that says what to give. */
-export function repeatsArg(value: string | undefined): number {
-  const repeats = Number(value);
-  if (!(Number.isInteger(repeats) && repeats > 0)) {
-    throw new Error(`Invalid --repeats ${value}: give a positive integer`);
-  }
-  return repeats;
-}
 
 /** Builds the relay, measures its ceiling and starts the two workers. */
 export async function startRelayCheck(): Promise<

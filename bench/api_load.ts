@@ -6,24 +6,24 @@
  *
  *     deno run -A --unstable-net bench/api_load.ts --clients 16 --max-tokens 32
  */
-import { parseArgs } from "node:util";
 import OpenAI from "openai";
+import { benchArgs, orExit, wholeNumber } from "./cli_args.ts";
 
 const MAIN = new URL("../main.ts", import.meta.url).pathname;
-const { values } = parseArgs({
-  options: {
-    clients: { type: "string", default: "16" },
-    "max-tokens": { type: "string", default: "32" },
-    "prompt-tokens-max": { type: "string", default: "7000" },
-    placement: { type: "string", default: "disaggregated" },
-    "requests-in-flight-max": { type: "string", default: "2" },
-    // The openai client's own default is 10 minutes; a loaded machine queues longer than that.
-    "client-timeout-ms": { type: "string", default: "1800000" },
-  },
+const values = benchArgs("api_load.ts", {
+  clients: { default: "16" },
+  "max-tokens": { default: "32" },
+  "prompt-tokens-max": { default: "7000" },
+  placement: { default: "disaggregated" },
+  "requests-in-flight-max": { default: "2" },
+  // The openai client's own default is 10 minutes; a loaded machine queues longer than that.
+  "client-timeout-ms": { default: "1800000" },
 });
-const clients = Number(values.clients);
-const maxTokens = Number(values["max-tokens"]);
-const promptMax = Number(values["prompt-tokens-max"]);
+const clients = orExit(() => wholeNumber("--clients", values.clients, 1, 1000));
+const maxTokens = orExit(() => wholeNumber("--max-tokens", values["max-tokens"], 1, 1 << 16));
+const promptMax = orExit(() =>
+  wholeNumber("--prompt-tokens-max", values["prompt-tokens-max"], 1, 1 << 20)
+);
 
 function rssKiB(pid: number): number {
   try {

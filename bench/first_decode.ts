@@ -10,21 +10,20 @@
  *
  * Prints counts and milliseconds only.
  */
-import { parseArgs } from "node:util";
 import { Engine, RUNTIME_DEFAULTS } from "../serve/engine.ts";
 import { exportKvPage, exportRecurrent } from "../ffi/state.ts";
 import { StagedImport } from "../ffi/staged_import.ts";
 import { median } from "./stats.ts";
-import { modelOrLabState, orExit, wholeNumber } from "./cli_args.ts";
+import { benchArgs, modelOrLabState, orExit, wholeNumber } from "./cli_args.ts";
 
 const CHUNK = 256;
 
-const { values } = parseArgs({
-  args: Deno.args,
-  options: { repeats: { type: "string" }, model: { type: "string" } },
+const values = benchArgs("first_decode.ts", {
+  repeats: { default: "3" },
+  model: { default: "", what: "GGUF (default: lab-state, made once)" },
 });
-const repeats = orExit(() => wholeNumber("--repeats", values.repeats ?? "3", 1, 20));
-const modelPath = await modelOrLabState(values.model);
+const repeats = orExit(() => wholeNumber("--repeats", values.repeats, 1, 20));
+const modelPath = await modelOrLabState(values.model || undefined);
 const config = {
   ...RUNTIME_DEFAULTS,
   modelPath,

@@ -22,7 +22,6 @@
  * `deno run -A --unstable-net bench/layer_capture_bench.ts --model <gguf> [--prompt 1024]
  * [--chunk 512] [--repeats 3] [--threads 2]`
  */
-import { parseArgs } from "node:util";
 import {
   type ContextOptions,
   LlamaBatch,
@@ -34,6 +33,7 @@ import { LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY } from "../ffi/llama.ts";
 import { LayerCapture } from "../ffi/layer_capture.ts";
 import { testTokens } from "../testing/models.ts";
 import { median, table } from "./stats.ts";
+import { benchArgs, benchUsage, orExit, wholeNumber } from "./cli_args.ts";
 
 const MODES = ["no callback", "disarmed", "armed, no copy", "armed + copy"] as const;
 type Mode = typeof MODES[number];
@@ -263,27 +263,25 @@ function equal(a: Uint8Array, b: Uint8Array): boolean {
 }
 
 if (import.meta.main) {
-  const { values } = parseArgs({
-    args: Deno.args,
-    options: {
-      model: { type: "string" },
-      prompt: { type: "string", default: "1024" },
-      chunk: { type: "string", default: "512" },
-      repeats: { type: "string", default: "3" },
-      threads: { type: "string", default: "2" },
-    },
-  });
+  const flags = {
+    model: { default: "", what: "GGUF (required)" },
+    prompt: { default: "1024", what: "tokens" },
+    chunk: { default: "512", what: "tokens" },
+    repeats: { default: "3" },
+    threads: { default: "2" },
+  };
+  const values = benchArgs("layer_capture_bench.ts", flags);
   if (!values.model) {
-    console.error("usage: layer_capture_bench.ts --model <gguf> [--prompt N] [--chunk N]");
+    console.error(`error: --model is required\nusage: ${benchUsage("layer_capture_bench.ts", flags)}`);
     Deno.exit(2);
   }
   console.log(
     await runLayerCaptureBench({
       model: values.model,
-      promptTokens: Number(values.prompt),
-      chunkTokens: Number(values.chunk),
-      repeats: Number(values.repeats),
-      threads: Number(values.threads),
+      promptTokens: orExit(() => wholeNumber("--prompt", values.prompt, 1, 1 << 20)),
+      chunkTokens: orExit(() => wholeNumber("--chunk", values.chunk, 1, 1 << 16)),
+      repeats: orExit(() => wholeNumber("--repeats", values.repeats, 1, 100)),
+      threads: orExit(() => wholeNumber("--threads", values.threads, 1, 256)),
     }),
   );
 }

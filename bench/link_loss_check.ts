@@ -14,23 +14,19 @@
  * @module
  */
 
-import { parseArgs } from "node:util";
-import { numberList } from "./cli_args.ts";
+import { benchArgs, numberList, orExit, wholeNumber } from "./cli_args.ts";
 import { DEFAULT_PLAN_OPTIONS } from "../core/planner.ts";
 import { countUdpReceiveDrops } from "../transport/mod.ts";
-import { repeatsArg, startRelayCheck, throughRelay } from "./_relay_check.ts";
+import { startRelayCheck, throughRelay } from "./_relay_check.ts";
 
 if (import.meta.main) {
-  const { values } = parseArgs({
-    args: Deno.args,
-    options: {
-      rates: { type: "string", default: "100,400,1000" },
-      rtts: { type: "string", default: "0.2,2,10" },
-      losses: { type: "string", default: "0,0.001" },
-      repeats: { type: "string", default: "3" },
-    },
+  const values = benchArgs("link_loss_check.ts", {
+    rates: { default: "100,400,1000", what: "Mbit/s" },
+    rtts: { default: "0.2,2,10", what: "ms" },
+    losses: { default: "0,0.001", what: "fractions" },
+    repeats: { default: "3" },
   });
-  const repeats = repeatsArg(values.repeats);
+  const repeats = orExit(() => wholeNumber("--repeats", values.repeats, 1, 100));
   const check = await startRelayCheck();
   const { ceiling, cluster } = check;
   const max = DEFAULT_PLAN_OPTIONS.lossFractionMax;

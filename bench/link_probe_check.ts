@@ -12,21 +12,17 @@
  * @module
  */
 
-import { parseArgs } from "node:util";
-import { numberList } from "./cli_args.ts";
-import { repeatsArg, startRelayCheck, throughRelay } from "./_relay_check.ts";
+import { benchArgs, numberList, orExit, wholeNumber } from "./cli_args.ts";
+import { startRelayCheck, throughRelay } from "./_relay_check.ts";
 
 if (import.meta.main) {
-  const { values } = parseArgs({
-    args: Deno.args,
-    options: {
-      rates: { type: "string", default: "100,400,1000" },
-      rtts: { type: "string", default: "0.2,2" },
-      mib: { type: "string", default: "3,8" },
-      repeats: { type: "string", default: "5" },
-    },
+  const values = benchArgs("link_probe_check.ts", {
+    rates: { default: "100,400,1000", what: "Mbit/s" },
+    rtts: { default: "0.2,2", what: "ms" },
+    mib: { default: "3,8", what: "probe sizes, MiB" },
+    repeats: { default: "5" },
   });
-  const repeats = repeatsArg(values.repeats);
+  const repeats = orExit(() => wholeNumber("--repeats", values.repeats, 1, 100));
   const check = await startRelayCheck();
   const { ceiling, cluster } = check;
   try {

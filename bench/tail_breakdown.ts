@@ -10,48 +10,43 @@
  * `--ctx` each worker's context (tokens; raise it with `--sentences`).
  * Prints one line per handoff: counts and milliseconds only.
  */
-import { parseArgs } from "node:util";
 import { cacheDir } from "../cli/paths.ts";
 import { ensureModelFile } from "../models/mod.ts";
 import { startLocalCluster } from "../serve/local_cluster.ts";
 import { LAB_SENTENCE, LAB_TIMEOUT_ARGS, labHandoff } from "./lab_tail_bench.ts";
-const { values } = parseArgs({
-  args: Deno.args,
-  options: {
-    runs: { type: "string", default: "3" },
-    sentences: { type: "string", default: "25" },
-    capture: { type: "string", default: "on" },
-    "per-cluster": { type: "string", default: "1" },
-    threads: { type: "string" },
-    ctx: { type: "string", default: "1024" },
-    "last-page-capture": { type: "string", default: "on" },
-    "huge-pages": { type: "string", default: "on" },
-  },
+import { benchArgs, orExit, wholeNumber } from "./cli_args.ts";
+const values = benchArgs("tail_breakdown.ts", {
+  runs: { default: "3" },
+  sentences: { default: "25" },
+  capture: { default: "on", what: "on|off" },
+  "per-cluster": { default: "1", what: "handoffs per process pair" },
+  threads: { default: "", what: "N (default: the workers')" },
+  ctx: { default: "1024", what: "tokens" },
+  "last-page-capture": { default: "on", what: "on|off" },
+  "huge-pages": { default: "on", what: "on|off" },
 });
+const runs = orExit(() => wholeNumber("--runs", values.runs, 1, 100));
+const sentences = orExit(() => wholeNumber("--sentences", values.sentences, 1, 10_000));
+const perCluster = orExit(() => wholeNumber("--per-cluster", values["per-cluster"], 1, 100));
 const model = await ensureModelFile(`${cacheDir()}/models`, {
   family: "hybrid",
   preset: "lab-state",
   seed: 1,
 });
 const ms = (x: number | null | undefined) => (x ?? NaN).toFixed(0);
-const perCluster = Number(values["per-cluster"]);
-if (!Number.isInteger(perCluster) || perCluster < 1) {
-  console.error(`--per-cluster ${values["per-cluster"]}: use a whole number of handoffs >= 1`);
-  Deno.exit(2);
-}
-for (let i = 0; i < Number(values.runs); i++) {
+for (let i = 0; i < runs; i++) {
   const cluster = await startLocalCluster({
     args: [
-      ...["--model", model, "--ctx", values.ctx!, "--layer-capture", values.capture!],
-      ...["--last-page-capture", values["last-page-capture"]!],
-      ...["--huge-pages", values["huge-pages"]!],
+      ...["--model", model, "--ctx", values.ctx, "--layer-capture", values.capture],
+      ...["--last-page-capture", values["last-page-capture"]],
+      ...["--huge-pages", values["huge-pages"]],
       ...LAB_TIMEOUT_ARGS,
       ...(values.threads ? ["--threads", values.threads] : []),
     ],
   });
   try {
     for (let j = 0; j < perCluster; j++) {
-      const r = await labHandoff(cluster, LAB_SENTENCE.repeat(Number(values.sentences)));
+      const r = await labHandoff(cluster, LAB_SENTENCE.repeat(sentences));
       const t = r.telemetry;
       const tail = t.uncoveredTailMs ?? NaN;
       const probe = t.probeMs ?? NaN;

@@ -10,8 +10,8 @@
  * Standalone: `deno run -A --unstable-net bench/transport_bench.ts [--mib 128] [--repeats 3]`.
  * Never asserted in tests.
  */
-import { parseArgs } from "node:util";
 import { median, table } from "./stats.ts";
+import { benchArgs, orExit, wholeNumber } from "./cli_args.ts";
 import { encodeFrame, FrameDecoder } from "../transport/frame.ts";
 import { createEphemeralNodeIdentity } from "../transport/node_identity.ts";
 import { establishPeer } from "../transport/establish.ts";
@@ -249,13 +249,13 @@ export function formatTransportBench(r: TransportBenchResult): string {
 }
 
 if (import.meta.main) {
-  const { values } = parseArgs({
-    args: Deno.args,
-    options: { mib: { type: "string", default: "128" }, repeats: { type: "string", default: "3" } },
+  const values = benchArgs("transport_bench.ts", {
+    mib: { default: "128", what: "MiB per transfer" },
+    repeats: { default: "3" },
   });
   const result = await runTransportBench({
-    transferMiB: Number(values.mib),
-    repeats: Number(values.repeats),
+    transferMiB: orExit(() => wholeNumber("--mib", values.mib, 1, 4096)),
+    repeats: orExit(() => wholeNumber("--repeats", values.repeats, 1, 100)),
   });
   console.log(formatTransportBench(result));
 }
