@@ -21,7 +21,6 @@ import {
   openGridLink,
 } from "./native_relay.ts";
 
-
 /** Builds the relay, measures its ceiling and starts the two workers. */
 export async function startRelayCheck(): Promise<
   { binary: string; ceiling: NativeCeiling; cluster: LocalCluster }

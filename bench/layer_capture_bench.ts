@@ -272,7 +272,9 @@ if (import.meta.main) {
   };
   const values = benchArgs("layer_capture_bench.ts", flags);
   if (!values.model) {
-    console.error(`error: --model is required\nusage: ${benchUsage("layer_capture_bench.ts", flags)}`);
+    console.error(
+      `error: --model is required\nusage: ${benchUsage("layer_capture_bench.ts", flags)}`,
+    );
     Deno.exit(2);
   }
   console.log(
