@@ -111,7 +111,8 @@ export function tailSplitHalves(
   points: readonly PointSummary[],
   tolerance = 0.15,
 ): { points: number; halvesAgree: number; predictionMeetsHalf: number; predictionMeets: number } {
-  const within = (a: number, b: number) => Math.abs(a / b - 1) <= tolerance;
+  const within = (pred: number, meas: number) =>
+    Math.abs(predictionError([pred, meas])!) <= tolerance;
   const out = { points: 0, halvesAgree: 0, predictionMeetsHalf: 0, predictionMeets: 0 };
   for (const p of points) {
     if (p.tail === null || p.tailsMs.length < 4) continue;
