@@ -93,8 +93,8 @@ export class HandoffCostRecorder {
   /** The newest capture schedule, as shares of its last chunk and of its bytes. */
   #schedule: CaptureSchedule | null = null;
   /**
-   * (RTT, what the link part took beyond the model's transfer and one RTT, the link rate):
-   * ms, ms, bytes/s (null: not measured).
+   * (RTT, what the link part took beyond the model's transfer and one RTT, the link rate, the
+   * prompt's tokens): ms, ms, bytes/s (null: not measured), tokens.
    */
   readonly #residual: LinkResidualSample[] = [];
   #samples = 0;
@@ -137,7 +137,7 @@ export class HandoffCostRecorder {
       // The tail less the decoder's part (import, probe) is the link's part.
       const own = Math.max(predictedLinkMs, t.tailExportMs ?? 0);
       const rate = t.bandwidthBytesPerS ?? null;
-      this.#residual.push([rtt, t.uncoveredTailMs - commit - own - rtt, rate]);
+      this.#residual.push([rtt, t.uncoveredTailMs - commit - own - rtt, rate, t.promptTokens]);
       if (this.#residual.length > this.samplesMax) this.#residual.shift();
     }
     if (t.probeMs !== null && t.probeMs >= 0) this.#push(this.#probe, [t.promptTokens, t.probeMs]);
@@ -169,7 +169,7 @@ export class HandoffCostRecorder {
     if (this.#captureLead.length) out.captureLeadMs = median(this.#captureLead);
     if (this.#schedule) out.captureSchedule = this.#schedule;
     if (this.#residual.length) {
-      out.linkResidual = { samples: this.#residual.map(([r, ms, bw]) => [r, ms, bw]) };
+      out.linkResidual = { samples: this.#residual.map(([r, ms, bw, d]) => [r, ms, bw, d]) };
     }
     return out;
   }
@@ -193,21 +193,26 @@ function _scheduleShares(t: HandoffCostFacts): CaptureSchedule | null {
 }
 
 /**
- * HandoffCosts.linkResidual on a link of `rttMs` and `bytesPerS`: the median of the samples
- * measured on a similar link, never below 0; 0 without samples. Similar: an RTT within a factor
- * of 2, and a rate within a factor of 2 where both are known (a slow or lossy link's stalls
- * say nothing about a fast one at the same RTT). With no similar sample, the samples at a
- * similar RTT whatever their rate; with none of those, all samples.
+ * HandoffCosts.linkResidual on a link of `rttMs` and `bytesPerS` for a prompt of
+ * `promptTokens`: the median of the samples measured on a similar link, never below 0; 0
+ * without samples. Similar: an RTT within a factor of 2, and a rate within a factor of 2 where
+ * both are known (a slow or lossy link's stalls say nothing about a fast one at the same RTT).
+ * With no similar sample, the samples at a similar RTT whatever their rate; with none of those,
+ * all samples. Of the similar samples, those from prompts within a factor of 2 of this one
+ * where there are any (with layer capture the residual is how the captured layers met the link
+ * over the last chunk, whose length grows with depth); else all of them.
  *
  * @example
  * ```ts
  * linkResidualAt([[0.3, 40, 1e8], [0.2, 60, 1.2e8], [0.2, 900, 1e7], [11, 900, 1e8]], 0.25, 1e8); // 50
+ * linkResidualAt([[2, 80, 1e7, 512], [2, 30, 1e7, 2048]], 2, 1e7, 2000); // 30
  * ```
  */
 export function linkResidualAt(
   samples: readonly LinkResidualSample[],
   rttMs: number,
   bytesPerS: number | null = null,
+  promptTokens: number | null = null,
 ): number {
   if (samples.length === 0) return 0;
   const atRtt = samples.filter(([r]) => _withinFactor2(r, rttMs));
@@ -215,7 +220,10 @@ export function linkResidualAt(
     bw == null || bytesPerS === null || _withinFactor2(bw, bytesPerS)
   );
   const pick = alike.length ? alike : atRtt.length ? atRtt : samples;
-  return Math.max(0, median(pick.map(([, y]) => y)));
+  const deep = pick.filter(([, , , d]) =>
+    d == null || promptTokens === null || _withinFactor2(d, promptTokens)
+  );
+  return Math.max(0, median((deep.length ? deep : pick).map(([, y]) => y)));
 }
 
 /**

@@ -108,25 +108,25 @@ Deno.test("HandoffCostRecorder skips a term its record does not carry", () => {
   assert.throws(() => new HandoffCostRecorder(0), /samplesMax/);
 });
 
-Deno.test("HandoffCostRecorder keeps the link residual with the RTT and rate it was measured at", () => {
+Deno.test("HandoffCostRecorder keeps the link residual with the RTT, rate and depth it was measured at", () => {
   const r = new HandoffCostRecorder(2);
   // Tail 500 ms = decoder commit 300 + the model's link time 40 + RTT 10 + 150 unexplained.
   r.record({ ...facts(40, 0), commitMs: 300, rttMs: 10, tailExportMs: 5 }, null, 40);
-  assert.deepEqual(r.costs().linkResidual, { samples: [[10, 150, null]] });
+  assert.deepEqual(r.costs().linkResidual, { samples: [[10, 150, null, 512]] });
   // The prefiller's own export, when later than the model's link time, is not residual.
   r.record(
     { ...facts(40, 0), commitMs: 300, rttMs: 10, tailExportMs: 100, bandwidthBytesPerS: 5e7 },
     null,
     40,
   );
-  assert.deepEqual(r.costs().linkResidual!.samples[1], [10, 90, 5e7]);
+  assert.deepEqual(r.costs().linkResidual!.samples[1], [10, 90, 5e7, 512]);
   // No RTT, no decoder commit or no predicted link time: nothing to measure it against.
   r.record({ ...facts(40, 0), commitMs: 300 }, null, 40);
   r.record({ ...facts(40, 0), rttMs: 10 }, null, 40);
   r.record({ ...facts(40, 0), commitMs: 300, rttMs: 10 }, null, null);
   assert.equal(r.costs().linkResidual!.samples.length, 2);
   r.record({ ...facts(40, 0), commitMs: 100, rttMs: 2 }, null, 0); // the oldest leaves
-  assert.deepEqual(r.costs().linkResidual!.samples, [[10, 90, 5e7], [2, 398, null]]);
+  assert.deepEqual(r.costs().linkResidual!.samples, [[10, 90, 5e7, 512], [2, 398, null, 512]]);
 });
 
 Deno.test("linkResidualAt() takes the median of the samples measured on a similar link", () => {
@@ -149,6 +149,24 @@ Deno.test("linkResidualAt() takes the median of the samples measured on a simila
   assert.equal(linkResidualAt(rated, 2, 4e8), 1530); // none within 2x: the RTT's four
   assert.equal(linkResidualAt(rated, 2), 1530); // the link's rate unknown: by RTT alone
   assert.equal(linkResidualAt([[2, 70, null], [2, 5000, 1e7]], 2, 1e8), 70);
+});
+
+Deno.test("linkResidualAt() prefers, of the similar samples, those from a similar depth", () => {
+  // One link, three handoffs of 512 tokens and one of 2K: how the captured layers meet the link
+  // over the last chunk depends on the chunk's length, which grows with depth.
+  const link: [number, number, number, number | null][] = [
+    [2, 90, 1e7, 512],
+    [2, 80, 1e7, 512],
+    [2, 100, 1e7, 512],
+    [2, 30, 1e7, 2048],
+  ];
+  assert.equal(linkResidualAt(link, 2, 1e7, 2000), 30); // the 2K handoff alone
+  assert.equal(linkResidualAt(link, 2, 1e7, 600), 90); // the three at 512
+  assert.equal(linkResidualAt(link, 2, 1e7, 8192), 85); // none within 2x: all four
+  assert.equal(linkResidualAt(link, 2, 1e7), 85); // depth not given: all four
+  // A sample without its depth counts at every depth; depth never outranks the link.
+  assert.equal(linkResidualAt([[2, 40, 1e7, null], [2, 80, 1e7, 512]], 2, 1e7, 2048), 40);
+  assert.equal(linkResidualAt([[2, 40, 1e8, 2048], [2, 80, 1e7, 512]], 2, 1e7, 2048), 80);
 });
 
 Deno.test("probeMsAt() reads the probes at a similar depth, carried by the decoder's depth curve", () => {

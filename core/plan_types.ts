@@ -29,9 +29,15 @@ export interface StateSize {
 
 /**
  * One served handoff's link residual: the RTT (ms) and rate (bytes/s; null: not measured)
- * the prediction used, and what the link part took beyond the model (ms).
+ * the prediction used, what the link part took beyond the model (ms), and the prompt's tokens
+ * (absent or null: not recorded).
  */
-export type LinkResidualSample = [rttMs: number, ms: number, bytesPerS?: number | null];
+export type LinkResidualSample = [
+  rttMs: number,
+  ms: number,
+  bytesPerS?: number | null,
+  promptTokens?: number | null,
+];
 
 /** A link measurement and how old it is. */
 export interface LinkMeasurement {
@@ -173,8 +179,8 @@ export interface HandoffCosts {
    * prefiller's tail export, if later) and one RTT, on served handoffs, each with the RTT and
    * rate it was measured at: the transfer right after compute end runs slower than a continuous
    * probe (the congestion window regrowing for the burst left then, frame handling on both
-   * ends). Predicted as the median of the samples measured on a similar link
-   * (`linkResidualAt`, core/link_costs.ts), never below 0.
+   * ends). Predicted as the median of the samples measured on a similar link, from a prompt of
+   * similar depth where there are any (`linkResidualAt`, core/link_costs.ts), never below 0.
    */
   linkResidual?: { samples: LinkResidualSample[] };
   /**

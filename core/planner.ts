@@ -265,6 +265,7 @@ export function estimate(
     i.costs?.linkResidual?.samples ?? [],
     link.rttMs,
     link.bandwidthBytesPerS,
+    i.promptTokens,
   );
   const validateMs = i.costs?.validateMs ?? 0;
   const handoffTailMs = linkMs + manifestWaitMs + linkResidualMs + importMs + validateMs +

@@ -3,6 +3,7 @@ import { UsageError } from "./errors.ts";
 import {
   DEFAULT_PLAN_OPTIONS,
   estimate,
+  type LinkResidualSample,
   lossLimitedBytesPerS,
   plan,
   type PlanInput,
@@ -312,6 +313,13 @@ Deno.test("estimate() adds the measured link residual to the tail", () => {
   assert.equal(base.linkResidualMs, 0);
   assert.equal(withResidual.linkResidualMs, 35); // the sample at a similar RTT
   assert.ok(Math.abs(withResidual.handoffTailMs - base.handoffTailMs - 35) < 1e-9);
+  // On one link, the residual of handoffs at the request's own depth, where there are any.
+  const byDepth = {
+    linkResidual: {
+      samples: [[0.2, 35, null, 512], [0.2, 90, null, i.promptTokens]] as LinkResidualSample[],
+    },
+  };
+  assert.equal(estimate({ ...i, costs: byDepth }, i.link!).linkResidualMs, 90);
 });
 
 Deno.test("estimate() adds the decoder's measured costs: validate beside the import, the digest wait after the probe", () => {
