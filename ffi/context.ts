@@ -82,6 +82,7 @@ const DECODE_ERRORS: Record<number, string> = {
 export class LlamaContext implements Disposable {
   #ptr: Deno.PointerValue;
   #threadpool: Deno.PointerValue = null;
+  readonly #beforeFree = new Set<() => void>();
   #queue: Promise<unknown> = Promise.resolve();
   #heldBy: string | null = null;
   /** Sequences held by an uncommitted import while the rest of the context decodes. */
@@ -391,8 +392,20 @@ export class LlamaContext implements Disposable {
     this.model.lib.symbols.llama_perf_context_reset(this.ptr);
   }
 
+  /**
+   * Runs `release` just before the context is freed: what lives on the context (a layer
+   * capture's eval callback and rows) goes first, so a context later allocated at the same
+   * address starts clean. Returns what cancels it.
+   */
+  beforeFree(release: () => void): () => void {
+    this.#beforeFree.add(release);
+    return () => void this.#beforeFree.delete(release);
+  }
+
   free(): void {
     if (this.#ptr !== null) {
+      for (const release of [...this.#beforeFree]) release();
+      this.#beforeFree.clear();
       const lib = this.model.lib;
       if (this.#threadpool !== null) lib.symbols.llama_detach_threadpool(this.#ptr);
       lib.symbols.llama_free(this.#ptr);

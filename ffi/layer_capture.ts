@@ -23,7 +23,7 @@
  *
  * Ownership: the rows live in the shim's buffer until the next `arm` or `close`; `layers()` and
  * `layer()` return copies the caller owns. The callback is on the context only between `arm`
- * and `disarm`; close the capture before freeing its context.
+ * and `disarm`; freeing the context closes a capture still open on it, first.
  */
 import { assert, RuntimeLibraryError, StateValidationError } from "../core/errors.ts";
 import type { LlamaContext } from "./context.ts";
@@ -80,6 +80,7 @@ export type LayerCaptureStatus =
 
 export class LayerCapture implements Disposable {
   #handle: Deno.PointerValue;
+  readonly #unhook: () => void;
   #seq = 0;
   #finalPos = -1;
   #copyRows = true;
@@ -98,6 +99,7 @@ export class LayerCapture implements Disposable {
     handle: Deno.PointerObject,
   ) {
     this.#handle = handle;
+    this.#unhook = ctx.beforeFree(() => this.close());
     const info = this.#info();
     this.nLayers = info[SHIM_CAPINFO.LAYERS];
     this.nTrunkLayers = info[SHIM_CAPINFO.N_LAYER];
@@ -339,12 +341,15 @@ export class LayerCapture implements Disposable {
     };
   }
 
-  /** Removes the callback from the context and frees the rows. Idempotent. */
+  /**
+   * Removes the callback from the context and frees the rows. Idempotent; freeing the context
+   * closes a capture still open.
+   */
   close(): void {
     if (this.#handle === null) return;
-    this.ctx.ptr; // throws when the context was freed first (the callback lives there)
     this.shim.symbols.skippy_capture_close(this.#handle);
     this.#handle = null;
+    this.#unhook();
   }
 
   [Symbol.dispose](): void {

@@ -229,3 +229,18 @@ captureTest("the capture is refused, with a reason, where it cannot work", async
     assert.ok(third.nLayers > 0);
   });
 });
+
+captureTest("freeing the context closes a capture still open on it", async () => {
+  using model = await LlamaModel.load(lib, await testModel("hybrid"), {});
+  const ctx = await LlamaContext.create(model, CONTEXT);
+  const capture = await openCapture(ctx);
+  assert.ok(capture.stats().observed >= 0, "open before the free");
+  ctx.free();
+  // Left open, the shim would still count the freed address as a context with a capture and
+  // refuse one on a later context allocated there.
+  assert.throws(() => capture.stats(), /layer capture used after close/);
+  capture.close(); // idempotent, and no longer touches the freed context
+  using next = await LlamaContext.create(model, CONTEXT);
+  using reopened = await openCapture(next);
+  assert.ok(reopened.nLayers > 0);
+});
