@@ -61,6 +61,8 @@ export class Admission {
   /** Waits for a slot; throws a 503 ApiError when none comes, or when `signal` aborts. */
   async acquire(signal?: AbortSignal): Promise<Ticket> {
     const t0 = performance.now();
+    // A client gone before it asked holds no slot and waits in no queue.
+    if (signal?.aborted) throw new DOMException("The client went away", "AbortError");
     if (this.#running < this.options.requestsInFlightMax && this.#queue.length === 0) {
       this.#running++;
       return this.#ticket(0);

@@ -40,3 +40,16 @@ Deno.test("Admission refuses a waiter after queueWaitMs, and drops one whose cli
   held.release();
   assert.equal(slow.running + a.running, 0);
 });
+
+Deno.test("Admission takes no slot and no place in the queue for a client already gone", async () => {
+  const a = new Admission({ requestsInFlightMax: 1, queueDepthMax: 4, queueWaitMs: 600_000 });
+  const gone = new AbortController();
+  gone.abort();
+  await assert.rejects(a.acquire(gone.signal), /went away/);
+  assert.equal(a.running, 0);
+  const held = await a.acquire();
+  await assert.rejects(a.acquire(gone.signal), /went away/);
+  assert.equal(a.waiting, 0);
+  held.release();
+  assert.equal(a.running, 0);
+});

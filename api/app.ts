@@ -15,7 +15,8 @@ import { z } from "zod";
 import { PROMPT_BYTES_MAX } from "../serve/messages.ts";
 import { type ChatFormat, renderChat } from "./chat.ts";
 import { userTurnEnds } from "./chat_turns.ts";
-import { ApiError, invalidBody, malformedJson, serverError } from "./errors.ts";
+import { readJsonBody } from "./body.ts";
+import { ApiError, invalidBody, serverError } from "./errors.ts";
 import { type ApiKeys, UNAUTHENTICATED_TENANT } from "./keys.ts";
 import { namesModel, type ServedModel } from "./model.ts";
 import { ChunkWriter, type Endpoint, wholeResponse } from "./responses.ts";
@@ -103,13 +104,13 @@ function addInfoRoutes(app: Hono<Env>, service: ApiService): void {
 function addCompletionRoutes(app: Hono<Env>, service: ApiService): void {
   const model = service.options.model;
   app.post("/v1/completions", async (c) => {
-    const body = parseBody(CompletionBody, await readJson(c.req.raw));
+    const body = parseBody(CompletionBody, await readJsonBody(c.req.raw, REQUEST_BODY_BYTES_MAX));
     const params = checkModel(model, toGenerationParams(body));
     const prompt = typeof body.prompt === "string" ? body.prompt : body.prompt[0];
     return await respond(service, c, { endpoint: "completions", params, prompt });
   });
   app.post("/v1/chat/completions", async (c) => {
-    const body = parseBody(ChatBody, await readJson(c.req.raw));
+    const body = parseBody(ChatBody, await readJsonBody(c.req.raw, REQUEST_BODY_BYTES_MAX));
     const params = checkModel(model, toGenerationParams(body));
     const messages = chatMessages(body);
     const { prompt, format, specialSpans } = renderChat(model, messages);
@@ -138,28 +139,6 @@ function watchClient(request: Request): { signal: AbortSignal; done: () => void 
     signal: gone.signal,
     done: () => request.signal.removeEventListener("abort", onAbort),
   };
-}
-
-/** The body as JSON, within REQUEST_BODY_BYTES_MAX; a 400 when it is not JSON. */
-async function readJson(request: Request): Promise<unknown> {
-  const length = Number(request.headers.get("content-length") ?? "0");
-  if (length > REQUEST_BODY_BYTES_MAX) throw tooLarge();
-  const text = await request.text();
-  if (text.length > REQUEST_BODY_BYTES_MAX) throw tooLarge();
-  try {
-    return JSON.parse(text);
-  } catch (error) {
-    throw malformedJson((error as Error).message.split("\n")[0]);
-  }
-}
-
-function tooLarge(): ApiError {
-  return new ApiError(
-    400,
-    "invalid_request_error",
-    `The request body is over ${REQUEST_BODY_BYTES_MAX} bytes`,
-    { code: "request_too_large" },
-  );
 }
 
 function parseBody<T extends z.ZodType>(schema: T, json: unknown): z.infer<T> {

@@ -1,8 +1,9 @@
 /**
  * Refusals that need no running worker: admission full (503 with Retry-After), a worker that
- * cannot be reached (500 server_error, one line), authentication and body validation. The
- * app runs in this process on the real tiny model's vocabulary; the "worker" addresses are
- * closed loopback ports this test picked.
+ * cannot be reached (500 server_error, one line), authentication, body validation and the
+ * body bound (a chunked body refused as it passes it). The app runs in this process on the
+ * real tiny model's vocabulary; the "worker" addresses are closed loopback ports this test
+ * picked.
  */
 import assert from "node:assert/strict";
 import { Node } from "../serve/node.ts";
@@ -10,6 +11,7 @@ import { testModel } from "../testing/models.ts";
 import { ApiKeys } from "./keys.ts";
 import { PeerSet } from "./peers.ts";
 import { startApiServer } from "./server.ts";
+import { REQUEST_BODY_BYTES_MAX } from "./app.ts";
 
 const KEY = "refusals-test-key-0123456789";
 
@@ -65,6 +67,25 @@ Deno.test("the API refuses in OpenAI's shape: 503 when full, 500 for a lost work
     assert.match(err.message, /^Invalid field "stop"/);
     const noPrompt = await post({ model });
     assert.equal((await noPrompt.json()).error.param, "prompt");
+
+    // A chunked body (no content-length) past the body bound: refused as it arrives.
+    let sentBytes = 0;
+    const endless = new ReadableStream<Uint8Array>({
+      pull(controller) {
+        const piece = new Uint8Array(1 << 20).fill(0x20);
+        sentBytes += piece.byteLength;
+        if (sentBytes > 4 * REQUEST_BODY_BYTES_MAX) controller.close();
+        else controller.enqueue(piece);
+      },
+    });
+    const huge = await fetch(`${server.url}/v1/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json", authorization: `Bearer ${KEY}` },
+      body: endless,
+    });
+    assert.equal(huge.status, 400);
+    assert.equal((await huge.json()).error.code, "request_too_large");
+    assert.ok(sentBytes < 2 * REQUEST_BODY_BYTES_MAX, `the client sent ${sentBytes} bytes`);
 
     // The context check counts tokens with the model's vocabulary, before admission.
     const long = await post({ model, prompt: "word ".repeat(300), max_tokens: 1 });

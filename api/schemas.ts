@@ -1,8 +1,8 @@
 /**
  * Request bodies of `/v1/completions` and `/v1/chat/completions`, as zod schemas: the fields
  * this server honours are checked for type and range; fields it cannot honour are refused by
- * name (`n` > 1, `logprobs`, `echo`, `suffix`, penalties); unknown fields are ignored, as
- * OpenAI clients send many. `toGenerationParams` turns either body into one shape.
+ * name (`n` > 1, `echo`, `suffix`, penalties, `logprobs` with `stream`); unknown fields are
+ * ignored, as OpenAI clients send many. `toGenerationParams` turns either body into one shape.
  */
 import { z } from "zod";
 import { ApiError } from "./errors.ts";
