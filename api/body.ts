@@ -3,6 +3,7 @@
  * is refused before a byte is read, and a body without one (chunked) is counted as it arrives
  * and refused the moment it passes the bound, so no body larger than the bound is ever held.
  */
+import { concatBytes } from "../core/bytes.ts";
 import { ApiError, malformedJson } from "./errors.ts";
 
 /** The body as JSON, at most `bytesMax` bytes; a 400 when it is larger or not JSON. */
@@ -48,11 +49,5 @@ async function _readBounded(
   } finally {
     reader.releaseLock();
   }
-  const out = new Uint8Array(bytes);
-  let at = 0;
-  for (const p of parts) {
-    out.set(p, at);
-    at += p.byteLength;
-  }
-  return out;
+  return concatBytes(parts);
 }
