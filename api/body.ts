@@ -18,7 +18,7 @@ export async function readJsonBody(request: Request, bytesMax: number): Promise<
   }
 }
 
-export function bodyTooLarge(bytesMax: number): ApiError {
+function bodyTooLarge(bytesMax: number): ApiError {
   return new ApiError(
     400,
     "invalid_request_error",
