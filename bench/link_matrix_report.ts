@@ -4,8 +4,10 @@
  * same-run calibration, the handoffs served earlier, the row's own pings and probe), next to
  * the measurement; a table, the share within 15%, and predicted-against-measured charts.
  *
- *   deno run -A bench/link_matrix_report.ts --out DIR [--without TERM,...] run1.json [...]
+ *   deno run -A bench/link_matrix_report.ts --out DIR [--without TERM,...] [--grid] run1.json [...]
  *
+ * `--grid` reports the issue's whole grid instead of the runs one by one: each point from the run
+ * that measured it most often (`link_matrix_grid.ts`), the points no run measured named as such.
  * `--without` replays with those measured cost terms left out (HandoffCosts names, such as
  * `linkResidual` or `captureLeadMs`): what each term does to the count, side by side.
  */
@@ -20,6 +22,7 @@ import {
   tailAgainstNoise,
   tailSplitHalves,
 } from "./link_matrix_points.ts";
+import { gridPoints, gridSection, type RunPoints } from "./link_matrix_grid.ts";
 import { table } from "./stats.ts";
 import { scatterChart } from "./svg.ts";
 
@@ -220,7 +223,7 @@ function rowSection(all: Replayed[], notes: string[]): ReportSection {
 }
 
 const USAGE =
-  "deno run -A bench/link_matrix_report.ts [--out DIR] [--without TERM,...] RUN.json...";
+  "deno run -A bench/link_matrix_report.ts [--out DIR] [--without TERM,...] [--grid] RUN.json...";
 
 if (import.meta.main) {
   const args = [...Deno.args];
@@ -234,7 +237,10 @@ if (import.meta.main) {
   const outDir = k >= 0 ? args.splice(k, 2)[1] : "reports/link-matrix";
   const w = args.indexOf("--without");
   const without = w >= 0 ? args.splice(w, 2)[1].split(",") : [];
+  const g = args.indexOf("--grid");
+  const grid = g >= 0 && args.splice(g, 1).length > 0;
   const all: Replayed[] = [];
+  const runs: RunPoints[] = [];
   const allPoints: PointSummary[] = [];
   const notes: string[] = [];
   for (const f of args) {
@@ -243,6 +249,7 @@ if (import.meta.main) {
     all.push(...r);
     notes.push(runNote(f, run, r));
     const points = byPoint(r);
+    runs.push({ file: f, points });
     if (points.some((p) => p.repeats > 1)) {
       allPoints.push(...points);
       notes.push(pointsNote(r, points));
@@ -256,11 +263,23 @@ if (import.meta.main) {
       without.length ? `, without the measured ${without.join(", ")}` : ""
     }; what the misses mean, and the Cubic/BBR and link-only checks: FINDINGS.md.`,
   );
-  await writeReport(outDir, "Cost model against emulated links", [
-    rowSection(all, notes),
-    ...(allPoints.length ? [pointSection(allPoints)] : []),
-  ]);
-  console.log(notes.join("\n"));
+  if (grid) {
+    const points = gridPoints(runs);
+    const section = gridSection(points);
+    // The points as read, in the runs' own per-point table and charts (bars: each point's range).
+    const read = pointSection(points.flatMap((p) => (p.point ? [p.point] : [])));
+    await writeReport(outDir, "Cost model against emulated links: the whole grid", [
+      { ...section, notes: [...section.notes!, notes.at(-1)!] },
+      read,
+    ]);
+    console.log(section.notes!.join("\n"));
+  } else {
+    await writeReport(outDir, "Cost model against emulated links", [
+      rowSection(all, notes),
+      ...(allPoints.length ? [pointSection(allPoints)] : []),
+    ]);
+    console.log(notes.join("\n"));
+  }
   console.log(`report: ${outDir}/README.md`);
 }
 
