@@ -5,7 +5,7 @@
  * shows the worst of them, so the count does not depend on the order the runs are given in.
  * Grid points no run measured are listed as such, never left out.
  */
-import { type PointSummary, predictionError } from "./link_matrix_points.ts";
+import { pointCells, type PointSummary, predictionError } from "./link_matrix_points.ts";
 import type { ReportSection } from "./report.ts";
 import { table } from "./stats.ts";
 import { scatterChart } from "./svg.ts";
@@ -112,42 +112,39 @@ export function gridCounts(points: readonly GridPoint[], tolerance = 0.15) {
 const _tied = (g: GridPoint) =>
   g.tiedFiles.length > 1 ? ` (${g.tiedFiles.length - 1} more tied)` : "";
 
-/** The grid as a report section: one line per point, the counts, and both per-point charts. */
+/** The grid as a report section: one line per point, the counts, and TTFT per point. */
 export function gridSection(points: GridPoint[]): ReportSection {
   const c = gridCounts(points);
-  const f = (v: number) => v.toFixed(0);
-  const pm = (x: [number, number] | null | undefined) => (x ? `${f(x[0])}/${f(x[1])}` : "-");
-  const pct = (x: [number, number] | null | undefined) => {
-    const e = predictionError(x ?? null);
-    return e === null ? "-" : `${(e * 100).toFixed(0)}%`;
-  };
-  const spread = (v: number | null) => (v === null ? "-" : `${(v * 100).toFixed(0)}%`);
+  const { pm, pct, spread } = pointCells;
   const verdict = (met: boolean | null) => (met === null ? "not measured" : met ? "yes" : "no");
   const rows = points.map((g) => [
     g.model,
     g.promptTokens,
     g.linkPoint,
     g.point?.tailsMs.length ?? 0,
-    pm(g.point?.ttft),
-    pct(g.point?.ttft),
+    pm(g.point?.ttft ?? null),
+    pct(g.point?.ttft ?? null),
     verdict(g.ttftMet),
-    pm(g.point?.tail),
-    pct(g.point?.tail),
+    pm(g.point?.tail ?? null),
+    pct(g.point?.tail ?? null),
     spread(g.point?.tailSpread ?? null),
     verdict(g.tailMet),
     g.file ? `${g.file.split("/").pop()}${_tied(g)}` : "-",
   ]);
-  const chart = (title: string, pick: (p: PointSummary) => [number, number] | null) =>
-    scatterChart(
-      Object.keys(ISSUE_GRID.prompts).map((model) => ({
-        name: model,
-        points: points.filter((g) => g.model === model && g.point).flatMap((g) => {
-          const x = pick(g.point!);
-          return x ? [{ x: x[0], y: x[1] }] : [];
-        }),
+  const ttft = scatterChart(
+    Object.keys(ISSUE_GRID.prompts).map((model) => ({
+      name: model,
+      points: points.filter((g) => g.model === model && g.point?.ttft).map((g) => ({
+        x: g.point!.ttft![0],
+        y: g.point!.ttft![1],
       })),
-      { title, xLabel: "median predicted ms", yLabel: "median measured ms" },
-    );
+    })),
+    {
+      title: "TTFT per grid point: median predicted vs median measured (ms)",
+      xLabel: "median predicted ms",
+      yLabel: "median measured ms",
+    },
+  );
   return {
     name: "link-matrix-grid",
     rows: points,
@@ -166,15 +163,9 @@ export function gridSection(points: GridPoint[]): ReportSection {
       "run",
     ], rows),
     notes: [
-      `The issue's grid (${c.points} points): measured at ${c.measured}; the tail within 15% at ${c.tailMet}, TTFT at ${c.ttftMet}. Each point is read from the run that measured it with the most handoffs (n); at ${c.tied} points two or more runs tie on n, and such a point counts as met only if every tied run meets it (the table shows the worst). Of the ${c.misses} tail misses, ${c.missesNoisy} are at points whose own repeats spread beyond 15% of their median (tail spread).`,
+      `The issue's grid (${c.points} points): measured at ${c.measured}; the tail within 15% at ${c.tailMet}, TTFT at ${c.ttftMet}. Each point is read from the run that measured it with the most handoffs (n); at ${c.tied} points two or more runs tie on n, and such a point counts as met only if every tied run meets it (the table shows the worst). Of the ${c.misses} tail misses, ${c.missesNoisy} are at points whose own repeats spread beyond 15% of their median (tail spread). The tail per point, with the range of its repeats, is the chart of the next section (tail-points.svg).`,
     ],
-    charts: {
-      "grid-ttft.svg": chart("TTFT per grid point: median predicted vs median measured (ms)", (
-        p,
-      ) => p.ttft),
-      "grid-tail.svg": chart("Tail per grid point: median predicted vs median measured (ms)", (
-        p,
-      ) => p.tail),
-    },
+    // The tail per point, with each point's range, is the points section's chart below.
+    charts: { "grid-ttft.svg": ttft },
   };
 }

@@ -140,15 +140,17 @@ export function pointSection(points: PointSummary[]): ReportSection {
   };
 }
 
+/** The per-point tables' cells: "p/m" in ms, an error or a spread in percent, "-" for none. */
+export const pointCells = {
+  pm: (x: [number, number] | null) => (x ? `${x[0].toFixed(0)}/${x[1].toFixed(0)}` : "-"),
+  pct: (x: [number, number] | null) => pointCells.spread(predictionError(x)),
+  spread: (v: number | null) => (v === null ? "-" : `${(v * 100).toFixed(0)}%`),
+};
+
 /** One line per grid point: predicted/measured medians, their errors and spreads. */
 function _pointTable(points: PointSummary[]): string {
+  const { pm, pct, spread } = pointCells;
   const f = (v: number) => v.toFixed(0);
-  const pm = (x: [number, number] | null) => (x ? `${f(x[0])}/${f(x[1])}` : "-");
-  const pct = (x: [number, number] | null) => {
-    const e = predictionError(x);
-    return e === null ? "-" : `${(e * 100).toFixed(0)}%`;
-  };
-  const spread = (v: number | null) => (v === null ? "-" : `${(v * 100).toFixed(0)}%`);
   return table(
     [
       "model",
