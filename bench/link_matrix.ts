@@ -34,6 +34,7 @@ import { baseHandoffRequest, promptsOfTokens } from "./link_bench.ts";
 import { ensureModelFile } from "../models/mod.ts";
 import { runHandoff } from "../serve/coordinator.ts";
 import { RUNTIME_DEFAULTS } from "../serve/engine.ts";
+import { ISSUE_GRID } from "./link_matrix_grid.ts";
 import type { HandoffRequest } from "../serve/coordinator.ts";
 import { cacheDir } from "../cli/paths.ts";
 import { buildNativeRelay, measureNativeCeiling, type NativeCeiling } from "./native_relay.ts";
@@ -268,9 +269,9 @@ if (import.meta.main) {
     options: {
       model: { type: "string", default: "super-mini" },
       prompts: { type: "string" },
-      rates: { type: "string", default: "100,400,1000" },
-      rtts: { type: "string", default: "0.2,2,10" },
-      losses: { type: "string", default: "0,0.001" },
+      rates: { type: "string", default: ISSUE_GRID.ratesBitsPerS.map((r) => r / 1e6).join(",") },
+      rtts: { type: "string", default: ISSUE_GRID.rttsMs.join(",") },
+      losses: { type: "string", default: ISSUE_GRID.lossFractions.join(",") },
       repeats: { type: "string", default: "1" },
       "worker-threads": { type: "string", default: "1" },
       "decode-cpu-quota": { type: "string" },
@@ -337,7 +338,7 @@ if (import.meta.main) {
     model,
     prompts: numberList(
       "--prompts",
-      v.prompts ?? (model === "lab-state" ? "512,2048,4096" : "512,2048,8192,32768"),
+      v.prompts ?? (ISSUE_GRID.prompts[model] ?? ISSUE_GRID.prompts["super-mini"]).join(","),
     ),
     points,
     repeats: numberList("--repeats", v.repeats)[0],

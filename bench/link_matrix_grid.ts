@@ -10,7 +10,7 @@ import type { ReportSection } from "./report.ts";
 import { table } from "./stats.ts";
 import { scatterChart } from "./svg.ts";
 
-/** The grid the placement issue asks for: links x prompts per model. */
+/** The grid the placement issue asks for (links x prompts per model); `link_matrix.ts` runs it by default. */
 export const ISSUE_GRID = {
   ratesBitsPerS: [100e6, 400e6, 1e9],
   rttsMs: [0.2, 2, 10],
