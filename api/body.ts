@@ -6,7 +6,7 @@
 import { concatBytes } from "../core/bytes.ts";
 import { ApiError, malformedJson } from "./errors.ts";
 
-/** The body as JSON, at most `bytesMax` bytes; a 400 when it is larger or not JSON. */
+/** The body as JSON, at most `bytesMax` bytes; a 413 when it is larger, a 400 when it is not JSON. */
 export async function readJsonBody(request: Request, bytesMax: number): Promise<unknown> {
   const length = Number(request.headers.get("content-length") ?? "0");
   if (length > bytesMax) throw bodyTooLarge(bytesMax);
@@ -20,7 +20,7 @@ export async function readJsonBody(request: Request, bytesMax: number): Promise<
 
 function bodyTooLarge(bytesMax: number): ApiError {
   return new ApiError(
-    400,
+    413,
     "invalid_request_error",
     `The request body is over ${bytesMax} bytes, the most this server reads; send a shorter prompt`,
     { code: "request_too_large" },

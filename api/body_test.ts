@@ -37,7 +37,7 @@ Deno.test("readJsonBody refuses a chunked body the moment it passes the bound, w
   const { request, pulled } = chunkedRequest(1000, 1024);
   await assert.rejects(readJsonBody(request, 4096), (e: unknown) => {
     assert.ok(e instanceof ApiError);
-    assert.equal(e.status, 400);
+    assert.equal(e.status, 413);
     assert.match(e.message, /over 4096 bytes.*shorter prompt/);
     return true;
   });
@@ -50,7 +50,10 @@ Deno.test("readJsonBody refuses a declared length over the bound before reading,
     body: "x",
     headers: { "content-length": "5000" },
   });
-  await assert.rejects(readJsonBody(big, 4096), /over 4096 bytes/);
+  await assert.rejects(
+    readJsonBody(big, 4096),
+    (e: unknown) => e instanceof ApiError && e.status === 413 && /over 4096 bytes/.test(e.message),
+  );
   const bad = new Request("http://127.0.0.1/", { method: "POST", body: "{nope" });
   await assert.rejects(
     readJsonBody(bad, 4096),

@@ -21,7 +21,7 @@ export type ApiErrorType =
 /** An error the API answers with (status, type and one line); thrown by handlers. */
 export class ApiError extends Error {
   constructor(
-    readonly status: 400 | 401 | 404 | 500 | 503,
+    readonly status: 400 | 401 | 404 | 413 | 500 | 503,
     readonly type: ApiErrorType,
     message: string,
     readonly options: {

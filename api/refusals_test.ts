@@ -83,7 +83,7 @@ Deno.test("the API refuses in OpenAI's shape: 503 when full, 500 for a lost work
       headers: { "content-type": "application/json", authorization: `Bearer ${KEY}` },
       body: endless,
     });
-    assert.equal(huge.status, 400);
+    assert.equal(huge.status, 413);
     assert.equal((await huge.json()).error.code, "request_too_large");
     assert.ok(sentBytes < 2 * REQUEST_BODY_BYTES_MAX, `the client sent ${sentBytes} bytes`);
 
