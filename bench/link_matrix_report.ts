@@ -7,7 +7,8 @@
  *   deno run -A bench/link_matrix_report.ts --out DIR [--without TERM,...] [--grid] run1.json [...]
  *
  * `--grid` reports the issue's whole grid instead of the runs one by one: each point from the run
- * that measured it most often (`link_matrix_grid.ts`), the points no run measured named as such.
+ * that measured it most often (`link_matrix_grid.ts`), the points no run measured named as such,
+ * and the runs it read listed.
  * `--without` replays with those measured cost terms left out (HandoffCosts names, such as
  * `linkResidual` or `captureLeadMs`): what each term does to the count, side by side.
  */
@@ -269,8 +270,10 @@ if (import.meta.main) {
     const section = gridSection(points);
     // The points as read, in the runs' own per-point table and charts (bars: each point's range).
     const read = pointSection(points.flatMap((p) => (p.point ? [p.point] : [])));
+    // The runs read, so the count can be read again from the same files.
+    const files = runs.map((r) => r.file.split("/").pop()).join(", ");
     await writeReport(outDir, "Cost model against emulated links: the whole grid", [
-      { ...section, notes: [...section.notes!, ...notes] },
+      { ...section, notes: [...section.notes!, `Runs read (${runs.length}): ${files}.`, ...notes] },
       read,
     ]);
     console.log(section.notes!.join("\n"));
