@@ -1,8 +1,9 @@
 /**
  * When the last byte of a handoff's page stream leaves, for the planner (core/planner.ts): KV
- * pages released as chunks finish (the cached prefix at once), and with layer capture the
- * recurrent state released while the last chunk computes, one recurrent layer at a time, all
- * in one FIFO at the measured bandwidth, starting once the reservation round trip is done.
+ * pages released as chunks finish (the cached prefix at once, behind the token history, which
+ * is final before prefill: `knownBytes`), and with layer capture the recurrent state released
+ * while the last chunk computes, one recurrent layer at a time, all in one FIFO at the
+ * measured bandwidth, starting once the reservation round trip is done.
  * The last chunk takes its own rate where the node's rates give one (deeper tokens cost more,
  * so it is longer than an average chunk, and the layers spread over more time). With layer
  * capture the engine computes a prompt's remainder first, so the last chunk, which the capture
@@ -22,6 +23,11 @@ export interface StreamInput {
   /** Layer capture: the remainder is computed first and the last chunk is a full one. */
   snapshotDuringLastChunk?: boolean;
   state: { kvBytesPerToken: number };
+  /**
+   * Bytes final before prefill starts (the token history), which leave at its start ahead of
+   * the first page (serve/exporter.ts); absent: none.
+   */
+  knownBytes?: number;
 }
 
 /** Prefill time, the stream's finish beyond it, the last page, and the share of pages hidden. */
@@ -156,7 +162,7 @@ export function streamFinish(
     leadMs: lastPieceLeadMs,
     schedule,
   });
-  let finishMs = rttMs + (totalBytes - pageInCapture + captured) / bwPerMs;
+  let finishMs = rttMs + ((i.knownBytes ?? 0) + totalBytes - pageInCapture + captured) / bwPerMs;
   // Chunk j (1..n) ends at its tokens at the early chunks' rate; at that point its page and
   // every later one, and the captured bytes not yet released (all of them before the last
   // chunk's end; at it, the pieces released then), are to leave.
@@ -180,7 +186,8 @@ export function streamFinish(
   if (n >= 1 && nonLastBytes > 0) {
     const sent = Math.min(
       nonLastBytes,
-      bwPerMs * Math.max(0, prefillMs - rttMs),
+      // The known bytes go first: the pages get the rest of the link's time.
+      bwPerMs * Math.max(0, prefillMs - rttMs) - (i.knownBytes ?? 0),
       n >= 2 ? cachedBytes + bwPerMs * (prefillMs - firstChunkMs) : Infinity,
       n >= 2 ? tokensAfter(n - 2) * kv + cachedBytes + bwPerMs * lastChunkMs : Infinity,
     );

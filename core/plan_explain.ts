@@ -88,13 +88,13 @@ function _tail(e: PlanEstimates, add: Add): void {
     "tail",
     "uncovered KV transfer",
     e.uncoveredKvMs,
-    "KV pages still on the wire at prefill end",
+    "KV pages still on the wire at prefill end (the token history leaves first, at its start)",
   );
   add(
     "tail",
     "final snapshot transfer",
     e.snapshotTransferMs - (e.mtpMode === "transfer" ? e.mtpTransferMs : 0),
-    "recurrent (conv + SSM), SWA and token history after the last page",
+    "recurrent (conv + SSM) and SWA after the last page",
   );
   if (e.mtpMode === "transfer") add("tail", "MTP state transfer", e.mtpTransferMs, "sent");
   if (e.mtpMode === "reprime") {

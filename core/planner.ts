@@ -246,7 +246,9 @@ export function estimate(
     i.lastPageDuringLastChunk === true;
   const linkBytesPerS = _linkBytesPerS(i, link, o, captured);
   const bwPerMs = linkBytesPerS / 1000;
-  const stream = streamFinish(i, bwPerMs, link.rttMs, 0, pageCaptured);
+  // The token history is final before prefill: it leaves at its start, not in the tail.
+  const known = { ...i, knownBytes: i.promptTokens * TOKEN_BYTES };
+  const stream = streamFinish(known, bwPerMs, link.rttMs, 0, pageCaptured);
   const mtp = _mtpPlan(i, bwPerMs, o);
   const snapshotBytes = snapshotBytesFor(i.state, i.promptTokens) -
     (mtp.mode === "reprime" ? mtp.bytes : 0);
@@ -255,8 +257,9 @@ export function estimate(
   // rest follows at the rate. A captured last page is imported on arrival, before the end.
   const snapshotTransferMs =
     (captured > 0
-      ? _combinedUncoveredMs(i, bwPerMs, link.rttMs, captured, pageCaptured) - stream.uncoveredMs
-      : 0) + (snapshotBytes - captured) / bwPerMs;
+      ? _combinedUncoveredMs(known, bwPerMs, link.rttMs, captured, pageCaptured) -
+        stream.uncoveredMs
+      : 0) + (snapshotBytes - known.knownBytes - captured) / bwPerMs;
   const importBytes = (pageCaptured ? 0 : stream.lastPageBytes) + snapshotBytes;
   const importMs = _importMs(i, o, importBytes) + (mtp.mode === "reprime" ? i.mtpReprimeMs! : 0);
   const linkMs = stream.uncoveredMs + snapshotTransferMs;

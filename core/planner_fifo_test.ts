@@ -6,17 +6,20 @@
 import assert from "node:assert/strict";
 import { estimate, type PlanInput } from "./planner.ts";
 import { planInput } from "./_test_fixtures.ts";
+import { TOKEN_BYTES } from "./schema.ts";
 
 const MIB = 1024 * 1024;
 
 const input = planInput;
 
-// Brute force: a FIFO link carrying the cached block at t=0 and one page per computed chunk.
+// Brute force: a FIFO link carrying the token history (final before prefill: serve/exporter.ts)
+// and the cached block at t=0, then one page per computed chunk; the overlap counts pages.
 function simulate(i: PlanInput) {
   const link = i.link!;
   const bw = link.bandwidthBytesPerS / 1000;
   const tps = i.prefillerPrefillTokensPerS / 1000;
   const cached = i.prefillerCachedTokens ?? 0;
+  const history = i.promptTokens * TOKEN_BYTES;
   const releases: { at: number; bytes: number }[] = [];
   if (cached > 0) releases.push({ at: 0, bytes: cached * i.state.kvBytesPerToken });
   let done = 0;
@@ -26,7 +29,7 @@ function simulate(i: PlanInput) {
     releases.push({ at: done / tps, bytes: tokens * i.state.kvBytesPerToken });
   }
   const prefillEnd = done / tps;
-  let clock = link.rttMs;
+  let clock = link.rttMs + history / bw;
   let early = 0;
   for (const [k, r] of releases.entries()) {
     const start = Math.max(clock, r.at);
@@ -91,7 +94,8 @@ function simulateCapture(i: PlanInput, slices: number, leadMs = 0, pageCaptured 
   const lastMs = n > 1 && ownMs < prefillMs ? ownMs : lastTokens / tps;
   const earlyTps = n > 1 ? (computed - lastTokens) / (prefillMs - lastMs) : tps;
   const endAt = (tokensDone: number) => tokensDone >= computed ? prefillMs : tokensDone / earlyTps;
-  const releases: { at: number; bytes: number }[] = [];
+  // The token history first, at t=0 (serve/exporter.ts), then the cached block.
+  const releases = [{ at: 0, bytes: i.promptTokens * TOKEN_BYTES }];
   if (cached > 0) releases.push({ at: 0, bytes: cached * i.state.kvBytesPerToken });
   let done = 0;
   for (const tokens of sizes) {
@@ -111,6 +115,12 @@ function simulateCapture(i: PlanInput, slices: number, leadMs = 0, pageCaptured 
   let clock = link.rttMs;
   for (const r of releases) clock = Math.max(clock, r.at) + r.bytes / bw;
   return Math.max(0, clock - prefillMs);
+}
+
+// The snapshot's bytes that leave after compute end (neither captured nor known before
+// prefill): none here, as these plans have no SWA or MTP state.
+function _afterEndBytes(i: PlanInput, snapshotBytes: number): number {
+  return snapshotBytes - i.state.recurrentBytes - i.promptTokens * TOKEN_BYTES;
 }
 
 // A random plan with layer capture: up to 40K prompt tokens, a cached prefix 3 times in 10,
@@ -155,7 +165,7 @@ Deno.test("estimate() with layer capture agrees with a FIFO simulation of pages 
     const sliced = i.state.recurrentBytes + lastTokens * i.state.kvBytesPerToken;
     const sliceMs = sliced / slices / (i.link!.bandwidthBytesPerS / 1000);
     const modelled = e.uncoveredKvMs + e.snapshotTransferMs -
-      (e.snapshotBytes - i.state.recurrentBytes) / (i.link!.bandwidthBytesPerS / 1000);
+      _afterEndBytes(i, e.snapshotBytes) / (i.link!.bandwidthBytesPerS / 1000);
     assert.ok(
       modelled <= sim + 1e-6 && sim <= modelled + sliceMs + 1e-6,
       `${JSON.stringify({ promptTokens, ch: i.chunkTokens })}: ${modelled} vs ${sim}`,
@@ -176,7 +186,7 @@ function checkWholeLayers(seed: number, lead: boolean, slowerLast = false): void
     const e = estimate(i, i.link!);
     const sim = simulateCapture(i, recurrentLayers, leadMs, lastPage);
     const modelled = e.uncoveredKvMs + e.snapshotTransferMs -
-      (e.snapshotBytes - i.state.recurrentBytes) / (i.link!.bandwidthBytesPerS / 1000);
+      _afterEndBytes(i, e.snapshotBytes) / (i.link!.bandwidthBytesPerS / 1000);
     assert.ok(
       Math.abs(modelled - sim) <= 1e-6 * Math.max(1, sim),
       `${JSON.stringify({ promptTokens, recurrentLayers, leadMs })}: ${modelled} vs ${sim}`,
