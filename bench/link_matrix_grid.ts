@@ -163,9 +163,36 @@ export function gridSection(points: GridPoint[]): ReportSection {
       "run",
     ], rows),
     notes: [
-      `The issue's grid (${c.points} points): measured at ${c.measured}; the tail within 15% at ${c.tailMet}, TTFT at ${c.ttftMet}. Each point is read from the run that measured it with the most handoffs (n); at ${c.tied} points two or more runs tie on n, and such a point counts as met only if every tied run meets it (the table shows the worst). Of the ${c.misses} tail misses, ${c.missesNoisy} are at points whose own repeats spread beyond 15% of their median (tail spread). The tail per point, with the range of its repeats, is the chart of the next section (tail-points.svg).`,
+      `The issue's grid (${c.points} points): measured at ${c.measured}; the tail within 15% at ${c.tailMet}, TTFT at ${c.ttftMet}. Each point is read from the run that measured it with the most handoffs (n); at ${c.tied} points two or more runs tie on n, and such a point counts as met only if every tied run meets it (the table shows the worst). ${
+        c.misses
+          ? `Of the ${c.misses} tail misses, ${c.missesNoisy} are at points whose own repeats spread beyond 15% of their median (tail spread).`
+          : "No point misses the tail."
+      } The tail per point, with the range of its repeats, is the chart of the next section (tail-points.svg).`,
     ],
     // The tail per point, with each point's range, is the points section's chart below.
     charts: { "grid-ttft.svg": ttft },
   };
+}
+
+/**
+ * The grid read with every run's rows pooled per point (`pooled`: `byPoint` over all the runs'
+ * replayed rows), as a note. It chooses no run, so unlike `gridPoints` it does not favour the
+ * runs that measured a point again because it missed; it mixes runs of different days and
+ * layouts, which is why the grid itself reads one run per point.
+ */
+export function pooledNote(pooled: readonly PointSummary[], tolerance = 0.15): string {
+  const points = gridPoints([{ file: "every run", points: [...pooled] }], ISSUE_GRID, tolerance);
+  const c = gridCounts(points, tolerance);
+  const misses = points.flatMap((g) =>
+    g.point && !g.tailMet
+      ? [
+        `${g.model} ${g.promptTokens} ${g.linkPoint} ${
+          pointCells.pct(g.point.tail)
+        } (n ${g.point.repeats})`,
+      ]
+      : []
+  );
+  return `Every run's rows pooled per point (medians over all of a point's rows, whichever run measured them): the tail within 15% at ${c.tailMet} of ${c.measured}, TTFT at ${c.ttftMet}${
+    misses.length ? `; the tail misses: ${misses.join(", ")}` : ""
+  }.`;
 }

@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { gridCounts, gridPoints, gridSection, ISSUE_GRID } from "./link_matrix_grid.ts";
+import { gridCounts, gridPoints, gridSection, ISSUE_GRID, pooledNote } from "./link_matrix_grid.ts";
 import type { PointSummary } from "./link_matrix_points.ts";
 
 /** A point summary at 400 Mbit/s 2 ms lossless, super-mini 512: what gridPoints reads of it. */
@@ -44,6 +44,7 @@ Deno.test("gridPoints() reads a point from the run with the most tails there", (
   assert.deepEqual(p.tiedFiles, ["a.json"]);
   assert.equal(p.tailMet, true);
   assert.equal(gridCounts(points).tailMet, 1);
+  assert.match(gridSection(points).notes!.join(" "), /No point misses the tail\./);
 });
 
 Deno.test("gridPoints() on a tie: met only if every tied run meets it, the worst shown", () => {
@@ -64,4 +65,14 @@ Deno.test("gridCounts() names a miss noisy only where its own repeats spread bey
   const runs = [{ file: "n.json", points: [point([130, 100], [60, 100, 140], 0.4)] }];
   const c = gridCounts(gridPoints(runs));
   assert.deepEqual([c.measured, c.tailMet, c.misses, c.missesNoisy], [1, 0, 1, 1]);
+  assert.match(gridSection(gridPoints(runs)).notes!.join(" "), /Of the 1 tail misses, 1 are/);
+});
+
+Deno.test("pooledNote() counts the points as pooled and names each tail miss with its rows", () => {
+  assert.match(pooledNote([point([105, 100], [90, 100, 110])]), /at 1 of 1, TTFT at 1\.$/);
+  const miss = pooledNote([point([130, 100], [80, 100, 150])]);
+  assert.match(
+    miss,
+    /at 0 of 1, TTFT at 1; the tail misses: super-mini 512 400M 2ms 0% 30% \(n 3\)\.$/,
+  );
 });

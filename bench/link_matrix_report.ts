@@ -23,7 +23,7 @@ import {
   tailAgainstNoise,
   tailSplitHalves,
 } from "./link_matrix_points.ts";
-import { gridPoints, gridSection, type RunPoints } from "./link_matrix_grid.ts";
+import { gridPoints, gridSection, pooledNote, type RunPoints } from "./link_matrix_grid.ts";
 import { table } from "./stats.ts";
 import { scatterChart } from "./svg.ts";
 
@@ -273,7 +273,15 @@ if (import.meta.main) {
     // The runs read, so the count can be read again from the same files.
     const files = runs.map((r) => r.file.split("/").pop()).join(", ");
     await writeReport(outDir, "Cost model against emulated links: the whole grid", [
-      { ...section, notes: [...section.notes!, `Runs read (${runs.length}): ${files}.`, ...notes] },
+      {
+        ...section,
+        notes: [
+          ...section.notes!,
+          pooledNote(byPoint(all)),
+          `Runs read (${runs.length}): ${files}.`,
+          ...notes,
+        ],
+      },
       read,
     ]);
     console.log(section.notes!.join("\n"));
