@@ -8,7 +8,8 @@
  *
  * `--grid` reports the issue's whole grid instead of the runs one by one: each point from the run
  * that measured it most often (`link_matrix_grid.ts`), the points no run measured named as such,
- * and the runs it read listed.
+ * the runs it read listed, and the count with every run's rows pooled per point (`pooledNote`),
+ * a reading that chooses no run.
  * `--without` replays with those measured cost terms left out (HandoffCosts names, such as
  * `linkResidual` or `captureLeadMs`): what each term does to the count, side by side.
  */
