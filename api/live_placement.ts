@@ -34,6 +34,7 @@
  */
 import { type CertificationFile, isCertified } from "../core/certification.ts";
 import {
+  handoffTailSample,
   handoffTransferSample,
   type LinkEstimate,
   LinkEstimator,
@@ -239,6 +240,8 @@ export class LivePlacement {
         this.pairs.recordRtt(pair, rtt.rttMs, now);
         const sample = handoffTransferSample(t, rtt.rttMs);
         if (sample) this.pairs.recordTransfer(pair, sample.bytes, sample.ms, now, "handoff");
+        const tail = handoffTailSample(t);
+        if (tail) this.pairs.recordTailTransfer(pair, tail.bytes, tail.ms, now);
       }
       this.#learnCosts(pair, result, now, predictedLinkMs);
     } else if (clean && result.completedBy.nodeId === decodeNodeId && result.promptTokens > 0) {

@@ -7,6 +7,7 @@
  * it here, so a replayed row plans as its run did.
  */
 import {
+  handoffTailSample,
   type HandoffTransferFacts,
   handoffTransferSample,
   LinkEstimator,
@@ -25,6 +26,15 @@ export const LOSS_PROBES_PER_POINT = 3;
 
 /** Handoff bandwidth samples a point's link keeps (bytes/s), newest last. */
 export const TRANSFERS_PER_POINT = 3;
+
+/**
+ * A point's handoff samples (bytes/s, oldest first): the transfers' rates
+ * (`handoffTransferSample`) and their tails' (`handoffTailSample`).
+ */
+export interface PointSamples {
+  transfers: number[];
+  tails: number[];
+}
 
 /** A point's key in the per-point maps ("rate/rtt/loss"). */
 export function pointKey(p: LinkPoint): string {
@@ -58,19 +68,22 @@ export function recordLossFractions(
 }
 
 /**
- * Keeps the bandwidth sample a handoff over `p` gives (`handoffTransferSample`; none: nothing
- * kept), up to `TRANSFERS_PER_POINT` per point.
+ * Keeps the bandwidth and tail samples a handoff over `p` gives (`handoffTransferSample`,
+ * `handoffTailSample`; none: nothing kept), up to `TRANSFERS_PER_POINT` of each per point.
  */
 export function recordPointTransfer(
-  byPoint: Map<string, number[]>,
+  byPoint: Map<string, PointSamples>,
   p: LinkPoint,
   t: HandoffTransferFacts,
   rttMs: number,
 ): void {
-  const s = handoffTransferSample(t, rttMs);
-  if (!s) return;
-  const kept = [...(byPoint.get(pointKey(p)) ?? []), (s.bytes / s.ms) * 1000];
-  byPoint.set(pointKey(p), kept.slice(-TRANSFERS_PER_POINT));
+  const kept = pointTransfers(byPoint, p);
+  const keep = (xs: number[], s: { bytes: number; ms: number } | null) =>
+    s ? [...xs, (s.bytes / s.ms) * 1000].slice(-TRANSFERS_PER_POINT) : xs;
+  byPoint.set(pointKey(p), {
+    transfers: keep(kept.transfers, handoffTransferSample(t, rttMs)),
+    tails: keep(kept.tails, handoffTailSample(t)),
+  });
 }
 
 /** What a row measured of its link: its pings' RTT, its probe's rate, its loss probe. */
@@ -82,13 +95,13 @@ export interface RowProbe {
 
 /**
  * The estimator the row's planner reads at `atMs`: the row's RTT; the row's probe and the
- * point's handoff samples (`transfers`, bytes/s), of which the estimator reads the latter where
- * there are any; the point's earlier loss probes with the row's own.
+ * point's handoff samples, of which the estimator reads the latter where there are any, and
+ * their tails; the point's earlier loss probes with the row's own.
  */
 export function plannerLinks(
   pair: PeerPair,
   probe: RowProbe,
-  transfers: readonly number[],
+  samples: PointSamples,
   earlierLoss: readonly number[],
   atMs: number,
 ): LinkEstimator {
@@ -97,7 +110,8 @@ export function plannerLinks(
   // One "transfer" per sample, its bytes over the time that rate takes (1 TB: never too small);
   // the estimator reads the probe only while no handoff sample is fresh.
   links.recordTransfer(pair, 1e12, 1e15 / probe.bandwidthBytesPerS, atMs, "probe");
-  for (const r of transfers) links.recordTransfer(pair, 1e12, 1e15 / r, atMs, "handoff");
+  for (const r of samples.transfers) links.recordTransfer(pair, 1e12, 1e15 / r, atMs, "handoff");
+  for (const r of samples.tails) links.recordTailTransfer(pair, 1e12, 1e15 / r, atMs);
   recordLossFractions(links, pair, [
     ...earlierLoss,
     ...(probe.lossFraction === null ? [] : [probe.lossFraction]),
@@ -105,7 +119,7 @@ export function plannerLinks(
   return links;
 }
 
-/** The point's handoff samples so far (bytes/s, oldest first). */
-export function pointTransfers(byPoint: Map<string, number[]>, p: LinkPoint): number[] {
-  return byPoint.get(pointKey(p)) ?? [];
+/** The point's handoff samples so far. */
+export function pointTransfers(byPoint: Map<string, PointSamples>, p: LinkPoint): PointSamples {
+  return byPoint.get(pointKey(p)) ?? { transfers: [], tails: [] };
 }

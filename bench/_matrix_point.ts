@@ -26,6 +26,7 @@ import {
   type LinkPoint,
   plannerLinks,
   pointKey,
+  type PointSamples,
   pointTransfers,
   recordPointTransfer,
 } from "./_matrix_link.ts";
@@ -127,8 +128,8 @@ export interface MatrixContext {
   linkCosts: Map<string, HandoffCostRecorder>;
   /** Each point's earlier loss probes (`earlierLossProbes`). */
   lossByPoint: Map<string, number[]>;
-  /** Each point's handoff bandwidth samples, bytes/s (`recordPointTransfer`). */
-  transfersByPoint: Map<string, number[]>;
+  /** Each point's handoff samples (`recordPointTransfer`). */
+  transfersByPoint: Map<string, PointSamples>;
   /** State sizes as the runtime exported them (largest seen). */
   state: StateSize;
   model: string;

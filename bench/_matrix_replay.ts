@@ -14,7 +14,12 @@ import type { HandoffTelemetry } from "../core/telemetry.ts";
 import { RUNTIME_DEFAULTS } from "../serve/engine.ts";
 import type { CalibrationRun, MatrixRow } from "./link_matrix.ts";
 import { learnFrom, type MatrixLearning, pointCosts, recurrentLayersOf } from "./_matrix_point.ts";
-import { earlierLossProbes, plannerLinks, pointTransfers } from "./_matrix_link.ts";
+import {
+  earlierLossProbes,
+  plannerLinks,
+  type PointSamples,
+  pointTransfers,
+} from "./_matrix_link.ts";
 
 /** A run file as bench/link_matrix.ts writes it (the fields the replay and the report read). */
 export interface RunFile {
@@ -69,7 +74,7 @@ function _learned(run: RunFile): _Learned {
     decodeRates: new RateRecorder("d", 3),
     costs: new HandoffCostRecorder(),
     linkCosts: new Map<string, HandoffCostRecorder>(),
-    transfersByPoint: new Map<string, number[]>(),
+    transfersByPoint: new Map<string, PointSamples>(),
     state: {
       kvBytesPerToken: 0,
       recurrentBytes: 0,

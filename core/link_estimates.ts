@@ -86,6 +86,12 @@ export interface LinkEstimate {
   lossSource: LossSource | null;
   /** The datagrams (or pings) behind `lossFraction`. */
   lossSamples: number;
+  /**
+   * Median of the recent tail samples (`handoffTailSample`): the rate the link delivered a
+   * handoff's last large frame at, once the prefiller's compute had stopped sharing its host;
+   * null: none in the window.
+   */
+  tailBytesPerS: number | null;
   /** Age of the older of the newest bandwidth and newest RTT sample. */
   ageMs: number;
   /** The bandwidth samples behind `bandwidthBytesPerS`. */
@@ -106,6 +112,8 @@ interface Sample {
 interface PairState {
   pair: PeerPair;
   bandwidth: Sample[];
+  /** Tail samples (`recordTailTransfer`), bytes/s. */
+  tail: Sample[];
   rtt: Sample[];
   /** One entry per ping: 1 lost, 0 answered. */
   pings: Sample[];
@@ -214,6 +222,20 @@ export class LinkEstimator {
     return true;
   }
 
+  /**
+   * The rate a handoff's last large frame arrived at (`handoffTailSample`): `bytes` over `ms`.
+   * Kept apart from the transfers: the planner drains what is still queued at prefill end at it.
+   */
+  recordTailTransfer(pair: PeerPair, bytes: number, ms: number, atMs: number): void {
+    _check("bytes", bytes, false);
+    _check("ms", ms, false);
+    _push(
+      this.#state(pair, atMs).tail,
+      { atMs, value: (bytes / ms) * 1000 },
+      this.options.samplesMax,
+    );
+  }
+
   /** Age of the newest bandwidth sample of `pair`, of any source (null: none in the window). */
   bandwidthAgeMs(pair: PeerPair, atMs: number): number | null {
     const s = this.#pairs.get(_key(pair));
@@ -229,6 +251,7 @@ export class LinkEstimator {
     const bwAll = _fresh(s.bandwidth, atMs, o.windowMsMax);
     const handoffs = bwAll.filter((x) => x.source === "handoff");
     const bw = handoffs.length ? handoffs : bwAll;
+    const tail = _fresh(s.tail, atMs, o.windowMsMax);
     const rtt = _fresh(s.rtt, atMs, o.windowMsMax);
     const pings = _fresh(s.pings, atMs, o.windowMsMax);
     const probes = s.lossProbes.filter((x) => atMs - x.atMs <= o.windowMsMax);
@@ -256,6 +279,7 @@ export class LinkEstimator {
       pair: { ...s.pair },
       bandwidthBytesPerS: bw.length ? median(recentBw.map((x) => x.value)) : null,
       rttMs: rtt.length ? median(recentRtt.map((x) => x.value)) : null,
+      tailBytesPerS: tail.length ? median(tail.map((x) => x.value)) : null,
       lossFraction: loss?.fraction ?? null,
       lossSource: loss?.source ?? null,
       lossSamples: probes.length ? sent : pings.length,
@@ -314,6 +338,7 @@ export class LinkEstimator {
       s = {
         pair: { ...pair },
         bandwidth: [],
+        tail: [],
         rtt: [],
         pings: [],
         lossProbes: [],
@@ -368,6 +393,9 @@ export interface HandoffTransferFacts {
    * with capture, the recurrent state left during the last chunk, not after it.
    */
   captureLeadMs?: number | null;
+  /** The decoder's timing of the last large frame's arrival (absent: an older decoder). */
+  tailArrivalBytes?: number | null;
+  tailArrivalMs?: number | null;
 }
 
 /**
@@ -399,4 +427,17 @@ export function handoffTransferSample(
   if (!allAfterPrefill || t.uncoveredTailMs === null) return null;
   const ms = t.uncoveredTailMs - (t.commitMs ?? 0) - rttMs / 2;
   return ms > 0 ? { bytes: t.totalBytes, ms } : null;
+}
+
+/**
+ * The handoff's tail sample: the rate its last state frame of 1 MiB or more arrived at, as the
+ * decoder timed it (HandoffTelemetry.tailArrivalBytes), or null without one. With layer
+ * capture that frame is the last recurrent layer's, which mostly crosses after compute end: on
+ * a host the prefill compute shares with the transport, faster than the transfer ran during
+ * prefill (FINDINGS section 00000000000000000000000000). A large frame leaves back to back,
+ * so its body's arrival span is the link's time for it, whatever the sender's window.
+ */
+export function handoffTailSample(t: HandoffTransferFacts): { bytes: number; ms: number } | null {
+  const bytes = t.tailArrivalBytes ?? null, ms = t.tailArrivalMs ?? null;
+  return bytes !== null && ms !== null && bytes > 0 && ms > 0 ? { bytes, ms } : null;
 }

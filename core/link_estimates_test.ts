@@ -1,6 +1,6 @@
 import assert from "node:assert/strict";
 import { UsageError } from "./errors.ts";
-import { handoffTransferSample, LinkEstimator } from "./link_estimates.ts";
+import { handoffTailSample, handoffTransferSample, LinkEstimator } from "./link_estimates.ts";
 import {
   averagePrefillTokensPerS,
   msPerTokenAt,
@@ -275,4 +275,29 @@ Deno.test("LinkEstimator: the handoffs' own transfers, where any is fresh, decid
   // Once the handoff sample leaves the window, the fresh probe stands in again.
   e = links.estimate(pair, 10_250)!;
   assert.deepEqual([e.bandwidthSource, e.bandwidthSamples], ["probe", 1]);
+});
+
+Deno.test("handoffTailSample() and the estimator's tail rate: the decoder's timing of the last large frame", () => {
+  const facts = {
+    totalBytes: 200 * MIB,
+    wireMs: 5000,
+    uncoveredTailMs: 120,
+    commitMs: 60,
+    stagedBeforePrefillEndFraction: 1,
+    overlapFraction: 1,
+  };
+  assert.equal(handoffTailSample(facts), null, "an older decoder: no sample");
+  assert.equal(handoffTailSample({ ...facts, tailArrivalBytes: 4e6, tailArrivalMs: 0 }), null);
+  const s = handoffTailSample({ ...facts, tailArrivalBytes: 4e6, tailArrivalMs: 64 })!;
+  assert.deepEqual(s, { bytes: 4e6, ms: 64 });
+  const links = new LinkEstimator({ windowMsMax: 10_000 });
+  links.recordTransfer(P, 100e6, 2_500, 0, "handoff"); // 40 MB/s over the whole transfer
+  assert.equal(links.estimate(P, 0)!.tailBytesPerS, null);
+  for (const [ms, at] of [[64, 0], [80, 10], [50, 20]]) links.recordTailTransfer(P, 4e6, ms, at);
+  const e = links.estimate(P, 30)!;
+  assert.equal(e.bandwidthBytesPerS, 40e6, "tail samples leave the transfer rate alone");
+  assert.equal(e.tailBytesPerS, 62.5e6);
+  links.recordRtt(P, 0.3, 10_000);
+  assert.equal(links.estimate(P, 10_015)!.tailBytesPerS, 80e6, "only the fresh ones count");
+  assert.throws(() => links.recordTailTransfer(P, 4e6, 0, 40), UsageError);
 });

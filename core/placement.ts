@@ -160,6 +160,7 @@ export function planInputFor(
         ageMs: link.ageMs,
         lossFraction: link.lossFraction,
         lossSource: link.lossSource,
+        tailBytesPerS: link.tailBytesPerS,
         degraded: link.degraded?.message ?? null,
       }
       : null,

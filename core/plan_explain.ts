@@ -56,6 +56,15 @@ export function explainPlan(input: PlanInput, p: Plan): PlanTerm[] {
       } ms averages no more (K / (RTT x sqrt(loss)))`,
     );
   }
+  if (p.estimates && p.estimates.tailBytesPerS !== p.estimates.linkBytesPerS) {
+    add(
+      "input",
+      "tail rate",
+      null,
+      `${_gbit(p.estimates.tailBytesPerS)}: what is queued at prefill end drains at the rate ` +
+        "the pair's last large frames arrived at",
+    );
+  }
   if (input.congestionControl === "bbr" && (l?.lossFraction ?? 0) > 0) {
     add(
       "input",

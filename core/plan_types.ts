@@ -51,6 +51,12 @@ export interface LinkMeasurement {
   lossFraction?: number | null;
   /** What `lossFraction` counts: "datagrams", "pings" or "stated" (a figure given, as to `plan`). */
   lossSource?: "datagrams" | "pings" | "stated" | null;
+  /**
+   * The rate the pair's handoffs' last large frames arrived at (LinkEstimate.tailBytesPerS),
+   * at which what is still queued at prefill end drains; null or absent: not measured, the
+   * transfer rate throughout.
+   */
+  tailBytesPerS?: number | null;
   /** Why the estimator considers the link degraded (a drop, a rise); absent: it does not. */
   degraded?: string | null;
 }
@@ -269,6 +275,11 @@ export interface PlanEstimates {
   linkBytesPerS: number;
   /** Whether `linkBytesPerS` is the loss-limited rate. */
   lossLimited: boolean;
+  /**
+   * The rate what is still queued at prefill end drains at (bytes/s): the measured tail rate
+   * where there is one (LinkMeasurement.tailBytesPerS), else `linkBytesPerS`.
+   */
+  tailBytesPerS: number;
   kvBytes: number;
   snapshotBytes: number;
   stateBytes: number;

@@ -255,14 +255,22 @@ export function estimate(
   const kvBytes = i.promptTokens * i.state.kvBytesPerToken;
   // What the captured bytes add is the combined stream's finish less the pages' own, and the
   // rest follows at the rate. A captured last page is imported on arrival, before the end.
-  const snapshotTransferMs =
-    (captured > 0
+  // Every byte is released by prefill end, so what the link has left then is a backlog, which
+  // drains at the measured tail rate where there is one: the same FIFO's finish, its part past
+  // prefill end times the ratio of the two rates (less a reservation round trip that ends
+  // after prefill, which is a wait, not bytes).
+  const tailBytesPerS = (link.tailBytesPerS ?? 0) > 0 ? link.tailBytesPerS! : linkBytesPerS;
+  const drain = linkBytesPerS / tailBytesPerS;
+  const waitMs = Math.max(0, link.rttMs - stream.prefillMs);
+  const uncoveredKvMs = waitMs + (stream.uncoveredMs - waitMs) * drain;
+  const snapshotTransferMs = drain *
+    ((captured > 0
       ? _combinedUncoveredMs(known, bwPerMs, link.rttMs, captured, pageCaptured) -
         stream.uncoveredMs
-      : 0) + (snapshotBytes - known.knownBytes - captured) / bwPerMs;
+      : 0) + (snapshotBytes - known.knownBytes - captured) / bwPerMs);
   const importBytes = (pageCaptured ? 0 : stream.lastPageBytes) + snapshotBytes;
   const importMs = _importMs(i, o, importBytes) + (mtp.mode === "reprime" ? i.mtpReprimeMs! : 0);
-  const linkMs = stream.uncoveredMs + snapshotTransferMs;
+  const linkMs = uncoveredKvMs + snapshotTransferMs;
   const manifestWaitMs = Math.max(0, (i.costs?.prefillerPostMs ?? 0) - linkMs);
   const linkResidualMs = linkResidualAt(
     i.costs?.linkResidual?.samples ?? [],
@@ -280,11 +288,12 @@ export function estimate(
   return {
     linkBytesPerS,
     lossLimited: linkBytesPerS < link.bandwidthBytesPerS,
+    tailBytesPerS,
     kvBytes,
     snapshotBytes,
     stateBytes: kvBytes + snapshotBytes,
     prefillerPrefillMs: stream.prefillMs,
-    uncoveredKvMs: stream.uncoveredMs,
+    uncoveredKvMs,
     snapshotTransferMs,
     mtpTransferMs: mtp.mode === "reprime" ? 0 : mtp.bytes / bwPerMs,
     importMs,

@@ -77,9 +77,10 @@ Deno.test("estimate() agrees with a brute-force FIFO simulation of the page stre
 // chunk computes, the last `leadMs` before its end. Without `pageCaptured` the pieces are the
 // recurrent bytes alone and the page leaves at the chunk's end, after them. As the engine
 // computes with capture: the prompt's remainder first, every later chunk a full one.
+// With `link.tailBytesPerS` the link moves bytes at that rate from prefill end on.
 function simulateCapture(i: PlanInput, slices: number, leadMs = 0, pageCaptured = true) {
   const link = i.link!;
-  const bw = link.bandwidthBytesPerS / 1000;
+  const bw = link.bandwidthBytesPerS / 1000, tailBw = (link.tailBytesPerS ?? 0) / 1000 || bw;
   const tps = i.prefillerPrefillTokensPerS / 1000;
   const cached = i.prefillerCachedTokens ?? 0;
   // The last chunk at its own rate where given (and shorter than the whole prefill), the
@@ -113,7 +114,12 @@ function simulateCapture(i: PlanInput, slices: number, leadMs = 0, pageCaptured 
     } else releases.push({ at: endAt(done), bytes: page });
   }
   let clock = link.rttMs;
-  for (const r of releases) clock = Math.max(clock, r.at) + r.bytes / bw;
+  for (const r of releases) {
+    const start = Math.max(clock, r.at);
+    // The bytes that fit before prefill end go at `bw`, the rest at `tailBw`.
+    const early = Math.min(r.bytes, Math.max(0, prefillMs - start) * bw);
+    clock = start + early / bw + (r.bytes - early) / tailBw;
+  }
   return Math.max(0, clock - prefillMs);
 }
 
@@ -175,13 +181,17 @@ Deno.test("estimate() with layer capture agrees with a FIFO simulation of pages 
 
 // Random plans with one piece per recurrent layer against simulateCapture, exact; `lead`: a
 // random capture lead and the last page captured or not.
-function checkWholeLayers(seed: number, lead: boolean, slowerLast = false): void {
+// `tail`: the link 0.3x to 3x as fast from prefill end on (a measured tail rate).
+function checkWholeLayers(seed: number, lead: boolean, slowerLast = false, tail = false): void {
   const random = () => ((seed = (seed * 1103515245 + 12345) % 2 ** 31) / 2 ** 31);
   for (let k = 0; k < 300; k++) {
     const recurrentLayers = 1 + Math.floor(random() * 100);
     const lastPage = lead ? random() < 0.7 : true;
     const leadMs = lead ? random() * 300 : undefined;
-    const i = randomCapturePlan(random, { recurrentLayers, lastPage, leadMs, slowerLast });
+    const plan = randomCapturePlan(random, { recurrentLayers, lastPage, leadMs, slowerLast });
+    const ratio = tail ? 0.3 + 2.7 * random() : 1;
+    const link = { ...plan.link!, tailBytesPerS: plan.link!.bandwidthBytesPerS * ratio };
+    const i = tail ? { ...plan, link } : plan;
     const promptTokens = i.promptTokens;
     const e = estimate(i, i.link!);
     const sim = simulateCapture(i, recurrentLayers, leadMs, lastPage);
@@ -222,4 +232,28 @@ Deno.test("estimate() with a capture lead equals a FIFO simulation of layers rel
   // The last layer leaves captureLeadMs before compute end, the others spread over the chunk
   // before it; a lead longer than the chunk releases every layer at its start.
   checkWholeLayers(29, true);
+});
+
+Deno.test("estimate() with a tail rate equals a FIFO simulation whose link changes rate at prefill end", () => {
+  // What is queued at prefill end drains at the measured tail rate, faster or slower.
+  checkWholeLayers(37, true, true, true);
+  checkWholeLayers(41, false, false, true);
+  // Lab-state 4K at 42 MB/s, the last layer's 4.3 MB leaving 20 ms before compute end.
+  const i = input({
+    promptTokens: 4096,
+    chunkTokens: 512,
+    prefillerPrefillTokensPerS: 50,
+    link: { bandwidthBytesPerS: 42e6, rttMs: 0.2, ageMs: 0 },
+    snapshotDuringLastChunk: true,
+    lastPageDuringLastChunk: true,
+    state: { kvBytesPerToken: 8192, recurrentBytes: 172_687_360, recurrentLayers: 40 },
+    costs: { captureLeadMs: 20 },
+  });
+  const base = estimate(i, i.link!);
+  const fast = estimate(i, { ...i.link!, tailBytesPerS: 2 * i.link!.bandwidthBytesPerS });
+  assert.ok(base.uncoveredKvMs + base.snapshotTransferMs > 0);
+  const link = (e: typeof base) => e.uncoveredKvMs + e.snapshotTransferMs;
+  assert.ok(Math.abs(link(fast) - link(base) / 2) < 1e-9 * link(base));
+  assert.equal(fast.tailBytesPerS, 2 * i.link!.bandwidthBytesPerS);
+  assert.equal(base.tailBytesPerS, base.linkBytesPerS);
 });

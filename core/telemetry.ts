@@ -70,7 +70,18 @@ export type PrefillerTelemetryEvent =
 
 /** Events recorded on the decoder's clock. */
 export type DecoderTelemetryEvent =
-  | { type: "import"; atMs: number; kind: ComponentKind; bytes: number; durationMs: number }
+  /**
+   * A chunk staged; `arrival`: how its frame's body arrived (transport/frame.ts FrameArrival),
+   * where the reader timed it.
+   */
+  | {
+    type: "import";
+    atMs: number;
+    kind: ComponentKind;
+    bytes: number;
+    durationMs: number;
+    arrival?: { bytes: number; ms: number };
+  }
   | { type: "manifest-received"; atMs: number }
   /** The continuation probe's decode step on the decoder. */
   | { type: "probe"; atMs: number; durationMs: number }
@@ -168,6 +179,14 @@ export interface HandoffTelemetry {
    */
   recurrentArrivalBytes?: number | null;
   recurrentArrivalMs?: number | null;
+  /**
+   * Decoder: the last state frame of `TAIL_ARRIVAL_BYTES_MIN` or more to arrive, its body bytes
+   * after the read that brought its header and the time they took (ms): the rate the link
+   * delivered at as the handoff ended, when the prefiller's compute no longer shares the host
+   * (`handoffTailSample`). Null or absent: no such frame, or not timed.
+   */
+  tailArrivalBytes?: number | null;
+  tailArrivalMs?: number | null;
   /**
    * Prefiller: the prompt's last computed chunk, its tokens and its compute alone (ms), the
    * rate at the prompt's deepest tokens (node rates learn it at that depth); null or absent:
@@ -398,6 +417,8 @@ function _decoderSide(s: DecoderTelemetrySummary) {
     recurrentArrivalMs: s.recurrentArrival
       ? s.recurrentArrival.lastAtMs - s.recurrentArrival.firstAtMs
       : null,
+    tailArrivalBytes: s.tailArrival?.bytes ?? null,
+    tailArrivalMs: s.tailArrival?.ms ?? null,
     tpotMs,
     ...(s.speculation ? { speculation: { ...s.speculation } } : {}),
   };

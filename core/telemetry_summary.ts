@@ -100,6 +100,12 @@ export const WRITE_WAITED_MS = 2;
 /** Recurrent pieces a handoff's summary keeps the export times of (two per layer on hybrids). */
 export const RECURRENT_EXPORTS_MAX = 1024;
 
+/**
+ * The smallest frame body whose arrival the decoder keeps as the handoff's tail sample: a
+ * large frame arrives over many reads, so its span is the link's time, not one read's.
+ */
+export const TAIL_ARRIVAL_BYTES_MIN = 1024 * 1024;
+
 /** What the decoder's events add up to: fixed-size, whatever the generation length. */
 export interface DecoderTelemetrySummary {
   importMs: number;
@@ -124,6 +130,11 @@ export interface DecoderTelemetrySummary {
    * and the bytes of every piece after the first (absent: none arrived).
    */
   recurrentArrival?: { firstAtMs: number; lastAtMs: number; bytesAfterFirst: number };
+  /**
+   * The last chunk staged whose frame body arrived in `TAIL_ARRIVAL_BYTES_MIN` or more bytes
+   * after its header: those bytes and their arrival time (ms). Absent: none timed.
+   */
+  tailArrival?: { bytes: number; ms: number };
   firstTokenAtMs: number | null;
   lastTokenAtMs: number | null;
   /** Speculative decoding's mode and acceptance per source (absent: none was reported). */
@@ -365,6 +376,9 @@ export class DecoderTelemetry {
         s.importMs += e.durationMs;
         s.lastImportMs = e.durationMs;
         if ((e.kind === "conv" || e.kind === "ssm") && e.bytes > 0) this.#recurrentArrived(e);
+        if (e.arrival && e.arrival.bytes >= TAIL_ARRIVAL_BYTES_MIN && e.arrival.ms > 0) {
+          s.tailArrival = { bytes: e.arrival.bytes, ms: e.arrival.ms };
+        }
         return;
       case "probe":
         s.probeMs = e.durationMs;
@@ -405,6 +419,7 @@ export class DecoderTelemetry {
     return {
       ...this.#s,
       ready: this.#s.ready && { ...this.#s.ready },
+      ...(this.#s.tailArrival ? { tailArrival: { ...this.#s.tailArrival } } : {}),
       ...(speculation ? { speculation } : {}),
     };
   }

@@ -250,6 +250,42 @@ Deno.test("the decoder's recurrent arrivals: the pieces after the first, over th
   assert.deepEqual([none.recurrentArrivalBytes, none.recurrentArrivalMs], [null, null]);
 });
 
+Deno.test("the decoder's tail arrival: the last chunk staged whose frame body arrived in 1 MiB or more", () => {
+  const arrival = (bytes: number, ms: number) => ({ arrival: { bytes, ms } });
+  const d: DecoderTelemetryEvent[] = [
+    {
+      type: "import",
+      atMs: 10,
+      kind: "kv-page",
+      bytes: 4 * MIB,
+      durationMs: 1,
+      ...arrival(4 * MIB, 80),
+    },
+    {
+      type: "import",
+      atMs: 150,
+      kind: "ssm",
+      bytes: 4 * MIB,
+      durationMs: 2,
+      ...arrival(4 * MIB, 60),
+    },
+    // Too small to time the link by, and untimed: neither replaces the last large one.
+    {
+      type: "import",
+      atMs: 151,
+      kind: "conv",
+      bytes: MIB / 8,
+      durationMs: 1,
+      ...arrival(MIB / 8, 2),
+    },
+    { type: "import", atMs: 160, kind: "sampler", bytes: 64, durationMs: 0 },
+  ];
+  const t = deriveTelemetry({ prefiller: [], decoder: d });
+  assert.deepEqual([t.tailArrivalBytes, t.tailArrivalMs], [4 * MIB, 60]);
+  const none = deriveTelemetry({ prefiller: [], decoder: d.slice(2) });
+  assert.deepEqual([none.tailArrivalBytes, none.tailArrivalMs], [null, null]);
+});
+
 Deno.test("captureLeadMs: the last recurrent export before compute end, null when it came after", () => {
   const events = (convAt: number, ssmAt: number): PrefillerTelemetryEvent[] => [
     { type: "request-start", atMs: 0 },

@@ -4,11 +4,14 @@
  * and a fast sender is held back by transport credit, not by the decoder's memory. Payloads
  * are the frame decoder's own buffers (it never reuses them): no copy on the hot path.
  */
+import type { FrameArrival } from "../transport/mod.ts";
 import { faultPoint } from "./fault_points.ts";
 
 export interface HeldFrame {
   payload: Uint8Array;
   tag: string;
+  /** How the frame's body arrived, where the reader timed it. */
+  arrival?: FrameArrival;
 }
 
 export class FrameInbox {

@@ -166,7 +166,11 @@ export class DecodeHandoff {
       }
       const header = h.header as ChunkHeader;
       const seq = typeof header?.seq === "number" ? header.seq : -1;
-      const held = this.#inbox.put(seq, { payload: frame.payload, tag: String(h.tag ?? "") });
+      const held = this.#inbox.put(seq, {
+        payload: frame.payload,
+        tag: String(h.tag ?? ""),
+        arrival: frame.arrival,
+      });
       this.#events.tryPush({ ...h } as unknown as HandoffEvent);
       await held;
     }

@@ -73,6 +73,18 @@ export interface Frame {
   wireBytes: number;
   /** 0-based position of this frame in its stream direction. */
   index: number;
+  /** How its body arrived, where a reader timed it (`FrameReader`); absent: not timed. */
+  arrival?: FrameArrival;
+}
+
+/**
+ * A frame body's arrival: the bytes that came after the read that brought its header, and the
+ * time from that read to the one that completed the body (ms). A large frame's bytes leave the
+ * sender back to back, so these are the rate the link delivered them at.
+ */
+export interface FrameArrival {
+  bytes: number;
+  ms: number;
 }
 
 /** How one frame is written. */

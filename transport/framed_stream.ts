@@ -133,6 +133,9 @@ export class FrameReader {
   readonly #mapError: TransportErrorMapper;
   readonly #pending: Frame[] = [];
   #done = false;
+  /** When the read that left a frame's body to follow resolved, and its body bytes since. */
+  #headAtMs = 0;
+  #bodyBytes = 0;
 
   constructor(
     readable: ReadableStream<Uint8Array>,
@@ -174,10 +177,19 @@ export class FrameReader {
         this.#decoder.finish(true);
         continue;
       }
-      const frames = body
-        ? this.#decoder.bodyFilled(result.value)
-        : this.#decoder.push(result.value);
-      for (const frame of frames) this.#pending.push(frame);
+      const atMs = performance.now();
+      if (body) {
+        this.#bodyBytes += result.value.byteLength;
+        const frames = this.#decoder.bodyFilled(result.value);
+        for (const frame of frames) {
+          frame.arrival = { bytes: this.#bodyBytes, ms: atMs - this.#headAtMs };
+          this.#pending.push(frame);
+        }
+      } else {
+        for (const frame of this.#decoder.push(result.value)) this.#pending.push(frame);
+        this.#headAtMs = atMs;
+        this.#bodyBytes = 0;
+      }
     }
     return this.#pending.shift()!;
   }

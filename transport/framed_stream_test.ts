@@ -45,12 +45,16 @@ Deno.test("FrameWriter keeps overlapping frames whole and in call order", async 
   assertEquals(seen, Array.from({ length: 20 }, (_, i) => i));
 });
 
-/** A byte stream (as Deno QUIC's are) serving `bytes` in slices of at most `sliceMax`. */
-function byteStream(bytes: Uint8Array, sliceMax: number, asked: number[]) {
+/**
+ * A byte stream (as Deno QUIC's are) serving `bytes` in slices of at most `sliceMax`, each
+ * `delayMs` after it was asked for.
+ */
+function byteStream(bytes: Uint8Array, sliceMax: number, asked: number[], delayMs = 0) {
   let at = 0;
   return new ReadableStream({
     type: "bytes",
-    pull(controller) {
+    async pull(controller) {
+      if (delayMs > 0) await new Promise((resolve) => setTimeout(resolve, delayMs));
       const request = controller.byobRequest!;
       const view = request.view as Uint8Array;
       asked.push(view.byteLength);
@@ -92,4 +96,23 @@ Deno.test("FrameReader on a byte stream reads a large body in place and yields t
   const firstBody = asked.slice(1).filter((n) => n > 64 * 1024);
   assertEquals(firstBody.length > 5, true);
   firstBody.slice(0, 5).forEach((n, k) => k > 0 && assertEquals(firstBody[k - 1] - n, 50_000));
+});
+
+Deno.test("FrameReader times a large frame's body from its header's read to its last", async () => {
+  const { readable, writable } = pipe();
+  const writer = new FrameWriter(writable);
+  writer.write({ type: "P" }, new Uint8Array(1 << 20));
+  writer.write({ type: "S" }, new Uint8Array(3), { final: true });
+  writer.close();
+  const all = new Uint8Array(await new Response(readable).arrayBuffer());
+  // 50,000 bytes a read, each 5 ms after it was asked for: the body after the first slice
+  // takes 20 more reads, so at least 20 x 5 ms.
+  const reader = new FrameReader(byteStream(all, 50_000, [], 5));
+  const large = (await reader.read())!;
+  assertEquals(large.arrival?.bytes, large.wireBytes - 50_000);
+  const reads = Math.ceil((large.wireBytes - 50_000) / 50_000);
+  assertEquals(reads, 20);
+  assertEquals(large.arrival!.ms >= reads * 5, true, `${large.arrival!.ms} ms`);
+  // A frame that came whole in one read has no arrival to time.
+  assertEquals((await reader.read())?.arrival, undefined);
 });
