@@ -253,8 +253,6 @@ export function estimate(
   const snapshotBytes = snapshotBytesFor(i.state, i.promptTokens) -
     (mtp.mode === "reprime" ? mtp.bytes : 0);
   const kvBytes = i.promptTokens * i.state.kvBytesPerToken;
-  // What the captured bytes add is the combined stream's finish less the pages' own, and the
-  // rest follows at the rate. A captured last page is imported on arrival, before the end.
   // Every byte is released by prefill end, so what the link has left then is a backlog, which
   // drains at the measured tail rate where there is one: the same FIFO's finish, its part past
   // prefill end times the ratio of the two rates (less a reservation round trip that ends
@@ -263,6 +261,8 @@ export function estimate(
   const drain = linkBytesPerS / tailBytesPerS;
   const waitMs = Math.max(0, link.rttMs - stream.prefillMs);
   const uncoveredKvMs = waitMs + (stream.uncoveredMs - waitMs) * drain;
+  // What the captured bytes add is the combined stream's finish less the pages' own, and the
+  // rest follows at the rate. A captured last page is imported on arrival, before the end.
   const snapshotTransferMs = drain *
     ((captured > 0
       ? _combinedUncoveredMs(known, bwPerMs, link.rttMs, captured, pageCaptured) -

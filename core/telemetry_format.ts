@@ -60,6 +60,10 @@ export function formatTelemetry(
       // The capture's pace, or the link's where the sender was behind: a span, not a rate.
       parts.push(`recurrent pieces arrived over ${_ms(arrivalMs)}`);
     }
+    const tail = t.tailArrivalBytes ?? 0, tailMs = t.tailArrivalMs ?? 0;
+    if (tail > 0 && tailMs > 0) {
+      parts.push(`last frame arrived at ${_gbps((tail / tailMs) * 1000)}`);
+    }
     parts.push(`TTFT ${_ms(t.ttftMs)} TPOT ${_ms(t.tpotMs)}`);
     if (t.firstTokenAfterPrefillMs !== null) {
       parts.push(`first token ${_ms(t.firstTokenAfterPrefillMs)} after prefill`);

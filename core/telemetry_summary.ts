@@ -130,10 +130,7 @@ export interface DecoderTelemetrySummary {
    * and the bytes of every piece after the first (absent: none arrived).
    */
   recurrentArrival?: { firstAtMs: number; lastAtMs: number; bytesAfterFirst: number };
-  /**
-   * The last chunk staged whose frame body arrived in `TAIL_ARRIVAL_BYTES_MIN` or more bytes
-   * after its header: those bytes and their arrival time (ms). Absent: none timed.
-   */
+  /** The last chunk staged with `TAIL_ARRIVAL_BYTES_MIN` or more timed (absent: none). */
   tailArrival?: { bytes: number; ms: number };
   firstTokenAtMs: number | null;
   lastTokenAtMs: number | null;

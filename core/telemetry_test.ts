@@ -282,6 +282,7 @@ Deno.test("the decoder's tail arrival: the last chunk staged whose frame body ar
   ];
   const t = deriveTelemetry({ prefiller: [], decoder: d });
   assert.deepEqual([t.tailArrivalBytes, t.tailArrivalMs], [4 * MIB, 60]);
+  assert.match(formatTelemetry(t), / last frame arrived at 0\.56 Gb\/s/);
   const none = deriveTelemetry({ prefiller: [], decoder: d.slice(2) });
   assert.deepEqual([none.tailArrivalBytes, none.tailArrivalMs], [null, null]);
 });

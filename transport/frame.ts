@@ -80,7 +80,8 @@ export interface Frame {
 /**
  * A frame body's arrival: the bytes that came after the read that brought its header, and the
  * time from that read to the one that completed the body (ms). A large frame's bytes leave the
- * sender back to back, so these are the rate the link delivered them at.
+ * sender back to back, so these are the rate the link delivered them at, as long as the reader
+ * kept reading (bytes the receive window held while it did not come at once: a shorter span).
  */
 export interface FrameArrival {
   bytes: number;
