@@ -204,6 +204,19 @@ function checkWholeLayers(seed: number, lead: boolean, slowerLast = false, tail 
   }
 }
 
+// Lab-state's geometry with layer capture and its last page captured, over a 0.2 ms link.
+function labStatePlan(promptTokens: number, tokensPerS: number, bytesPerS: number): PlanInput {
+  return input({
+    promptTokens,
+    chunkTokens: 512,
+    prefillerPrefillTokensPerS: tokensPerS,
+    link: { bandwidthBytesPerS: bytesPerS, rttMs: 0.2, ageMs: 0 },
+    snapshotDuringLastChunk: true,
+    lastPageDuringLastChunk: true,
+    state: { kvBytesPerToken: 8192, recurrentBytes: 172_687_360, recurrentLayers: 40 },
+  });
+}
+
 Deno.test("estimate() with layer capture in whole layers equals a FIFO simulation of those layers", () => {
   // One piece per recurrent layer, the last at compute end: its send time stays on the tail.
   checkWholeLayers(23, false);
@@ -213,15 +226,7 @@ Deno.test("estimate() with a slower last chunk equals a FIFO simulation of chunk
   // The same prefill, its last chunk longer and the ones before shorter: the layers spread
   // over a longer last chunk, and less of their send time is left after it.
   checkWholeLayers(31, true, true);
-  const i = input({
-    promptTokens: 2026,
-    chunkTokens: 512,
-    prefillerPrefillTokensPerS: 54,
-    link: { bandwidthBytesPerS: 12.2e6, rttMs: 0.2, ageMs: 0 },
-    snapshotDuringLastChunk: true,
-    lastPageDuringLastChunk: true,
-    state: { kvBytesPerToken: 8192, recurrentBytes: 172_687_360, recurrentLayers: 40 },
-  });
+  const i = labStatePlan(2026, 54, 12.2e6);
   const even = estimate(i, i.link!);
   const slower = estimate({ ...i, prefillerLastChunkTokensPerS: 46 }, i.link!);
   assert.equal(slower.prefillerPrefillMs, even.prefillerPrefillMs);
@@ -239,16 +244,7 @@ Deno.test("estimate() with a tail rate equals a FIFO simulation whose link chang
   checkWholeLayers(37, true, true, true);
   checkWholeLayers(41, false, false, true);
   // Lab-state 4K at 42 MB/s, the last layer's 4.3 MB leaving 20 ms before compute end.
-  const i = input({
-    promptTokens: 4096,
-    chunkTokens: 512,
-    prefillerPrefillTokensPerS: 50,
-    link: { bandwidthBytesPerS: 42e6, rttMs: 0.2, ageMs: 0 },
-    snapshotDuringLastChunk: true,
-    lastPageDuringLastChunk: true,
-    state: { kvBytesPerToken: 8192, recurrentBytes: 172_687_360, recurrentLayers: 40 },
-    costs: { captureLeadMs: 20 },
-  });
+  const i = { ...labStatePlan(4096, 50, 42e6), costs: { captureLeadMs: 20 } };
   const base = estimate(i, i.link!);
   const fast = estimate(i, { ...i.link!, tailBytesPerS: 2 * i.link!.bandwidthBytesPerS });
   assert.ok(base.uncoveredKvMs + base.snapshotTransferMs > 0);
