@@ -68,19 +68,25 @@ export type PrefillerTelemetryEvent =
   | { type: "retry"; atMs: number; reason: AbortReason }
   | { type: "fallback"; atMs: number; reason: AbortReason };
 
+/**
+ * How a frame's body arrived (transport/frame.ts FrameArrival): the bytes after the read that
+ * brought its header, and the time they took (ms).
+ */
+export interface ArrivalSpan {
+  bytes: number;
+  ms: number;
+}
+
 /** Events recorded on the decoder's clock. */
 export type DecoderTelemetryEvent =
-  /**
-   * A chunk staged; `arrival`: how its frame's body arrived (transport/frame.ts FrameArrival),
-   * where the reader timed it.
-   */
+  /** A chunk staged; `arrival`: how its frame's body arrived, where the reader timed it. */
   | {
     type: "import";
     atMs: number;
     kind: ComponentKind;
     bytes: number;
     durationMs: number;
-    arrival?: { bytes: number; ms: number };
+    arrival?: ArrivalSpan;
   }
   | { type: "manifest-received"; atMs: number }
   /** The continuation probe's decode step on the decoder. */

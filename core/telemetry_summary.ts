@@ -8,7 +8,7 @@
  */
 import type { AbortReason } from "./handoff.ts";
 import type { ComponentKind } from "./schema.ts";
-import type { DecoderTelemetryEvent, PrefillerTelemetryEvent } from "./telemetry.ts";
+import type { ArrivalSpan, DecoderTelemetryEvent, PrefillerTelemetryEvent } from "./telemetry.ts";
 
 /** Retry reasons kept in a summary (the retry count itself is exact). */
 export const RETRY_REASONS_MAX = 16;
@@ -131,7 +131,7 @@ export interface DecoderTelemetrySummary {
    */
   recurrentArrival?: { firstAtMs: number; lastAtMs: number; bytesAfterFirst: number };
   /** The last chunk staged with `TAIL_ARRIVAL_BYTES_MIN` or more timed (absent: none). */
-  tailArrival?: { bytes: number; ms: number };
+  tailArrival?: ArrivalSpan;
   firstTokenAtMs: number | null;
   lastTokenAtMs: number | null;
   /** Speculative decoding's mode and acceptance per source (absent: none was reported). */
@@ -374,7 +374,7 @@ export class DecoderTelemetry {
         s.lastImportMs = e.durationMs;
         if ((e.kind === "conv" || e.kind === "ssm") && e.bytes > 0) this.#recurrentArrived(e);
         if (e.arrival && e.arrival.bytes >= TAIL_ARRIVAL_BYTES_MIN && e.arrival.ms > 0) {
-          s.tailArrival = { bytes: e.arrival.bytes, ms: e.arrival.ms };
+          s.tailArrival = { ...e.arrival };
         }
         return;
       case "probe":

@@ -93,7 +93,7 @@ export async function stageChunk(
       kind: header.kind,
       bytes: header.payloadBytes,
       durationMs: performance.now() - t0,
-      ...(frame.arrival ? { arrival: { ...frame.arrival } } : {}),
+      arrival: frame.arrival,
     });
     // Pages are imported as they arrive, so their bytes are free again at once; snapshot
     // chunks stay held until the import step.
